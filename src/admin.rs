@@ -1,0 +1,1 @@
+//! PLACEHOLDER (helper A replaces): admin listener.

@@ -1,0 +1,303 @@
+//! The config file as written: serde structs with `deny_unknown_fields` and
+//! defaults. Nothing here is validated beyond its YAML type; `validate.rs`
+//! turns a [`FileConfig`] into the typed [`super::Config`].
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use super::units::{HumanDuration, HumanSize};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub version: u32,
+    pub listen: String,
+    #[serde(default)]
+    pub log_format: FileLogFormat,
+    pub admin: FileAdmin,
+    pub upstream: FileUpstream,
+    #[serde(default)]
+    pub store: FileStore,
+    #[serde(default)]
+    pub fill: FileFill,
+    #[serde(default)]
+    pub invalidation: FileInvalidation,
+    #[serde(default)]
+    pub routes: Vec<FileRoute>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileLogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdmin {
+    pub listen: String,
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpstream {
+    pub url: String,
+    #[serde(default = "defaults::connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    #[serde(default = "defaults::upstream_timeout")]
+    pub timeout: HumanDuration,
+    #[serde(default = "defaults::max_idle_per_host")]
+    pub max_idle_per_host: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileStore {
+    #[serde(default)]
+    pub redis: Option<FileRedis>,
+    #[serde(default = "defaults::namespace")]
+    pub namespace: String,
+    #[serde(default)]
+    pub breaker: FileBreaker,
+}
+
+impl Default for FileStore {
+    fn default() -> Self {
+        FileStore {
+            redis: None,
+            namespace: defaults::namespace(),
+            breaker: FileBreaker::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedis {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub cluster: Option<Vec<String>>,
+    #[serde(default = "defaults::command_timeout")]
+    pub command_timeout: HumanDuration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBreaker {
+    #[serde(default = "defaults::cooldown")]
+    pub cooldown: HumanDuration,
+}
+
+impl Default for FileBreaker {
+    fn default() -> Self {
+        FileBreaker {
+            cooldown: defaults::cooldown(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileFill {
+    #[serde(default = "defaults::max_concurrency")]
+    pub max_concurrency: usize,
+    #[serde(default = "defaults::max_body")]
+    pub max_body: HumanSize,
+}
+
+impl Default for FileFill {
+    fn default() -> Self {
+        FileFill {
+            max_concurrency: defaults::max_concurrency(),
+            max_body: defaults::max_body(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileInvalidation {
+    #[serde(default)]
+    pub outbox: Option<FileOutbox>,
+    #[serde(default)]
+    pub redis_stream: Option<FileRedisStream>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOutbox {
+    pub url: String,
+    #[serde(default = "defaults::outbox_table")]
+    pub table: String,
+    #[serde(default = "defaults::poll_interval")]
+    pub poll_interval: HumanDuration,
+    #[serde(default = "defaults::batch")]
+    pub batch: u32,
+    #[serde(default = "defaults::outbox_table")]
+    pub notify_channel: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedisStream {
+    #[serde(default = "defaults::stream")]
+    pub stream: String,
+    #[serde(default = "defaults::group")]
+    pub group: String,
+    #[serde(default)]
+    pub start: FileStreamStart,
+    #[serde(default = "defaults::claim_idle")]
+    pub claim_idle: HumanDuration,
+}
+
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileStreamStart {
+    #[default]
+    Latest,
+    Earliest,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRoute {
+    pub name: String,
+    pub path: String,
+    #[serde(default = "defaults::methods")]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: FileQuery,
+    #[serde(default)]
+    pub vary: Vec<String>,
+    pub ttl: HumanDuration,
+    #[serde(default = "defaults::zero")]
+    pub jitter: HumanDuration,
+    #[serde(default = "defaults::negative_ttl")]
+    pub negative_ttl: HumanDuration,
+    #[serde(default = "defaults::cache_status")]
+    pub cache_status: Vec<u16>,
+    #[serde(default = "defaults::negative_status")]
+    pub negative_status: Vec<u16>,
+    #[serde(default = "defaults::lease")]
+    pub lease: HumanDuration,
+    #[serde(default = "defaults::wait")]
+    pub wait: HumanDuration,
+    #[serde(default = "defaults::yes")]
+    pub invalidate_on_write: bool,
+    #[serde(default)]
+    pub bloom: Option<FileBloom>,
+}
+
+/// `query: include | ignore | [names]`.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum FileQuery {
+    Mode(FileQueryMode),
+    Allow(Vec<String>),
+}
+
+impl Default for FileQuery {
+    fn default() -> Self {
+        FileQuery::Mode(FileQueryMode::Include)
+    }
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileQueryMode {
+    Include,
+    Ignore,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct FileBloom {
+    pub scope: String,
+    pub source: String,
+    pub capacity: u64,
+    pub fp_rate: f64,
+    #[serde(default = "defaults::rebuild_every")]
+    pub rebuild_every: HumanDuration,
+}
+
+mod defaults {
+    use super::super::units::{HumanDuration, HumanSize};
+    use std::time::Duration;
+
+    pub fn connect_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(1))
+    }
+    pub fn upstream_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(10))
+    }
+    pub fn max_idle_per_host() -> usize {
+        64
+    }
+    pub fn namespace() -> String {
+        "sc:".to_owned()
+    }
+    pub fn command_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_millis(300))
+    }
+    pub fn cooldown() -> HumanDuration {
+        HumanDuration(Duration::from_secs(2))
+    }
+    pub fn max_concurrency() -> usize {
+        8
+    }
+    pub fn max_body() -> HumanSize {
+        HumanSize(1024 * 1024)
+    }
+    pub fn outbox_table() -> String {
+        "sidecache_outbox".to_owned()
+    }
+    pub fn poll_interval() -> HumanDuration {
+        HumanDuration(Duration::from_secs(1))
+    }
+    pub fn batch() -> u32 {
+        100
+    }
+    pub fn stream() -> String {
+        "sidecache:invalidations".to_owned()
+    }
+    pub fn group() -> String {
+        "sidecache".to_owned()
+    }
+    pub fn claim_idle() -> HumanDuration {
+        HumanDuration(Duration::from_secs(30))
+    }
+    pub fn methods() -> Vec<String> {
+        vec!["GET".to_owned(), "HEAD".to_owned()]
+    }
+    pub fn zero() -> HumanDuration {
+        HumanDuration(Duration::ZERO)
+    }
+    pub fn negative_ttl() -> HumanDuration {
+        HumanDuration(Duration::from_secs(5))
+    }
+    pub fn cache_status() -> Vec<u16> {
+        vec![200]
+    }
+    pub fn negative_status() -> Vec<u16> {
+        vec![404]
+    }
+    pub fn lease() -> HumanDuration {
+        HumanDuration(Duration::from_secs(3))
+    }
+    pub fn wait() -> HumanDuration {
+        HumanDuration(Duration::from_millis(600))
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn rebuild_every() -> HumanDuration {
+        HumanDuration(Duration::from_secs(600))
+    }
+}

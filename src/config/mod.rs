@@ -1,0 +1,186 @@
+//! Configuration: the file model (`file`), units (`units`), `${VAR}`
+//! interpolation (`interpolate`), validation into the typed [`Config`]
+//! (`validate`), route templates and matching (`route`), and the hot-reload
+//! watcher (`watch`).
+//!
+//! Flow: YAML text -> generic value -> `${VAR}` replaced in string values ->
+//! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
+//! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
+
+pub mod file;
+pub mod interpolate;
+pub mod route;
+pub mod units;
+pub mod validate;
+
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+pub use route::{QueryMode, Route, RouteMatch, RouteTable};
+
+/// A validated, typed configuration. Immutable once built; a reload builds a
+/// new one and swaps it in whole.
+#[derive(Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub log_format: file::FileLogFormat,
+    pub admin: AdminConfig,
+    pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    pub fill: FillConfig,
+    pub routes: RouteTable,
+    /// TTL of generation keys: max(ttl + jitter) + max(lease) + 60 s (SPEC §5.1).
+    pub gen_ttl: Duration,
+    /// SHA-256 of the file text, to skip reloads that change nothing.
+    pub digest: [u8; 32],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `http://host:port`, no path.
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub max_idle_per_host: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub target: RedisTarget,
+    pub command_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `None`: the embedded in-process store.
+    pub redis: Option<RedisConfig>,
+    pub namespace: String,
+    pub breaker_cooldown: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct FillConfig {
+    pub max_concurrency: usize,
+    pub max_body: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {file}: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("config {file}: YAML syntax error: {message}")]
+    Syntax { file: String, message: String },
+    #[error("config {file}: {path}: {message}")]
+    Invalid {
+        file: String,
+        path: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            file: String::new(),
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    fn in_file(self, name: &str) -> Self {
+        match self {
+            ConfigError::Invalid { path, message, .. } => ConfigError::Invalid {
+                file: name.to_owned(),
+                path,
+                message,
+            },
+            ConfigError::Syntax { message, .. } => ConfigError::Syntax {
+                file: name.to_owned(),
+                message,
+            },
+            other => other,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates the file at `path`, interpolating from the process
+    /// environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: name.clone(),
+            source,
+        })?;
+        Config::parse(&text, &|k| std::env::var(k).ok()).map_err(|e| e.in_file(&name))
+    }
+
+    /// Parses and validates config text; `env` looks up `${VAR}` values.
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
+                file: String::new(),
+                message: e.to_string(),
+            })?;
+        interpolate::interpolate(&mut value, env)?;
+        let raw: file::FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::invalid(
+                if path == "." { "(top level)".into() } else { path },
+                e.into_inner().to_string(),
+            )
+        })?;
+        let digest = {
+            use sha2::Digest;
+            sha2::Sha256::digest(text.as_bytes()).into()
+        };
+        validate::validate(raw, digest)
+    }
+
+    /// Names of settings that differ and cannot change without a restart.
+    pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.listen != next.listen {
+            changed.push("listen");
+        }
+        if self.admin.listen != next.admin.listen {
+            changed.push("admin.listen");
+        }
+        if self.store != next.store {
+            changed.push("store");
+        }
+        if self.upstream.authority != next.upstream.authority
+            || self.upstream.scheme != next.upstream.scheme
+        {
+            changed.push("upstream.url");
+        }
+        if self.upstream.connect_timeout != next.upstream.connect_timeout {
+            changed.push("upstream.connect_timeout");
+        }
+        if self.upstream.max_idle_per_host != next.upstream.max_idle_per_host {
+            changed.push("upstream.max_idle_per_host");
+        }
+        if self.log_format != next.log_format {
+            changed.push("log_format");
+        }
+        changed
+    }
+}

@@ -1,0 +1,280 @@
+//! Turns the file model into the typed [`Config`]: addresses, URLs, route
+//! templates and anchored param patterns, and the cross-route checks
+//! (unique names, no two routes that could match one request).
+
+use super::file::{FileConfig, FileQuery, FileQueryMode, FileRoute};
+use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
+use super::{
+    AdminConfig, Config, ConfigError, FillConfig, RedisConfig, RedisTarget, StoreConfig,
+    UpstreamConfig,
+};
+use http::{HeaderName, Method};
+use regex::Regex;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+fn err<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T> {
+    Err(ConfigError::invalid(path, message))
+}
+
+pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
+    if raw.version != 1 {
+        return err("version", format!("unsupported version {}; expected 1", raw.version));
+    }
+    let listen = addr("listen", &raw.listen)?;
+    let admin = AdminConfig {
+        listen: addr("admin.listen", &raw.admin.listen)?,
+        token: raw.admin.token.clone().filter(|t| !t.is_empty()),
+    };
+    if admin.listen == listen {
+        return err("admin.listen", "must differ from listen");
+    }
+    let upstream = upstream(&raw)?;
+    let store = store(&raw)?;
+    if raw.fill.max_concurrency == 0 {
+        return err("fill.max_concurrency", "must be at least 1");
+    }
+    let fill = FillConfig {
+        max_concurrency: raw.fill.max_concurrency,
+        max_body: raw.fill.max_body.0,
+    };
+    // Later releases wire these up; accepting them silently would let an
+    // operator believe invalidation or Bloom filtering is running.
+    if raw.invalidation.outbox.is_some() {
+        return err("invalidation.outbox", "not supported by this build of sidecache yet");
+    }
+    if raw.invalidation.redis_stream.is_some() {
+        return err(
+            "invalidation.redis_stream",
+            "not supported by this build of sidecache yet",
+        );
+    }
+
+    let mut routes: Vec<Arc<Route>> = Vec::with_capacity(raw.routes.len());
+    for (i, r) in raw.routes.into_iter().enumerate() {
+        let at = format!("routes[{i}]");
+        let route = route(&at, r)?;
+        if let Some(j) = routes.iter().position(|o| o.name == route.name) {
+            return err(
+                format!("{at}.name"),
+                format!("duplicate route name {:?} (also routes[{j}])", route.name),
+            );
+        }
+        if let Some(j) = routes.iter().position(|o| overlaps(o, &route)) {
+            return err(
+                format!("{at}.path"),
+                format!(
+                    "{:?} conflicts with routes[{j}] ({:?}): one request could match both",
+                    route.template, routes[j].template
+                ),
+            );
+        }
+        routes.push(Arc::new(route));
+    }
+
+    let max_fresh = routes
+        .iter()
+        .map(|r| (r.ttl + r.jitter).max(r.negative_ttl))
+        .max()
+        .unwrap_or_default();
+    let max_lease = routes.iter().map(|r| r.lease).max().unwrap_or_default();
+    let gen_ttl = max_fresh + max_lease + Duration::from_secs(60);
+
+    Ok(Config {
+        listen,
+        log_format: raw.log_format,
+        admin,
+        upstream,
+        store,
+        fill,
+        routes: RouteTable { routes },
+        gen_ttl,
+        digest,
+    })
+}
+
+fn addr(path: &str, s: &str) -> Result<SocketAddr> {
+    s.parse()
+        .or_else(|_| err(path, format!("{s:?} is not an address like 0.0.0.0:8080")))
+}
+
+fn upstream(raw: &FileConfig) -> Result<UpstreamConfig> {
+    let u = &raw.upstream;
+    let uri: http::Uri = u
+        .url
+        .parse()
+        .or_else(|e| err("upstream.url", format!("{:?}: {e}", u.url)))?;
+    let scheme = uri.scheme().cloned();
+    if scheme.as_ref() != Some(&http::uri::Scheme::HTTP) {
+        return err(
+            "upstream.url",
+            "must be an http:// URL (sidecache talks plain HTTP to the service next to it)",
+        );
+    }
+    let Some(authority) = uri.authority().cloned() else {
+        return err("upstream.url", "needs a host and port");
+    };
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return err("upstream.url", "must not have a path or query");
+    }
+    if u.timeout.0.is_zero() || u.connect_timeout.0.is_zero() {
+        return err("upstream.timeout", "timeouts must be greater than zero");
+    }
+    Ok(UpstreamConfig {
+        scheme: http::uri::Scheme::HTTP,
+        authority,
+        connect_timeout: u.connect_timeout.0,
+        timeout: u.timeout.0,
+        max_idle_per_host: u.max_idle_per_host,
+    })
+}
+
+fn store(raw: &FileConfig) -> Result<StoreConfig> {
+    let s = &raw.store;
+    let redis = match &s.redis {
+        None => None,
+        Some(r) => {
+            let target = match (&r.url, &r.cluster) {
+                (Some(url), None) => {
+                    redis_url("store.redis.url", url)?;
+                    RedisTarget::Single(url.clone())
+                }
+                (None, Some(nodes)) if !nodes.is_empty() => {
+                    for (i, n) in nodes.iter().enumerate() {
+                        redis_url(&format!("store.redis.cluster[{i}]"), n)?;
+                    }
+                    RedisTarget::Cluster(nodes.clone())
+                }
+                (Some(_), Some(_)) => {
+                    return err("store.redis", "give either `url` or `cluster`, not both")
+                }
+                _ => return err("store.redis", "needs `url` or a non-empty `cluster` list"),
+            };
+            if r.command_timeout.0.is_zero() {
+                return err("store.redis.command_timeout", "must be greater than zero");
+            }
+            Some(RedisConfig {
+                target,
+                command_timeout: r.command_timeout.0,
+            })
+        }
+    };
+    if s.namespace.contains(['{', '}']) || s.namespace.chars().any(char::is_whitespace) {
+        return err("store.namespace", "must not contain '{', '}' or whitespace");
+    }
+    Ok(StoreConfig {
+        redis,
+        namespace: s.namespace.clone(),
+        breaker_cooldown: s.breaker.cooldown.0,
+    })
+}
+
+fn redis_url(path: &str, url: &str) -> Result<()> {
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Ok(())
+    } else {
+        err(path, format!("{url:?} is not a redis:// URL"))
+    }
+}
+
+fn route(at: &str, r: FileRoute) -> Result<Route> {
+    let name_ok = !r.name.is_empty()
+        && r
+            .name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if !name_ok {
+        return err(format!("{at}.name"), format!("{:?} must match [a-z0-9_-]+", r.name));
+    }
+    let (segments, names) = parse_template(&r.path).or_else(|m| err(format!("{at}.path"), m))?;
+    let mut params = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(pattern) = r.params.get(&name) else {
+            return err(
+                format!("{at}.params.{name}"),
+                format!("path param {{{name}}} has no pattern; every param needs one"),
+            );
+        };
+        let re = Regex::new(&format!("^(?:{pattern})$"))
+            .or_else(|e| err(format!("{at}.params.{name}"), format!("bad regex: {e}")))?;
+        params.push(Param { name, pattern: re });
+    }
+    if let Some(extra) = r.params.keys().find(|k| !params.iter().any(|p| &p.name == *k)) {
+        return err(
+            format!("{at}.params.{extra}"),
+            format!("{extra:?} is not a param of path {:?}", r.path),
+        );
+    }
+    let mut methods = Vec::new();
+    for (i, m) in r.methods.iter().enumerate() {
+        let method = match m.to_ascii_uppercase().as_str() {
+            "GET" => Method::GET,
+            "HEAD" => Method::HEAD,
+            other => {
+                return err(
+                    format!("{at}.methods[{i}]"),
+                    format!("{other:?}: only GET and HEAD can be cached"),
+                )
+            }
+        };
+        methods.push(method);
+    }
+    if !methods.contains(&Method::GET) {
+        return err(format!("{at}.methods"), "must include GET (HEAD is answered from the GET entry)");
+    }
+    let query = match r.query {
+        FileQuery::Mode(FileQueryMode::Include) => QueryMode::Include,
+        FileQuery::Mode(FileQueryMode::Ignore) => QueryMode::Ignore,
+        FileQuery::Allow(mut names) => {
+            names.sort();
+            names.dedup();
+            QueryMode::Allow(names)
+        }
+    };
+    let mut vary = Vec::with_capacity(r.vary.len());
+    for (i, h) in r.vary.iter().enumerate() {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .or_else(|_| err(format!("{at}.vary[{i}]"), format!("{h:?} is not a header name")))?;
+        vary.push(name);
+    }
+    for (field, list) in [("cache_status", &r.cache_status), ("negative_status", &r.negative_status)] {
+        if let Some((i, s)) = list.iter().enumerate().find(|(_, s)| !(100..=599).contains(*s)) {
+            return err(format!("{at}.{field}[{i}]"), format!("{s} is not an HTTP status"));
+        }
+    }
+    if let Some(s) = r.cache_status.iter().find(|s| r.negative_status.contains(s)) {
+        return err(
+            format!("{at}.negative_status"),
+            format!("{s} is in both cache_status and negative_status"),
+        );
+    }
+    if r.ttl.0.is_zero() {
+        return err(format!("{at}.ttl"), "must be greater than zero");
+    }
+    if r.lease.0 < Duration::from_millis(10) {
+        return err(format!("{at}.lease"), "must be at least 10ms");
+    }
+    if r.bloom.is_some() {
+        return err(format!("{at}.bloom"), "not supported by this build of sidecache yet");
+    }
+    Ok(Route {
+        name: r.name,
+        template: r.path,
+        segments,
+        params,
+        methods,
+        query,
+        vary,
+        ttl: r.ttl.0,
+        jitter: r.jitter.0,
+        negative_ttl: r.negative_ttl.0,
+        cache_status: r.cache_status,
+        negative_status: r.negative_status,
+        lease: r.lease.0,
+        wait: r.wait.0,
+        invalidate_on_write: r.invalidate_on_write,
+    })
+}

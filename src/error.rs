@@ -1,0 +1,81 @@
+//! Error kinds by meaning, and the one place that turns them into HTTP
+//! answers. The classification is the degradation policy (SPEC §5):
+//! - store unavailable -> never an error to the client: the degraded path;
+//! - upstream unreachable / timed out -> 502 / 504;
+//! - overload (fill permits, lease wait budget) -> 503 with `Retry-After`;
+//! - bad request input -> 400, never forwarded;
+//! - a bug -> 500, logged, nothing internal leaks.
+//!
+//! Upstream 4xx/5xx answers are responses, not errors.
+
+use crate::proxy::body::{full, Body};
+use http::{header, Response, StatusCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream unreachable: {0}")]
+    Connect(String),
+    #[error("upstream timed out")]
+    Timeout,
+    #[error("upstream exchange failed: {0}")]
+    Other(String),
+}
+
+impl UpstreamError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Other(_) => "other",
+        }
+    }
+}
+
+/// Why sidecache answers a request itself instead of with an upstream response.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// Fill permits exhausted, or the lease wait budget spent.
+    #[error("overloaded: {0}")]
+    Overloaded(&'static str),
+    #[error("internal error: {0}")]
+    Bug(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Upstream(UpstreamError::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The client-facing answer: a short plain-text body, no internals.
+    pub fn to_response(&self) -> Response<Body> {
+        let status = self.status();
+        let text = match self {
+            ProxyError::BadRequest(why) => format!("bad request: {why}\n"),
+            ProxyError::Overloaded(_) => "service busy, retry shortly\n".to_owned(),
+            ProxyError::Upstream(UpstreamError::Timeout) => "upstream timed out\n".to_owned(),
+            ProxyError::Upstream(_) => "upstream unavailable\n".to_owned(),
+            ProxyError::Bug(_) => "internal error\n".to_owned(),
+        };
+        let mut resp = Response::new(full(text));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,145 @@
+//! Metric names (one place, as constants) and the Prometheus registry that
+//! the admin listener exports. Label handles that sit on the request path are
+//! looked up once per request, never formatted.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub mod names {
+    pub const REQUESTS: &str = "sidecache_requests_total";
+    pub const UPSTREAM_REQUESTS: &str = "sidecache_upstream_requests_total";
+    pub const UPSTREAM_DURATION: &str = "sidecache_upstream_duration_seconds";
+    pub const UPSTREAM_ERRORS: &str = "sidecache_upstream_errors_total";
+    pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
+    pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
+    pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
+    pub const PUBLISH: &str = "sidecache_publish_total";
+    pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
+    pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
+    pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
+    pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
+}
+
+/// All metrics of one process.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `{route, result}`: result is a `CacheStatus` string, or `forward`.
+    pub requests: IntCounterVec,
+    /// `{route, status_class}`: `2xx`..`5xx`, or `error`.
+    pub upstream_requests: IntCounterVec,
+    /// `{route}`; forwarded requests use route `-`.
+    pub upstream_duration: HistogramVec,
+    /// `{kind}`: `connect`, `timeout`, `other`.
+    pub upstream_errors: IntCounterVec,
+    /// `{op}`: the store operation that failed or timed out.
+    pub store_errors: IntCounterVec,
+    pub breaker_open: IntGauge,
+    pub fill_inflight: IntGaugeVec,
+    /// `{route, outcome}`: `published`, `publish_rejected`, `write_failure`, `uncacheable`.
+    pub publish: IntCounterVec,
+    pub corrupt: IntCounterVec,
+    pub unlock_failed: IntCounterVec,
+    /// `{source, outcome}`.
+    pub invalidations: IntCounterVec,
+    /// `{outcome}`: `applied`, `unchanged`, `rejected`.
+    pub config_reloads: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        fn reg<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+            // Names are constants and unique: registering cannot fail.
+            r.register(Box::new(c.clone()))
+                .expect("metric names are unique constants");
+            c
+        }
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            reg(&registry, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+        };
+        use names::*;
+        Metrics {
+            requests: counter(REQUESTS, "Requests by route and cache result.", &["route", "result"]),
+            upstream_requests: counter(
+                UPSTREAM_REQUESTS,
+                "Requests sent upstream, by route and status class.",
+                &["route", "status_class"],
+            ),
+            upstream_duration: reg(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(UPSTREAM_DURATION, "Upstream response time (headers).")
+                        .buckets(vec![
+                            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                            5.0, 10.0,
+                        ]),
+                    &["route"],
+                )
+                .expect("valid metric"),
+            ),
+            upstream_errors: counter(
+                UPSTREAM_ERRORS,
+                "Upstream exchanges that failed (502/504 to the client).",
+                &["kind"],
+            ),
+            store_errors: counter(STORE_ERRORS, "Store calls that failed or timed out.", &["op"]),
+            breaker_open: reg(
+                &registry,
+                IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open.")
+                    .expect("valid metric"),
+            ),
+            fill_inflight: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(FILL_INFLIGHT, "Upstream fetches for cache fills in flight."),
+                    &["route"],
+                )
+                .expect("valid metric"),
+            ),
+            publish: counter(PUBLISH, "Cache publish attempts by outcome.", &["route", "outcome"]),
+            corrupt: counter(CORRUPT, "Entries that failed to decode or match.", &["route"]),
+            unlock_failed: counter(
+                LEASE_UNLOCK_FAILED,
+                "Lease releases that failed (the lease then expires).",
+                &["route"],
+            ),
+            invalidations: counter(
+                INVALIDATIONS,
+                "Invalidation events by source and outcome.",
+                &["source", "outcome"],
+            ),
+            config_reloads: counter(CONFIG_RELOADS, "Config reloads by outcome.", &["outcome"]),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let families = self.registry.gather();
+        if TextEncoder::new().encode(&families, &mut buf).is_err() {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// `2xx` .. `5xx` for a status code.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}

@@ -1,0 +1,124 @@
+//! The cache store: the [`Store`] trait that the read pipeline and the
+//! invalidation sources talk to, its two backends ([`redis::RedisStore`],
+//! [`memory::MemoryStore`]), the Lua scripts ([`scripts`]), and the
+//! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
+//! breaker ([`breaker`]) around every call.
+//!
+//! The trait speaks in keys the caller built (see `pipeline::key`), so both
+//! backends implement exactly the same protocol (SPEC §5.1):
+//! - `read`: one round trip for the entry and the object's generation;
+//! - `ticket`: current generation, created fresh if missing — never absent;
+//! - `try_lease` / `unlock`: `SET NX PX` with an owner token, compare-and-delete;
+//! - `publish`: write the entry only if the lease is still ours and the
+//!   generation still equals the ticket;
+//! - `invalidate`: replace the generation with a fresh unique value;
+//! - `delete_if_equals`: remove a corrupt entry only if it is unchanged.
+
+pub mod breaker;
+pub mod guarded;
+pub mod memory;
+pub mod redis;
+pub mod scripts;
+
+use bytes::Bytes;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a store call failed. Every kind means "store unavailable" to the read
+/// pipeline (degraded path); the kinds only differ in logs and metrics.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out")]
+    Timeout,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+    #[error("circuit breaker open")]
+    BreakerOpen,
+}
+
+/// The keys of one object variant (SPEC §5.2), all in one hash slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectKeys {
+    /// `<ns>o:{<route>:<params>}:e:v1:<variant>`
+    pub entry: String,
+    /// `<ns>o:{<route>:<params>}:g`
+    pub generation: String,
+    /// `<ns>o:{<route>:<params>}:l:<variant>`
+    pub lease: String,
+}
+
+/// What one `read` round trip returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub entry: Option<Bytes>,
+    pub generation: Option<Bytes>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishOutcome {
+    Published,
+    /// The lease expired or another filler holds it now.
+    LeaseLost,
+    /// The generation moved since the ticket (invalidated, or lost and recreated).
+    GenerationChanged,
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
+    fn kind(&self) -> &'static str;
+
+    fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>>;
+
+    /// `SET lease owner NX PX ttl`: true if we now hold the lease.
+    fn try_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// The current generation; created as a fresh unique value if missing.
+    /// Refreshes the generation key's TTL to `gen_ttl`.
+    fn ticket<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
+
+    /// Writes `entry` with `ttl` if `lease == owner` and `gen == ticket`.
+    fn publish<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
+
+    /// Deletes the lease only if `owner` still holds it. True if deleted.
+    fn unlock<'a>(&'a self, lease_key: &'a str, owner: &'a str)
+        -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Deletes `key` only if its value equals `expected`. True if deleted.
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Replaces the generation with a fresh unique value (server time +
+    /// `nonce`), TTL `gen_ttl`. Returns the new generation.
+    fn invalidate<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
+}
+pub use guarded::{open, GuardedStore};

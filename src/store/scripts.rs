@@ -1,0 +1,1 @@
+//! PLACEHOLDER (helper B replaces).
