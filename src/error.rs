@@ -11,7 +11,7 @@
 use crate::proxy::body::{full, Body};
 use http::{header, Response, StatusCode};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     #[error("upstream unreachable: {0}")]
     Connect(String),
@@ -32,7 +32,7 @@ impl UpstreamError {
 }
 
 /// Why sidecache answers a request itself instead of with an upstream response.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),

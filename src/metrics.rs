@@ -58,11 +58,18 @@ impl Metrics {
             c
         }
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            reg(&registry, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+            reg(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
         };
         use names::*;
         Metrics {
-            requests: counter(REQUESTS, "Requests by route and cache result.", &["route", "result"]),
+            requests: counter(
+                REQUESTS,
+                "Requests by route and cache result.",
+                &["route", "result"],
+            ),
             upstream_requests: counter(
                 UPSTREAM_REQUESTS,
                 "Requests sent upstream, by route and status class.",
@@ -73,8 +80,8 @@ impl Metrics {
                 HistogramVec::new(
                     HistogramOpts::new(UPSTREAM_DURATION, "Upstream response time (headers).")
                         .buckets(vec![
-                            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                            5.0, 10.0,
+                            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                            10.0,
                         ]),
                     &["route"],
                 )
@@ -85,7 +92,11 @@ impl Metrics {
                 "Upstream exchanges that failed (502/504 to the client).",
                 &["kind"],
             ),
-            store_errors: counter(STORE_ERRORS, "Store calls that failed or timed out.", &["op"]),
+            store_errors: counter(
+                STORE_ERRORS,
+                "Store calls that failed or timed out.",
+                &["op"],
+            ),
             breaker_open: reg(
                 &registry,
                 IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open.")
@@ -99,8 +110,16 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
-            publish: counter(PUBLISH, "Cache publish attempts by outcome.", &["route", "outcome"]),
-            corrupt: counter(CORRUPT, "Entries that failed to decode or match.", &["route"]),
+            publish: counter(
+                PUBLISH,
+                "Cache publish attempts by outcome.",
+                &["route", "outcome"],
+            ),
+            corrupt: counter(
+                CORRUPT,
+                "Entries that failed to decode or match.",
+                &["route"],
+            ),
             unlock_failed: counter(
                 LEASE_UNLOCK_FAILED,
                 "Lease releases that failed (the lease then expires).",

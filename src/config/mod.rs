@@ -13,7 +13,6 @@ pub mod route;
 pub mod units;
 pub mod validate;
 
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -144,7 +143,11 @@ impl Config {
         let raw: file::FileConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::invalid(
-                if path == "." { "(top level)".into() } else { path },
+                if path == "." {
+                    "(top level)".into()
+                } else {
+                    path
+                },
                 e.into_inner().to_string(),
             )
         })?;

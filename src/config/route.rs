@@ -151,11 +151,7 @@ pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), Str
             let name = inner
                 .strip_suffix('}')
                 .ok_or_else(|| format!("segment {part:?} opens '{{' but does not close it"))?;
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!(
                     "param name {name:?} must be non-empty letters, digits or '_'"
                 ));

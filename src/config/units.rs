@@ -24,7 +24,9 @@ fn split_number(s: &str) -> Option<(u64, &str)> {
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?}: expected a whole number with a unit (ms, s, m, h), e.g. \"250ms\"");
+    let bad = || {
+        format!("invalid duration {s:?}: expected a whole number with a unit (ms, s, m, h), e.g. \"250ms\"")
+    };
     let (n, unit) = split_number(s).ok_or_else(bad)?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
@@ -37,7 +39,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let bad = || format!("invalid size {s:?}: expected a whole number with a unit (B, KiB, MiB, GiB), e.g. \"1MiB\"");
+    let bad = || {
+        format!("invalid size {s:?}: expected a whole number with a unit (B, KiB, MiB, GiB), e.g. \"1MiB\"")
+    };
     let (n, unit) = split_number(s).ok_or_else(bad)?;
     let mult: u64 = match unit {
         "" | "B" => 1,
@@ -92,7 +96,15 @@ mod tests {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        for bad in ["", "5", "s", "1.5s", "-1s", "5 minutes", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1.5s",
+            "-1s",
+            "5 minutes",
+            "99999999999999999999h",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
     }

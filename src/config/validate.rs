@@ -22,7 +22,10 @@ fn err<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T> {
 
 pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     if raw.version != 1 {
-        return err("version", format!("unsupported version {}; expected 1", raw.version));
+        return err(
+            "version",
+            format!("unsupported version {}; expected 1", raw.version),
+        );
     }
     let listen = addr("listen", &raw.listen)?;
     let admin = AdminConfig {
@@ -44,7 +47,10 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     // Later releases wire these up; accepting them silently would let an
     // operator believe invalidation or Bloom filtering is running.
     if raw.invalidation.outbox.is_some() {
-        return err("invalidation.outbox", "not supported by this build of sidecache yet");
+        return err(
+            "invalidation.outbox",
+            "not supported by this build of sidecache yet",
+        );
     }
     if raw.invalidation.redis_stream.is_some() {
         return err(
@@ -182,12 +188,14 @@ fn redis_url(path: &str, url: &str) -> Result<()> {
 
 fn route(at: &str, r: FileRoute) -> Result<Route> {
     let name_ok = !r.name.is_empty()
-        && r
-            .name
+        && r.name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
     if !name_ok {
-        return err(format!("{at}.name"), format!("{:?} must match [a-z0-9_-]+", r.name));
+        return err(
+            format!("{at}.name"),
+            format!("{:?} must match [a-z0-9_-]+", r.name),
+        );
     }
     let (segments, names) = parse_template(&r.path).or_else(|m| err(format!("{at}.path"), m))?;
     let mut params = Vec::with_capacity(names.len());
@@ -202,7 +210,11 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
             .or_else(|e| err(format!("{at}.params.{name}"), format!("bad regex: {e}")))?;
         params.push(Param { name, pattern: re });
     }
-    if let Some(extra) = r.params.keys().find(|k| !params.iter().any(|p| &p.name == *k)) {
+    if let Some(extra) = r
+        .params
+        .keys()
+        .find(|k| !params.iter().any(|p| &p.name == *k))
+    {
         return err(
             format!("{at}.params.{extra}"),
             format!("{extra:?} is not a param of path {:?}", r.path),
@@ -223,7 +235,10 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         methods.push(method);
     }
     if !methods.contains(&Method::GET) {
-        return err(format!("{at}.methods"), "must include GET (HEAD is answered from the GET entry)");
+        return err(
+            format!("{at}.methods"),
+            "must include GET (HEAD is answered from the GET entry)",
+        );
     }
     let query = match r.query {
         FileQuery::Mode(FileQueryMode::Include) => QueryMode::Include,
@@ -236,16 +251,34 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
     };
     let mut vary = Vec::with_capacity(r.vary.len());
     for (i, h) in r.vary.iter().enumerate() {
-        let name = HeaderName::from_bytes(h.as_bytes())
-            .or_else(|_| err(format!("{at}.vary[{i}]"), format!("{h:?} is not a header name")))?;
+        let name = HeaderName::from_bytes(h.as_bytes()).or_else(|_| {
+            err(
+                format!("{at}.vary[{i}]"),
+                format!("{h:?} is not a header name"),
+            )
+        })?;
         vary.push(name);
     }
-    for (field, list) in [("cache_status", &r.cache_status), ("negative_status", &r.negative_status)] {
-        if let Some((i, s)) = list.iter().enumerate().find(|(_, s)| !(100..=599).contains(*s)) {
-            return err(format!("{at}.{field}[{i}]"), format!("{s} is not an HTTP status"));
+    for (field, list) in [
+        ("cache_status", &r.cache_status),
+        ("negative_status", &r.negative_status),
+    ] {
+        if let Some((i, s)) = list
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(100..=599).contains(*s))
+        {
+            return err(
+                format!("{at}.{field}[{i}]"),
+                format!("{s} is not an HTTP status"),
+            );
         }
     }
-    if let Some(s) = r.cache_status.iter().find(|s| r.negative_status.contains(s)) {
+    if let Some(s) = r
+        .cache_status
+        .iter()
+        .find(|s| r.negative_status.contains(s))
+    {
         return err(
             format!("{at}.negative_status"),
             format!("{s} is in both cache_status and negative_status"),
@@ -258,7 +291,10 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
     if r.bloom.is_some() {
-        return err(format!("{at}.bloom"), "not supported by this build of sidecache yet");
+        return err(
+            format!("{at}.bloom"),
+            "not supported by this build of sidecache yet",
+        );
     }
     Ok(Route {
         name: r.name,

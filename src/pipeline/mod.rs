@@ -1,16 +1,50 @@
-//! The read pipeline for requests that match a cache route (SPEC §5).
-//! PLACEHOLDER body: `serve` forwards until the stages land.
+//! The read pipeline for requests that match a cache route (SPEC §5). Each
+//! stage is a named function in its own file:
+//!
+//! ```text
+//! 0 validate + bypass   (route match in proxy::server; bypass() here)
+//! 1 key                 key::cache_key
+//! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
+//! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
+//! 6 double-check+ticket lookup::lookup again, GuardedStore::ticket
+//! 7 fetch               fill::fetch under fill::FillPermits
+//!   7b degraded         fetch_only: same permits, nothing written
+//! 8 publish             publish::cacheability, publish::publish
+//! 9 release             lease::release
+//! ```
+//! (Stage 4, Bloom, arrives with the Bloom filter.) `status::CacheStatus`
+//! is the result of every request: the `X-Cache` header, the metric label
+//! and the log field.
+
+pub mod entry;
+pub mod fill;
+pub mod flight;
+pub mod key;
+pub mod lease;
+pub mod lookup;
+pub mod publish;
+pub mod status;
 
 use crate::config::{Config, Route};
+use crate::error::ProxyError;
 use crate::metrics::Metrics;
-use crate::proxy::body::Body;
+use crate::proxy::body::{self, Body};
 use crate::proxy::client::UpstreamClient;
-use crate::store::{GuardedStore, StoreError};
-use http::{Request, Response};
+use crate::store::{GuardedStore, PublishOutcome, StoreError};
+use entry::Entry;
+use fill::{Fetched, FillPermits, FillRequest};
+use flight::{Answer, Flights};
+use futures_util::FutureExt;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
+use key::CacheKey;
+use lease::LeaseOutcome;
+use rand::Rng;
+use status::CacheStatus;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Why an invalidation request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -23,22 +57,53 @@ pub enum InvalidateError {
     Store(#[from] StoreError),
 }
 
-pub struct Pipeline {
+/// What a fill task needs; shared with spawned fills.
+struct Shared {
     store: Arc<GuardedStore>,
     client: UpstreamClient,
     metrics: Metrics,
+    permits: FillPermits,
+}
+
+pub struct Pipeline {
+    shared: Arc<Shared>,
+    flights: Arc<Flights>,
+}
+
+/// One fill's inputs, owned so the fill can run in its own task.
+struct Fill {
+    shared: Arc<Shared>,
+    cfg: Arc<Config>,
+    route: Arc<Route>,
+    key: CacheKey,
+    request: FillRequest,
 }
 
 impl Pipeline {
-    pub fn new(store: Arc<GuardedStore>, client: UpstreamClient, metrics: Metrics, _cfg: &Config) -> Pipeline {
-        Pipeline { store, client, metrics }
+    pub fn new(
+        store: Arc<GuardedStore>,
+        client: UpstreamClient,
+        metrics: Metrics,
+        cfg: &Config,
+    ) -> Pipeline {
+        Pipeline {
+            shared: Arc::new(Shared {
+                store,
+                client,
+                metrics,
+                permits: FillPermits::new(cfg.fill.max_concurrency),
+            }),
+            flights: Arc::new(Flights::default()),
+        }
     }
 
     /// Applies limits from a reloaded config (fill permits).
-    pub fn reconfigure(&self, _cfg: &Config) {}
+    pub fn reconfigure(&self, cfg: &Config) {
+        self.shared.permits.resize(cfg.fill.max_concurrency);
+    }
 
     pub fn store(&self) -> &Arc<GuardedStore> {
-        &self.store
+        &self.shared.store
     }
 
     /// Serves a cache read. `params` are the raw path param values in
@@ -46,21 +111,363 @@ impl Pipeline {
     pub async fn serve(
         &self,
         cfg: Arc<Config>,
-        _route: Arc<Route>,
-        _params: Vec<String>,
+        route: Arc<Route>,
+        params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<Body> {
-        crate::proxy::forward::forward(&self.client, req, peer, cfg.upstream.timeout, &self.metrics).await
+        let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
+        resp.headers_mut().insert("x-cache", status.header_value());
+        self.shared
+            .metrics
+            .requests
+            .with_label_values(&[&route.name, status.as_str()])
+            .inc();
+        tracing::debug!(route = %route.name, cache = status.as_str(), status = resp.status().as_u16(), "cache read");
+        resp
+    }
+
+    async fn serve_inner(
+        &self,
+        cfg: Arc<Config>,
+        route: &Arc<Route>,
+        params: Vec<String>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> (CacheStatus, Response<Body>) {
+        let sh = &self.shared;
+        // Stage 0: credentials that are not part of the key make the
+        // response personal: forward untouched.
+        if bypass(route, req.headers()) {
+            let resp = crate::proxy::forward::forward(
+                &sh.client,
+                req,
+                peer,
+                cfg.upstream.timeout,
+                &sh.metrics,
+            )
+            .await;
+            return (CacheStatus::Bypass, resp);
+        }
+        let head = req.method() == Method::HEAD;
+        // Stage 1.
+        let key = key::cache_key(
+            &cfg.store.namespace,
+            route,
+            &params,
+            req.uri().query(),
+            req.headers(),
+        );
+        // Stages 2 + 3.
+        let degraded = match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
+            Ok(Some(entry)) => {
+                let status = hit_status(&entry);
+                return (status, respond(&entry, status, head));
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
+                true
+            }
+        };
+        // Stage 5 (in-process): join or start the fill for this key.
+        let fill = Fill {
+            shared: Arc::clone(sh),
+            request: fill::fill_request(
+                route,
+                req.uri().path(),
+                &key.query,
+                req.uri().authority(),
+                req.headers(),
+                peer,
+            ),
+            cfg,
+            route: Arc::clone(route),
+            key,
+        };
+        drop(req);
+        let flight_key = if degraded {
+            format!("degraded:{}", fill.key.keys.entry)
+        } else {
+            fill.key.keys.entry.clone()
+        };
+        let fill = Arc::new(fill);
+        let task_fill = Arc::clone(&fill);
+        let answer = self
+            .flights
+            .join(&flight_key, move || {
+                async move {
+                    if degraded {
+                        fetch_only(&task_fill, CacheStatus::Degraded).await
+                    } else {
+                        fill_with_lease(&task_fill).await
+                    }
+                }
+                .boxed()
+            })
+            .await;
+        match &*answer {
+            Answer::Shared(status, entry) => (*status, respond(entry, *status, head)),
+            Answer::Failed(status, e) => (*status, e.to_response()),
+            Answer::Exclusive(status, slot) => {
+                let taken = slot.lock().ok().and_then(|mut s| s.take());
+                match taken {
+                    Some(resp) => (*status, strip_body_for_head(resp, head)),
+                    // Someone else got the one-client answer: fetch our own,
+                    // uncached.
+                    None => match fetch_only(&fill, CacheStatus::Miss).await {
+                        Answer::Shared(s, entry) => (s, respond(&entry, s, head)),
+                        Answer::Exclusive(s, slot) => match slot.into_inner().ok().flatten() {
+                            Some(resp) => (s, strip_body_for_head(resp, head)),
+                            None => (s, ProxyError::Bug("empty answer".into()).to_response()),
+                        },
+                        Answer::Failed(s, e) => (s, e.to_response()),
+                    },
+                }
+            }
+        }
     }
 
     /// Replaces the generation of one object (every variant goes stale).
     pub async fn invalidate(
         &self,
-        _cfg: &Config,
-        _route: &str,
-        _params: &BTreeMap<String, String>,
+        cfg: &Config,
+        route: &str,
+        params: &BTreeMap<String, String>,
     ) -> Result<(), InvalidateError> {
-        todo!()
+        let r = cfg
+            .routes
+            .find(route)
+            .ok_or_else(|| InvalidateError::UnknownRoute(route.to_owned()))?;
+        let mut values = Vec::with_capacity(r.params.len());
+        for p in &r.params {
+            match params.get(&p.name) {
+                Some(v) if p.pattern.is_match(v) => values.push(v.as_str()),
+                _ => return Err(InvalidateError::BadParam(p.name.clone())),
+            }
+        }
+        let identity = key::identity(&r.name, &values);
+        let gen_key = key::generation_key(&cfg.store.namespace, &identity);
+        self.shared
+            .store
+            .invalidate(&gen_key, &nonce(), cfg.gen_ttl)
+            .await?;
+        Ok(())
     }
+
+    /// Number of fills in progress in this instance.
+    pub fn fills_in_flight(&self) -> usize {
+        self.flights.len()
+    }
+}
+
+/// Stage 0: a request carrying credentials is cached only if the route
+/// makes them part of the key.
+pub fn bypass(route: &Route, headers: &HeaderMap) -> bool {
+    [header::AUTHORIZATION, header::COOKIE]
+        .iter()
+        .any(|h| headers.contains_key(h) && !route.varies_on(h))
+}
+
+fn nonce() -> String {
+    format!("{:016x}", rand::rng().random::<u64>())
+}
+
+fn hit_status(entry: &Entry) -> CacheStatus {
+    if entry.negative {
+        CacheStatus::Negative
+    } else {
+        CacheStatus::Hit
+    }
+}
+
+/// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
+async fn fill_with_lease(fill: &Fill) -> Answer {
+    let sh = &fill.shared;
+    let route = &fill.route;
+    let owner = match lease::acquire(&sh.store, &fill.key, route, &sh.metrics).await {
+        Ok(LeaseOutcome::Won(owner)) => owner,
+        Ok(LeaseOutcome::Hit(entry)) => {
+            return Answer::Shared(hit_status(&entry), Arc::new(entry));
+        }
+        Ok(LeaseOutcome::WaitTimeout) => {
+            return Answer::Failed(
+                CacheStatus::Miss,
+                ProxyError::Overloaded("lease wait budget spent"),
+            );
+        }
+        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+    };
+    let answer = fill_holding_lease(fill, &owner).await;
+    lease::release(&sh.store, &fill.key, &owner, &route.name, &sh.metrics).await;
+    answer
+}
+
+/// Stages 6-8 while holding the lease.
+async fn fill_holding_lease(fill: &Fill, owner: &str) -> Answer {
+    let sh = &fill.shared;
+    let route = &fill.route;
+    // Stage 6: the previous lease holder may have published meanwhile.
+    match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
+        Ok(Some(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
+        Ok(None) => {}
+        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+    }
+    // The ticket is taken before the upstream call: an invalidation after
+    // this point moves the generation and the publish below is refused.
+    let ticket = match sh
+        .store
+        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
+        .await
+    {
+        Ok(t) => t,
+        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+    };
+    let fetched = match fetch_with_permit(fill).await {
+        Ok(f) => f,
+        Err(e) => return Answer::Failed(CacheStatus::Miss, e),
+    };
+    let (status, headers, body) = match fetched {
+        Fetched::Streamed(resp) => {
+            count_publish(fill, "too_large");
+            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        }
+        Fetched::Buffered {
+            status,
+            headers,
+            body,
+        } => (status, headers, body),
+    };
+    let kind = publish::cacheability(route, status, &headers);
+    if !kind.is_shareable() {
+        count_publish(fill, "uncacheable");
+        return exclusive(CacheStatus::Miss, status, headers, body);
+    }
+    let entry = publish::build_entry(
+        &fill.key,
+        ticket.clone(),
+        kind,
+        status,
+        publish::replayable_headers(headers),
+        body,
+    );
+    if kind.is_cacheable() {
+        let ttl = publish::entry_ttl(route, kind);
+        let outcome = publish::publish(&sh.store, &fill.key, owner, &ticket, &entry, ttl).await;
+        let label = match outcome {
+            Ok(PublishOutcome::Published) => "published",
+            Ok(PublishOutcome::LeaseLost) | Ok(PublishOutcome::GenerationChanged) => {
+                tracing::info!(key = %fill.key.keys.entry, outcome = ?outcome, "publish rejected");
+                "publish_rejected"
+            }
+            // The answer is still good: return it, never fetch again.
+            Err(e) => {
+                tracing::debug!(key = %fill.key.keys.entry, error = %e, "publish failed");
+                "write_failure"
+            }
+        };
+        count_publish(fill, label);
+    } else {
+        count_publish(fill, "uncacheable");
+    }
+    Answer::Shared(CacheStatus::Miss, Arc::new(entry))
+}
+
+/// Stage 7b (and the fallback for one-client answers): fetch under the
+/// same permits, write nothing.
+async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
+    match fetch_with_permit(fill).await {
+        Err(e) => Answer::Failed(status, e),
+        Ok(Fetched::Streamed(resp)) => Answer::Exclusive(status, Mutex::new(Some(resp))),
+        Ok(Fetched::Buffered {
+            status: code,
+            headers,
+            body,
+        }) => {
+            let kind = publish::cacheability(&fill.route, code, &headers);
+            if !kind.is_shareable() {
+                return exclusive(status, code, headers, body);
+            }
+            let entry = publish::build_entry(
+                &fill.key,
+                bytes::Bytes::new(),
+                kind,
+                code,
+                publish::replayable_headers(headers),
+                body,
+            );
+            Answer::Shared(status, Arc::new(entry))
+        }
+    }
+}
+
+async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
+    let sh = &fill.shared;
+    let _permit = sh.permits.try_acquire()?;
+    let gauge = sh
+        .metrics
+        .fill_inflight
+        .with_label_values(&[&fill.route.name]);
+    gauge.inc();
+    let result = fill::fetch(
+        &sh.client,
+        &fill.cfg,
+        &fill.route,
+        &fill.request,
+        &sh.metrics,
+    )
+    .await;
+    gauge.dec();
+    result
+}
+
+fn count_publish(fill: &Fill, outcome: &str) {
+    fill.shared
+        .metrics
+        .publish
+        .with_label_values(&[&fill.route.name, outcome])
+        .inc();
+}
+
+fn exclusive(
+    status: CacheStatus,
+    code: http::StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Answer {
+    let mut resp = Response::new(body::full(body));
+    *resp.status_mut() = code;
+    *resp.headers_mut() = headers;
+    resp.headers_mut().remove(header::CONTENT_LENGTH);
+    Answer::Exclusive(status, Mutex::new(Some(resp)))
+}
+
+/// A client response from an entry; hits carry `Age`.
+fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
+    let mut resp = Response::new(if head {
+        body::empty()
+    } else {
+        body::full(entry.body.clone())
+    });
+    *resp.status_mut() =
+        http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let h = resp.headers_mut();
+    h.reserve(entry.headers.len() + 3);
+    for (name, value) in &entry.headers {
+        h.append(name.clone(), value.clone());
+    }
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
+    if matches!(status, CacheStatus::Hit | CacheStatus::Negative) {
+        let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
+        h.insert(header::AGE, HeaderValue::from(age));
+    }
+    resp
+}
+
+fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
+    if !head {
+        return resp;
+    }
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, body::empty())
 }

@@ -21,13 +21,30 @@ impl GuardedStore {
     pub async fn read(&self, _keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
         todo!()
     }
-    pub async fn try_lease(&self, _lease_key: &str, _owner: &str, _ttl: Duration) -> Result<bool, StoreError> {
+    pub async fn try_lease(
+        &self,
+        _lease_key: &str,
+        _owner: &str,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
         todo!()
     }
-    pub async fn ticket(&self, _gen_key: &str, _nonce: &str, _gen_ttl: Duration) -> Result<Bytes, StoreError> {
+    pub async fn ticket(
+        &self,
+        _gen_key: &str,
+        _nonce: &str,
+        _gen_ttl: Duration,
+    ) -> Result<Bytes, StoreError> {
         todo!()
     }
-    pub async fn publish(&self, _keys: &ObjectKeys, _owner: &str, _ticket: &[u8], _entry: Bytes, _ttl: Duration) -> Result<PublishOutcome, StoreError> {
+    pub async fn publish(
+        &self,
+        _keys: &ObjectKeys,
+        _owner: &str,
+        _ticket: &[u8],
+        _entry: Bytes,
+        _ttl: Duration,
+    ) -> Result<PublishOutcome, StoreError> {
         todo!()
     }
     pub async fn unlock(&self, _lease_key: &str, _owner: &str) -> Result<bool, StoreError> {
@@ -36,7 +53,12 @@ impl GuardedStore {
     pub async fn delete_if_equals(&self, _key: &str, _expected: &[u8]) -> Result<bool, StoreError> {
         todo!()
     }
-    pub async fn invalidate(&self, _gen_key: &str, _nonce: &str, _gen_ttl: Duration) -> Result<Bytes, StoreError> {
+    pub async fn invalidate(
+        &self,
+        _gen_key: &str,
+        _nonce: &str,
+        _gen_ttl: Duration,
+    ) -> Result<Bytes, StoreError> {
         todo!()
     }
 }

@@ -1,0 +1,212 @@
+//! Entry format v1: one cached response as compact binary, so a hit decodes
+//! without parsing text or copying the body (the body is a `Bytes` slice of
+//! the value read from the store).
+//!
+//! Layout (integers big-endian, `str16` = u16 length + bytes):
+//! ```text
+//! "SCE1" | u8 flags (bit0 negative) | u16 status | u64 stored_at_ms
+//! | str16 generation | str16 identity | str16 variant
+//! | u16 header count | (str16 name | u32 len + value)*
+//! | u32 body length | body
+//! ```
+//! Anything that does not decode exactly (bad magic, short read, trailing
+//! bytes, invalid header) is [`CorruptEntry`].
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue};
+
+const MAGIC: &[u8; 4] = b"SCE1";
+const FLAG_NEGATIVE: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub status: u16,
+    pub negative: bool,
+    /// Unix time in milliseconds when the response was fetched.
+    pub stored_at_ms: u64,
+    /// The generation ticket the entry was published under.
+    pub generation: Bytes,
+    pub identity: String,
+    pub variant: String,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("corrupt cache entry: {0}")]
+pub struct CorruptEntry(pub &'static str);
+
+impl Entry {
+    pub fn encode(&self) -> Bytes {
+        let headers_len: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| 6 + n.as_str().len() + v.len())
+            .sum();
+        let mut out = BytesMut::with_capacity(
+            32 + self.generation.len()
+                + self.identity.len()
+                + self.variant.len()
+                + headers_len
+                + self.body.len(),
+        );
+        out.put_slice(MAGIC);
+        out.put_u8(if self.negative { FLAG_NEGATIVE } else { 0 });
+        out.put_u16(self.status);
+        out.put_u64(self.stored_at_ms);
+        put_str16(&mut out, &self.generation);
+        put_str16(&mut out, self.identity.as_bytes());
+        put_str16(&mut out, self.variant.as_bytes());
+        out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
+        for (name, value) in self.headers.iter().take(u16::MAX as usize) {
+            put_str16(&mut out, name.as_str().as_bytes());
+            out.put_u32(value.len() as u32);
+            out.put_slice(value.as_bytes());
+        }
+        out.put_u32(self.body.len() as u32);
+        out.put_slice(&self.body);
+        out.freeze()
+    }
+
+    pub fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
+        let mut buf = raw.clone();
+        if buf.remaining() < MAGIC.len() + 1 + 2 + 8 || &buf[..4] != MAGIC {
+            return Err(CorruptEntry("bad magic or too short"));
+        }
+        buf.advance(4);
+        let flags = buf.get_u8();
+        let status = buf.get_u16();
+        let stored_at_ms = buf.get_u64();
+        let generation = take_str16(&mut buf)?;
+        let identity = utf8(take_str16(&mut buf)?)?;
+        let variant = utf8(take_str16(&mut buf)?)?;
+        let count = take_u16(&mut buf)?;
+        let mut headers = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let name = take_str16(&mut buf)?;
+            let name =
+                HeaderName::from_bytes(&name).map_err(|_| CorruptEntry("bad header name"))?;
+            let len = take_u32(&mut buf)? as usize;
+            let value = take(&mut buf, len)?;
+            let value = HeaderValue::from_maybe_shared(value)
+                .map_err(|_| CorruptEntry("bad header value"))?;
+            headers.push((name, value));
+        }
+        let body_len = take_u32(&mut buf)? as usize;
+        let body = take(&mut buf, body_len)?;
+        if buf.has_remaining() {
+            return Err(CorruptEntry("trailing bytes"));
+        }
+        Ok(Entry {
+            status,
+            negative: flags & FLAG_NEGATIVE != 0,
+            stored_at_ms,
+            generation,
+            identity,
+            variant,
+            headers,
+            body,
+        })
+    }
+}
+
+fn put_str16(out: &mut BytesMut, s: &[u8]) {
+    let len = s.len().min(u16::MAX as usize);
+    out.put_u16(len as u16);
+    out.put_slice(&s[..len]);
+}
+
+fn take(buf: &mut Bytes, len: usize) -> Result<Bytes, CorruptEntry> {
+    if buf.remaining() < len {
+        return Err(CorruptEntry("truncated"));
+    }
+    Ok(buf.split_to(len))
+}
+
+fn take_u16(buf: &mut Bytes) -> Result<u16, CorruptEntry> {
+    if buf.remaining() < 2 {
+        return Err(CorruptEntry("truncated"));
+    }
+    Ok(buf.get_u16())
+}
+
+fn take_u32(buf: &mut Bytes) -> Result<u32, CorruptEntry> {
+    if buf.remaining() < 4 {
+        return Err(CorruptEntry("truncated"));
+    }
+    Ok(buf.get_u32())
+}
+
+fn take_str16(buf: &mut Bytes) -> Result<Bytes, CorruptEntry> {
+    let len = take_u16(buf)? as usize;
+    take(buf, len)
+}
+
+fn utf8(b: Bytes) -> Result<String, CorruptEntry> {
+    String::from_utf8(b.to_vec()).map_err(|_| CorruptEntry("identity is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Entry {
+        Entry {
+            status: 200,
+            negative: false,
+            stored_at_ms: 1_700_000_000_123,
+            generation: Bytes::from_static(b"1700000000.123456-abcd"),
+            identity: "app:acme:42".into(),
+            variant: "0123456789abcdef0123456789abcdef".into(),
+            headers: vec![
+                (
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (
+                    HeaderName::from_static("x-thing"),
+                    HeaderValue::from_static("a, b"),
+                ),
+            ],
+            body: Bytes::from_static(b"{\"id\":42}"),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let e = sample();
+        let raw = e.encode();
+        assert_eq!(Entry::decode(&raw), Ok(e));
+        let neg = Entry {
+            negative: true,
+            status: 404,
+            body: Bytes::new(),
+            headers: vec![],
+            ..sample()
+        };
+        assert_eq!(Entry::decode(&neg.encode()), Ok(neg));
+    }
+
+    #[test]
+    fn every_truncation_and_garbage_is_corrupt() {
+        let raw = sample().encode();
+        for len in 0..raw.len() {
+            assert!(
+                Entry::decode(&raw.slice(..len)).is_err(),
+                "prefix of {len} bytes decoded"
+            );
+        }
+        let mut extra = raw.to_vec();
+        extra.push(0);
+        assert!(Entry::decode(&Bytes::from(extra)).is_err());
+        assert!(Entry::decode(&Bytes::from_static(b"{\"json\":\"not an entry\"}")).is_err());
+        let mut bad_header = raw.to_vec();
+        // Corrupt the first header name's first byte into a space.
+        let pos = raw
+            .windows(12)
+            .position(|w| w == b"content-type")
+            .expect("header present");
+        bad_header[pos] = b' ';
+        assert!(Entry::decode(&Bytes::from(bad_header)).is_err());
+    }
+}

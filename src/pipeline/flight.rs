@@ -1,0 +1,86 @@
+//! Stage 5 inside one instance: single-flight. Concurrent misses for the
+//! same key share one fill task and its answer. The fill runs in its own
+//! task, so a client that disconnects cannot cancel it halfway (which would
+//! strand the lease or abandon the other waiters).
+
+use super::entry::Entry;
+use super::status::CacheStatus;
+use crate::error::ProxyError;
+use crate::proxy::body::Body;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use http::Response;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The outcome of one fill, as seen by every request that joined it.
+pub enum Answer {
+    /// A response any coalesced request may receive.
+    Shared(CacheStatus, Arc<Entry>),
+    /// A response for one client only (streamed, or private to the client
+    /// that caused the fill); the first to take it gets it.
+    Exclusive(CacheStatus, Mutex<Option<Response<Body>>>),
+    Failed(CacheStatus, ProxyError),
+}
+
+type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;
+
+#[derive(Default)]
+pub struct Flights {
+    inflight: Mutex<HashMap<String, SharedAnswer>>,
+}
+
+impl Flights {
+    /// Joins the flight for `key`, starting it with `start` if none is running.
+    pub fn join(
+        self: &Arc<Self>,
+        key: &str,
+        start: impl FnOnce() -> BoxFuture<'static, Answer>,
+    ) -> SharedAnswer {
+        let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = map.get(key) {
+            return existing.clone();
+        }
+        let fill = start();
+        let flights = Arc::clone(self);
+        let owned_key = key.to_owned();
+        let task = tokio::spawn(async move {
+            // Removed on completion or panic alike, so later requests start a
+            // new flight (and usually find the entry this one published).
+            let _done = Leave(flights, owned_key);
+            Arc::new(fill.await)
+        });
+        let shared = async move {
+            task.await.unwrap_or_else(|e| {
+                Arc::new(Answer::Failed(
+                    CacheStatus::Miss,
+                    ProxyError::Bug(format!("fill task failed: {e}")),
+                ))
+            })
+        }
+        .boxed()
+        .shared();
+        map.insert(key.to_owned(), shared.clone());
+        shared
+    }
+
+    /// Number of flights in progress (for tests and debugging).
+    pub fn len(&self) -> usize {
+        self.inflight.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+struct Leave(Arc<Flights>, String);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+    }
+}

@@ -1,0 +1,231 @@
+//! Stage 1: the cache key. Identity = route name + param values; variant =
+//! a hash of the normalized query (per the route's `query` mode) and the
+//! values of the route's `vary` headers. Keys follow SPEC §5.2:
+//! `<ns>o:{<route>:<p1>:<p2>…}:e:v1:<variant>` (entry), `…:g` (generation),
+//! `…:l:<variant>` (lease) — one hash tag per object, so every key of an
+//! object lives in one Redis Cluster slot and `MGET` works.
+
+use crate::config::{QueryMode, Route};
+use crate::store::ObjectKeys;
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use std::fmt::Write;
+
+/// Where a request's cached answer lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheKey {
+    /// `<route>:<p1>:<p2>…`, params percent-encoded; embedded in entries.
+    pub identity: String,
+    /// Hex digest of query + vary values; embedded in entries.
+    pub variant: String,
+    /// The normalized query string sent upstream on a fill (no leading `?`).
+    pub query: String,
+    pub keys: ObjectKeys,
+}
+
+/// `<route>:<p1>:<p2>…`, every param percent-encoded.
+pub fn identity<S: AsRef<str>>(route: &str, params: &[S]) -> String {
+    let mut id = String::with_capacity(
+        route.len() + params.iter().map(|p| p.as_ref().len() + 1).sum::<usize>(),
+    );
+    id.push_str(route);
+    for p in params {
+        id.push(':');
+        encode_param(p.as_ref(), &mut id);
+    }
+    id
+}
+
+/// Appends `value`, percent-encoding every character that could close the
+/// hash tag, split the key or make two objects collide: `{ } : %`,
+/// whitespace and control characters. Other Unicode stays as it is.
+pub fn encode_param(value: &str, out: &mut String) {
+    let mut start = 0;
+    for (i, c) in value.char_indices() {
+        let unsafe_char = matches!(c, '{' | '}' | ':' | '%') || c.is_whitespace() || c.is_control();
+        if unsafe_char {
+            out.push_str(&value[start..i]);
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).as_bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+            start = i + c.len_utf8();
+        }
+    }
+    out.push_str(&value[start..]);
+}
+
+/// The generation key of an object, for invalidation (no variant needed).
+pub fn generation_key(namespace: &str, identity: &str) -> String {
+    format!("{namespace}o:{{{identity}}}:g")
+}
+
+pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {
+    ObjectKeys {
+        entry: format!("{namespace}o:{{{identity}}}:e:v1:{variant}"),
+        generation: generation_key(namespace, identity),
+        lease: format!("{namespace}o:{{{identity}}}:l:{variant}"),
+    }
+}
+
+/// The query as it takes part in the key and the fill request: `include`
+/// sorts all pairs, `ignore` drops it, an allow-list keeps only those names
+/// (sorted). Pairs are compared as written (no decoding), so two spellings of
+/// one value are two variants, never one poisoned entry.
+pub fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
+    let raw = match (mode, raw) {
+        (QueryMode::Ignore, _) | (_, None) => return String::new(),
+        (_, Some(q)) => q,
+    };
+    let mut pairs: Vec<&str> = raw
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|p| match mode {
+            QueryMode::Allow(names) => {
+                let name = p.split_once('=').map_or(*p, |(n, _)| n);
+                names.iter().any(|n| n == name)
+            }
+            _ => true,
+        })
+        .collect();
+    pairs.sort_unstable();
+    pairs.join("&")
+}
+
+/// Hex digest (128 bits) of the normalized query and the vary header values.
+/// An absent header and an empty one are different variants.
+pub fn variant(query: &str, route: &Route, headers: &HeaderMap) -> String {
+    let mut h = Sha256::new();
+    h.update(query.as_bytes());
+    for name in &route.vary {
+        h.update(b"\n");
+        h.update(name.as_str().as_bytes());
+        let mut values = headers.get_all(name).iter().peekable();
+        if values.peek().is_none() {
+            h.update(b"\x00absent");
+        }
+        for v in values {
+            h.update(b"\x00");
+            h.update(v.as_bytes());
+        }
+    }
+    let digest = h.finalize();
+    let mut out = String::with_capacity(32);
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Builds the whole key for a request on `route`.
+pub fn cache_key<S: AsRef<str>>(
+    namespace: &str,
+    route: &Route,
+    params: &[S],
+    raw_query: Option<&str>,
+    headers: &HeaderMap,
+) -> CacheKey {
+    let identity = identity(&route.name, params);
+    let query = normalize_query(&route.query, raw_query);
+    let variant = variant(&query, route, headers);
+    let keys = object_keys(namespace, &identity, &variant);
+    CacheKey {
+        identity,
+        variant,
+        query,
+        keys,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn route() -> std::sync::Arc<Route> {
+        let cfg = Config::parse(
+            r#"
+version: 1
+listen: 127.0.0.1:1
+admin: { listen: 127.0.0.1:2 }
+upstream: { url: "http://127.0.0.1:3" }
+routes:
+  - name: app
+    path: /t/{tenant}/a/{id}
+    params: { tenant: ".+", id: ".+" }
+    vary: [Accept]
+    ttl: 1s
+"#,
+            &|_| None,
+        )
+        .expect("valid config");
+        cfg.routes.routes[0].clone()
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = object_keys("sc:", "app:acme:42", "v");
+        assert_eq!(k.entry, "sc:o:{app:acme:42}:e:v1:v");
+        assert_eq!(k.generation, "sc:o:{app:acme:42}:g");
+        assert_eq!(k.lease, "sc:o:{app:acme:42}:l:v");
+    }
+
+    #[test]
+    fn hostile_params_cannot_move_the_slot_or_collide() {
+        let hostile = [
+            "a}b",
+            "{x}",
+            "a:b",
+            "line\r\nbreak",
+            "tab\there",
+            "100%",
+            "日本",
+            "%7B",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for h in hostile {
+            let id = identity("app", &[h, "1"]);
+            // Exactly the tag we open, no other braces, separators only ours.
+            assert!(!id.contains(['{', '}', '\r', '\n', '\t', ' ']), "{id}");
+            assert_eq!(id.matches(':').count(), 2, "{id}");
+            assert!(seen.insert(id.clone()), "collision for {h:?}: {id}");
+        }
+        assert_eq!(identity("app", &["日本"]), "app:日本");
+        assert_eq!(identity("app", &["a:b"]), "app:a%3Ab");
+        // "a:b" as one param must differ from params "a" and "b".
+        assert_ne!(identity("app", &["a:b"]), identity("app", &["a", "b"]));
+        // A literal "%3A" must not collide with an encoded ':'.
+        assert_ne!(identity("app", &["%3A"]), identity("app", &[":"]));
+    }
+
+    #[test]
+    fn query_modes() {
+        let q = Some("b=2&a=1&&c=3");
+        assert_eq!(normalize_query(&QueryMode::Include, q), "a=1&b=2&c=3");
+        assert_eq!(normalize_query(&QueryMode::Ignore, q), "");
+        assert_eq!(
+            normalize_query(&QueryMode::Allow(vec!["a".into(), "c".into()]), q),
+            "a=1&c=3"
+        );
+        assert_eq!(normalize_query(&QueryMode::Include, None), "");
+    }
+
+    #[test]
+    fn variants_follow_query_and_vary_headers() {
+        let r = route();
+        let mut json = HeaderMap::new();
+        json.insert("accept", "application/json".parse().expect("value"));
+        let mut empty = HeaderMap::new();
+        empty.insert("accept", "".parse().expect("value"));
+        let none = HeaderMap::new();
+        let mut other = HeaderMap::new();
+        other.insert("user-agent", "x".parse().expect("value"));
+        let v = |q: &str, h: &HeaderMap| variant(q, &r, h);
+        assert_ne!(v("", &json), v("", &none));
+        assert_ne!(v("", &empty), v("", &none));
+        assert_ne!(v("a=1", &none), v("", &none));
+        // Headers outside `vary` do not split the cache.
+        assert_eq!(v("", &other), v("", &none));
+        assert_eq!(v("", &json).len(), 32);
+    }
+}

@@ -1,0 +1,126 @@
+//! Stages 2 and 3: read the entry and the object's generation in one round
+//! trip, then decide whether the entry may be served. Only an entry that
+//! decodes, names this request's identity and variant, and carries the
+//! current generation is a hit. A corrupt entry is removed with a
+//! compare-and-delete (so a fresh entry written meanwhile survives).
+
+use super::entry::Entry;
+use super::key::CacheKey;
+use crate::metrics::Metrics;
+use crate::store::{GuardedStore, Snapshot, StoreError};
+use bytes::Bytes;
+
+/// The verdict of stage 3 on one snapshot.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Hit(Entry),
+    /// No entry, or one stamped with an old generation.
+    Miss,
+    /// Undecodable, or it names another object or variant.
+    Corrupt(&'static str, Bytes),
+}
+
+/// Stage 3, pure: judges a snapshot for `key`.
+pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
+    let Some(raw) = snapshot.entry else {
+        return Verdict::Miss;
+    };
+    let entry = match Entry::decode(&raw) {
+        Ok(e) => e,
+        Err(e) => return Verdict::Corrupt(e.0, raw),
+    };
+    if entry.identity != key.identity || entry.variant != key.variant {
+        return Verdict::Corrupt("identity or variant mismatch", raw);
+    }
+    // A missing generation (evicted, restarted) can only mean a miss: the
+    // entry cannot be proven current.
+    match snapshot.generation {
+        Some(g) if g == entry.generation => Verdict::Hit(entry),
+        _ => Verdict::Miss,
+    }
+}
+
+/// Stages 2+3: read, judge, and remove a corrupt entry. `Ok(None)` is a miss.
+pub async fn lookup(
+    store: &GuardedStore,
+    key: &CacheKey,
+    route: &str,
+    metrics: &Metrics,
+) -> Result<Option<Entry>, StoreError> {
+    let snapshot = store.read(&key.keys).await?;
+    match check_entry(snapshot, key) {
+        Verdict::Hit(e) => Ok(Some(e)),
+        Verdict::Miss => Ok(None),
+        Verdict::Corrupt(why, raw) => {
+            metrics.corrupt.with_label_values(&[route]).inc();
+            tracing::warn!(key = %key.keys.entry, reason = why, "corrupt cache entry removed");
+            // Failure to delete is harmless: the entry is never served and
+            // the next publish overwrites it.
+            let _ = store.delete_if_equals(&key.keys.entry, &raw).await;
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::key::object_keys;
+
+    fn key() -> CacheKey {
+        CacheKey {
+            identity: "app:acme:1".into(),
+            variant: "v1".into(),
+            query: String::new(),
+            keys: object_keys("sc:", "app:acme:1", "v1"),
+        }
+    }
+
+    fn entry(generation: &'static [u8], identity: &str) -> Entry {
+        Entry {
+            status: 200,
+            negative: false,
+            stored_at_ms: 1,
+            generation: Bytes::from_static(generation),
+            identity: identity.into(),
+            variant: "v1".into(),
+            headers: vec![],
+            body: Bytes::from_static(b"x"),
+        }
+    }
+
+    fn snap(e: Option<Bytes>, g: Option<&'static [u8]>) -> Snapshot {
+        Snapshot {
+            entry: e,
+            generation: g.map(Bytes::from_static),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let good = entry(b"g1", "app:acme:1");
+        let raw = good.encode();
+        assert_eq!(
+            check_entry(snap(Some(raw.clone()), Some(b"g1")), &key()),
+            Verdict::Hit(good)
+        );
+        // Invalidated: generation moved on.
+        assert_eq!(
+            check_entry(snap(Some(raw.clone()), Some(b"g2")), &key()),
+            Verdict::Miss
+        );
+        // Generation lost (eviction/restart): never a hit.
+        assert_eq!(check_entry(snap(Some(raw), None), &key()), Verdict::Miss);
+        assert_eq!(check_entry(snap(None, Some(b"g1")), &key()), Verdict::Miss);
+        let other = entry(b"g1", "app:globex:1").encode();
+        assert!(matches!(
+            check_entry(snap(Some(other), Some(b"g1")), &key()),
+            Verdict::Corrupt("identity or variant mismatch", _)
+        ));
+        let garbage = Bytes::from_static(b"not an entry");
+        assert!(matches!(
+            check_entry(snap(Some(garbage), Some(b"g1")), &key()),
+            Verdict::Corrupt(_, _)
+        ));
+    }
+}

@@ -1,0 +1,243 @@
+//! Stage 8: decide whether an upstream answer may be cached, build the
+//! entry stamped with the generation ticket, and publish it with the
+//! publish script (which re-checks lease owner and generation atomically).
+
+use super::entry::Entry;
+use super::key::CacheKey;
+use crate::config::Route;
+use crate::proxy::headers::strip_hop_by_hop;
+use crate::store::{GuardedStore, PublishOutcome, StoreError};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+use rand::Rng;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Why an answer is or is not cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cacheability {
+    Positive,
+    Negative,
+    /// Status not listed in `cache_status` / `negative_status`.
+    NotListed,
+    /// `Set-Cookie` or `Cache-Control: private`: belongs to one client only,
+    /// so it is neither cached nor shared with coalesced requests.
+    Private,
+    /// `Cache-Control: no-store`.
+    NoStore,
+}
+
+impl Cacheability {
+    pub fn is_cacheable(self) -> bool {
+        matches!(self, Cacheability::Positive | Cacheability::Negative)
+    }
+
+    /// May coalesced requests for the same key receive this answer?
+    pub fn is_shareable(self) -> bool {
+        self != Cacheability::Private
+    }
+}
+
+pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
+    if headers.contains_key(header::SET_COOKIE) || cache_control_has(headers, "private") {
+        return Cacheability::Private;
+    }
+    if cache_control_has(headers, "no-store") {
+        return Cacheability::NoStore;
+    }
+    let code = status.as_u16();
+    if route.cache_status.contains(&code) {
+        Cacheability::Positive
+    } else if route.negative_status.contains(&code) {
+        Cacheability::Negative
+    } else {
+        Cacheability::NotListed
+    }
+}
+
+fn cache_control_has(headers: &HeaderMap, directive: &str) -> bool {
+    headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let name = d.split('=').next().unwrap_or("").trim();
+            name.eq_ignore_ascii_case(directive)
+        })
+}
+
+/// Positive TTL = ttl + uniform[0, jitter], so entries filled together do
+/// not expire together (avalanche). Negative answers use `negative_ttl`.
+pub fn entry_ttl(route: &Route, kind: Cacheability) -> Duration {
+    if kind == Cacheability::Negative {
+        return route.negative_ttl;
+    }
+    let jitter_ms = route.jitter.as_millis() as u64;
+    let extra = if jitter_ms == 0 {
+        0
+    } else {
+        rand::rng().random_range(0..=jitter_ms)
+    };
+    route.ttl + Duration::from_millis(extra)
+}
+
+/// Response headers worth replaying from the cache: no hop-by-hop headers,
+/// no `Set-Cookie`, no framing (recomputed), no `Age` or `X-Cache` (ours).
+pub fn replayable_headers(mut headers: HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    strip_hop_by_hop(&mut headers);
+    for h in [header::SET_COOKIE, header::CONTENT_LENGTH, header::AGE] {
+        headers.remove(h);
+    }
+    headers.remove("x-cache");
+    let mut out = Vec::with_capacity(headers.len());
+    let mut last: Option<HeaderName> = None;
+    for (name, value) in headers {
+        // `HeaderMap`'s owned iterator yields the name only for its first value.
+        if let Some(n) = name {
+            last = Some(n);
+        }
+        if let Some(n) = &last {
+            out.push((n.clone(), value));
+        }
+    }
+    out
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The entry for an upstream answer, stamped with `generation`.
+pub fn build_entry(
+    key: &CacheKey,
+    generation: Bytes,
+    kind: Cacheability,
+    status: StatusCode,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+) -> Entry {
+    Entry {
+        status: status.as_u16(),
+        negative: kind == Cacheability::Negative,
+        stored_at_ms: now_ms(),
+        generation,
+        identity: key.identity.clone(),
+        variant: key.variant.clone(),
+        headers,
+        body,
+    }
+}
+
+/// Publishes under the lease `owner` and generation `ticket`. The script
+/// refuses if either moved on (stale backfill).
+pub async fn publish(
+    store: &GuardedStore,
+    key: &CacheKey,
+    owner: &str,
+    ticket: &[u8],
+    entry: &Entry,
+    ttl: Duration,
+) -> Result<PublishOutcome, StoreError> {
+    store
+        .publish(&key.keys, owner, ticket, entry.encode(), ttl)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn route() -> std::sync::Arc<Route> {
+        let cfg = Config::parse(
+            r#"
+version: 1
+listen: 127.0.0.1:1
+admin: { listen: 127.0.0.1:2 }
+upstream: { url: "http://127.0.0.1:3" }
+routes:
+  - { name: app, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 10s, jitter: 2s, negative_ttl: 3s }
+"#,
+            &|_| None,
+        )
+        .expect("valid config");
+        cfg.routes.routes[0].clone()
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn what_is_cached() {
+        let r = route();
+        let c = |s: u16, h: &[(&'static str, &'static str)]| {
+            cacheability(&r, StatusCode::from_u16(s).expect("status"), &headers(h))
+        };
+        assert_eq!(c(200, &[]), Cacheability::Positive);
+        assert_eq!(c(404, &[]), Cacheability::Negative);
+        assert_eq!(c(500, &[]), Cacheability::NotListed);
+        assert_eq!(c(200, &[("set-cookie", "s=1")]), Cacheability::Private);
+        assert_eq!(
+            c(200, &[("cache-control", "max-age=5, Private")]),
+            Cacheability::Private
+        );
+        assert_eq!(
+            c(200, &[("cache-control", "no-store")]),
+            Cacheability::NoStore
+        );
+        assert_eq!(
+            c(404, &[("cache-control", "public, no-store")]),
+            Cacheability::NoStore
+        );
+        assert_eq!(
+            c(200, &[("cache-control", "max-age=60")]),
+            Cacheability::Positive
+        );
+        assert!(!Cacheability::Private.is_shareable());
+        assert!(Cacheability::NoStore.is_shareable() && !Cacheability::NoStore.is_cacheable());
+    }
+
+    #[test]
+    fn ttl_jitter_stays_in_range() {
+        let r = route();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let t = entry_ttl(&r, Cacheability::Positive);
+            assert!(
+                t >= Duration::from_secs(10) && t <= Duration::from_secs(12),
+                "{t:?}"
+            );
+            seen.insert(t);
+        }
+        assert!(seen.len() > 10, "jitter should spread TTLs");
+        assert_eq!(
+            entry_ttl(&r, Cacheability::Negative),
+            Duration::from_secs(3)
+        );
+    }
+
+    #[test]
+    fn replayed_headers_drop_cookies_and_framing() {
+        let h = headers(&[
+            ("content-type", "application/json"),
+            ("set-cookie", "a=1"),
+            ("connection", "x-private"),
+            ("x-private", "1"),
+            ("content-length", "9"),
+            ("vary", "accept"),
+        ]);
+        let mut h = h;
+        h.append("vary", HeaderValue::from_static("accept-language"));
+        let kept = replayable_headers(h);
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "vary", "vary"]);
+    }
+}

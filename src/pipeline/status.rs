@@ -1,0 +1,33 @@
+//! [`CacheStatus`]: what the pipeline did with a request. One string per
+//! value, used as the `X-Cache` header, the `result` metric label and the
+//! tracing field, so the three never disagree.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheStatus {
+    /// Served from a valid entry.
+    Hit,
+    /// Fetched from upstream for this request (and published if cacheable).
+    Miss,
+    /// Served from a cached negative answer (e.g. 404).
+    Negative,
+    /// Not eligible (credentials not part of the key): forwarded untouched.
+    Bypass,
+    /// The store is unavailable: fetched from upstream, nothing written.
+    Degraded,
+}
+
+impl CacheStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "HIT",
+            CacheStatus::Miss => "MISS",
+            CacheStatus::Negative => "NEGATIVE",
+            CacheStatus::Bypass => "BYPASS",
+            CacheStatus::Degraded => "DEGRADED",
+        }
+    }
+
+    pub fn header_value(self) -> http::HeaderValue {
+        http::HeaderValue::from_static(self.as_str())
+    }
+}
