@@ -85,9 +85,9 @@ pub enum ConfigError {
         file: String,
         source: std::io::Error,
     },
-    #[error("config {file}: YAML syntax error: {message}")]
+    #[error("{file}: YAML syntax error: {message}")]
     Syntax { file: String, message: String },
-    #[error("config {file}: {path}: {message}")]
+    #[error("{file}: {path}: {message}")]
     Invalid {
         file: String,
         path: String,
@@ -98,7 +98,7 @@ pub enum ConfigError {
 impl ConfigError {
     pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
-            file: String::new(),
+            file: "config".to_owned(),
             path: path.into(),
             message: message.into(),
         }
@@ -136,7 +136,7 @@ impl Config {
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut value: serde_json::Value =
             serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
-                file: String::new(),
+                file: "config".to_owned(),
                 message: e.to_string(),
             })?;
         interpolate::interpolate(&mut value, env)?;
@@ -187,3 +187,6 @@ impl Config {
         changed
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,139 @@
+//! Unit tests of parsing, validation and route classification.
+
+use super::*;
+use http::Method;
+
+const BASE: &str = r#"
+version: 1
+listen: 127.0.0.1:8080
+admin: { listen: 127.0.0.1:9090 }
+upstream: { url: "http://127.0.0.1:8000" }
+"#;
+
+fn parse(routes: &str) -> Result<Config, ConfigError> {
+    Config::parse(&format!("{BASE}{routes}"), &|k| {
+        (k == "HOST").then(|| "127.0.0.1".to_owned())
+    })
+}
+
+fn err(routes: &str) -> String {
+    match parse(routes) {
+        Ok(_) => panic!("config should be rejected:\n{routes}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const APP: &str = r#"
+routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    params: { tenant: "[a-z]+", id: "[1-9][0-9]*" }
+    ttl: 60s
+"#;
+
+#[test]
+fn classifies_requests() {
+    let cfg = parse(APP).expect("valid");
+    let t = &cfg.routes;
+    let read = t.classify(&Method::GET, "/api/tenants/acme/apps/42");
+    assert!(matches!(&read, RouteMatch::Read(r, p) if r.name == "app" && p == &["acme", "42"]));
+    assert!(matches!(
+        t.classify(&Method::HEAD, "/api/tenants/acme/apps/42"),
+        RouteMatch::Read(..)
+    ));
+    assert!(matches!(
+        t.classify(&Method::GET, "/api/tenants/acme/apps/0x1"),
+        RouteMatch::BadParam(_, ref p) if p == "id"
+    ));
+    assert!(matches!(
+        t.classify(&Method::PUT, "/api/tenants/acme/apps/42"),
+        RouteMatch::Write(..)
+    ));
+    // A write with a bad param, other shapes and other methods: forwarded.
+    assert!(matches!(
+        t.classify(&Method::PUT, "/api/tenants/acme/apps/x"),
+        RouteMatch::Forward
+    ));
+    assert!(matches!(
+        t.classify(&Method::GET, "/api/tenants/acme/apps"),
+        RouteMatch::Forward
+    ));
+    assert!(matches!(
+        t.classify(&Method::GET, "/api/tenants/acme/apps/42/x"),
+        RouteMatch::Forward
+    ));
+    assert!(matches!(
+        t.classify(&Method::OPTIONS, "/api/tenants/acme/apps/42"),
+        RouteMatch::Forward
+    ));
+    // Patterns are anchored.
+    assert!(matches!(
+        t.classify(&Method::GET, "/api/tenants/acme1/apps/42"),
+        RouteMatch::BadParam(..)
+    ));
+}
+
+#[test]
+fn defaults_and_gen_ttl() {
+    let cfg = parse(APP).expect("valid");
+    let r = &cfg.routes.routes[0];
+    assert_eq!(r.methods, vec![Method::GET, Method::HEAD]);
+    assert_eq!(r.lease, std::time::Duration::from_secs(3));
+    assert!(r.invalidate_on_write);
+    assert!(cfg.store.redis.is_none());
+    // 60 s ttl + 0 jitter + 3 s lease + 60 s.
+    assert_eq!(cfg.gen_ttl, std::time::Duration::from_secs(123));
+}
+
+#[test]
+fn errors_name_the_yaml_path() {
+    let cases = [
+        (APP.replace("ttl: 60s", "ttl: 60s\n    tll: 5s"), "routes[0]"),
+        (APP.replace("ttl: 60s", "ttl: sixty"), "routes[0].ttl"),
+        (APP.replace("[a-z]+", "[a-z"), "routes[0].params.tenant"),
+        (APP.replace("tenant: \"[a-z]+\", ", ""), "routes[0].params.tenant"),
+        (format!("{APP}  - name: app\n    path: /other/{{id}}\n    params: {{ id: \"[0-9]+\" }}\n    ttl: 1s\n"), "routes[1].name"),
+        (format!("{APP}  - name: app2\n    path: /api/tenants/{{t}}/apps/{{n}}\n    params: {{ t: \".+\", n: \".+\" }}\n    ttl: 1s\n"), "routes[1].path"),
+        (APP.replace("name: app", "name: App"), "routes[0].name"),
+        (APP.replace("ttl: 60s", "ttl: 60s\n    methods: [GET, POST]"), "routes[0].methods[1]"),
+    ];
+    for (yaml, path) in cases {
+        let e = err(&yaml);
+        assert!(e.contains(path), "expected {path} in: {e}");
+    }
+    let e = Config::parse(
+        &BASE.replace("listen: 127.0.0.1:8080", "listen: nowhere"),
+        &|_| None,
+    )
+    .map(|_| ())
+    .expect_err("bad listen");
+    assert!(e.to_string().contains("listen"), "{e}");
+    let e = Config::parse(&format!("{BASE}color: blue\n"), &|_| None)
+        .map(|_| ())
+        .expect_err("unknown key");
+    assert!(e.to_string().contains("color"), "{e}");
+}
+
+#[test]
+fn interpolates_env() {
+    let cfg = Config::parse(
+        &BASE.replace("http://127.0.0.1:8000", "http://${HOST}:${PORT:-8001}"),
+        &|k| (k == "HOST").then(|| "127.0.0.9".to_owned()),
+    )
+    .expect("valid");
+    assert_eq!(cfg.upstream.authority.as_str(), "127.0.0.9:8001");
+}
+
+#[test]
+fn restart_only_changes_are_named() {
+    let a = parse(APP).expect("valid");
+    let b = Config::parse(
+        &format!("{BASE}{APP}").replace("127.0.0.1:8080", "127.0.0.1:8081"),
+        &|_| None,
+    )
+    .expect("valid");
+    assert_eq!(a.restart_only_changes(&b), vec!["listen"]);
+    assert!(a
+        .restart_only_changes(&parse(APP).expect("valid"))
+        .is_empty());
+}
