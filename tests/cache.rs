@@ -1,0 +1,412 @@
+//! The read pipeline's behaviour over HTTP, run once on the embedded store
+//! and once on a real redis-server: hits and misses, HEAD, invalidation,
+//! negative caching, bypass, what is never cached, vary and query variants,
+//! the stale-backfill race (held origin response), fill permits.
+
+mod support;
+
+use std::time::Duration;
+use support::redis::RedisServer;
+use support::{client, Origin, Reply, Sidecache, SidecacheBuilder};
+
+const P: &str = "/api/tenants/acme/apps/1";
+
+pub const ROUTES: &str = r#"routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    params:
+      tenant: "[A-Za-z0-9_-]{1,64}"
+      id: "[1-9][0-9]{0,17}"
+    ttl: 60s
+    jitter: 5s
+    negative_ttl: 60s
+  - name: varied
+    path: /varied/{id}
+    params: { id: "[0-9]+" }
+    vary: [Accept, Authorization]
+    ttl: 60s
+  - name: ignoreq
+    path: /ignoreq/{id}
+    params: { id: "[0-9]+" }
+    query: ignore
+    ttl: 60s
+  - name: allowq
+    path: /allowq/{id}
+    params: { id: "[0-9]+" }
+    query: [a]
+    ttl: 60s
+"#;
+
+/// Which store a test runs on; the Redis server lives as long as the test.
+pub enum Backend {
+    Embedded,
+    Redis(RedisServer),
+}
+
+impl Backend {
+    fn redis() -> Backend {
+        Backend::Redis(RedisServer::start())
+    }
+
+    fn builder(&self, origin: &Origin) -> SidecacheBuilder {
+        let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
+        match self {
+            Backend::Embedded => b,
+            Backend::Redis(r) => b.store(&format!(
+                "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
+                r.url()
+            )),
+        }
+    }
+
+    async fn start(&self, origin: &Origin) -> Sidecache {
+        self.builder(origin).start().await
+    }
+}
+
+/// One sample of `name` whose labels include all of `labels`, in any order.
+pub async fn metric(sc: &Sidecache, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = sc.metrics().await;
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn xcache(r: &client::Resp) -> String {
+    r.header("x-cache").unwrap_or_default()
+}
+
+pub async fn invalidate(sc: &Sidecache, route: &str, params: &str) -> client::Resp {
+    client::request(
+        "POST",
+        &sc.admin_url("/admin/invalidate"),
+        &[("content-type", "application/json")],
+        format!(r#"{{"route":"{route}","params":{params}}}"#),
+    )
+    .await
+}
+
+async fn miss_then_hit(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+    assert_eq!(r.text(), origin.default_body(P));
+    assert!(r.header("age").is_none(), "a miss has no Age");
+
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "HIT".into()));
+    assert_eq!(r.text(), origin.default_body(P));
+    let age: u64 = r.header("age").expect("Age on a hit").parse().expect("numeric Age");
+    assert!(age < 60, "age {age}");
+    assert!(r.header("x-origin-version").is_some(), "upstream headers are replayed");
+
+    let h = client::head(&sc.url(P)).await;
+    assert_eq!((h.status.as_u16(), xcache(&h)), (200, "HIT".into()));
+    assert!(h.body.is_empty());
+    assert_eq!(
+        h.header("content-length"),
+        Some(origin.default_body(P).len().to_string())
+    );
+    assert_eq!(origin.hits(P), 1, "one upstream call for miss, hit and HEAD");
+    assert_eq!(metric(&sc, "sidecache_requests_total", &[("route", "app"), ("result", "HIT")]).await, 2.0);
+}
+
+async fn head_first_fills_from_get(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let h = client::head(&sc.url(P)).await;
+    assert_eq!((h.status.as_u16(), xcache(&h)), (200, "MISS".into()));
+    assert!(h.body.is_empty());
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+    let seen = origin.last_request(P).expect("origin saw the fill");
+    assert_eq!(seen.method, "GET", "fills are GETs even for HEAD");
+}
+
+async fn invalidate_makes_next_read_miss(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    client::get(&sc.url(P)).await;
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    origin.bump(P);
+    let inv = invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+    // Invalidations are idempotent and other objects are untouched.
+    let other = "/api/tenants/acme/apps/2";
+    client::get(&sc.url(other)).await;
+    for _ in 0..2 {
+        invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
+    }
+    assert_eq!(xcache(&client::get(&sc.url(other)).await), "HIT");
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "MISS");
+    // Bad invalidations are refused with a reason.
+    let bad = invalidate(&sc, "nope", r#"{"id":"1"}"#).await;
+    assert_eq!(bad.status, 400);
+    let bad = invalidate(&sc, "app", r#"{"tenant":"acme","id":"x"}"#).await;
+    assert_eq!(bad.status, 400);
+}
+
+async fn stale_backfill_is_rejected(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let old = origin.default_body(P);
+    let gate = origin.hold(P);
+    let url = sc.url(P);
+    let reader = tokio::spawn(async move { client::get(&url).await });
+    // The reader holds its ticket and waits for the origin's (old) answer.
+    gate.arrived(1).await;
+    origin.bump(P);
+    let inv = invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+    gate.release();
+    let r = reader.await.expect("reader task");
+    assert_eq!((xcache(&r), r.text()), ("MISS".into(), old), "the reader still gets its answer");
+    assert_eq!(
+        metric(&sc, "sidecache_publish_total", &[("route", "app"), ("outcome", "publish_rejected")]).await,
+        1.0,
+        "the late publish must be refused"
+    );
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+}
+
+async fn negative_answers_are_cached(b: Backend) {
+    let origin = Origin::start().await;
+    let missing = "/api/tenants/acme/apps/404";
+    origin.reply(missing, Reply::status(404).body("no such app"));
+    let sc = b.start(&origin).await;
+    let r = client::get(&sc.url(missing)).await;
+    assert_eq!((r.status.as_u16(), xcache(&r)), (404, "MISS".into()));
+    for _ in 0..3 {
+        let r = client::get(&sc.url(missing)).await;
+        assert_eq!((r.status.as_u16(), xcache(&r), r.text()), (404, "NEGATIVE".into(), "no such app".into()));
+    }
+    assert_eq!(origin.hits(missing), 1);
+    // Other statuses are not cached at all.
+    let broken = "/api/tenants/acme/apps/500";
+    origin.reply(broken, Reply::status(500));
+    for _ in 0..2 {
+        assert_eq!(client::get(&sc.url(broken)).await.status, 500);
+    }
+    assert_eq!(origin.hits(broken), 2);
+}
+
+async fn credentials_bypass_unless_varied(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    for h in [("authorization", "Bearer a"), ("cookie", "s=1")] {
+        for _ in 0..2 {
+            let r = client::request("GET", &sc.url(P), &[h], "").await;
+            assert_eq!((r.status.as_u16(), xcache(&r)), (200, "BYPASS".into()));
+        }
+    }
+    assert_eq!(origin.hits(P), 4);
+    let last = origin.last_request(P).expect("forwarded");
+    assert_eq!(last.headers.get("cookie").map(|v| v.as_bytes()), Some(&b"s=1"[..]));
+
+    // `varied` lists Authorization in `vary`: cached per credential.
+    let v = "/varied/1";
+    let get = |tok: &'static str| {
+        let url = sc.url(v);
+        async move { client::request("GET", &url, &[("authorization", tok)], "").await }
+    };
+    assert_eq!(xcache(&get("Bearer a").await), "MISS");
+    assert_eq!(xcache(&get("Bearer a").await), "HIT");
+    assert_eq!(xcache(&get("Bearer b").await), "MISS");
+    assert_eq!(origin.hits(v), 2);
+}
+
+async fn private_and_no_store_are_never_cached(b: Backend) {
+    let origin = Origin::start().await;
+    let cookie = "/api/tenants/acme/apps/11";
+    let private = "/api/tenants/acme/apps/12";
+    let nostore = "/api/tenants/acme/apps/13";
+    origin.reply(cookie, Reply::ok("mine").header("set-cookie", "session=secret"));
+    origin.reply(private, Reply::ok("mine").header("cache-control", "private, max-age=60"));
+    origin.reply(nostore, Reply::ok("fresh").header("cache-control", "no-store"));
+    let sc = b.start(&origin).await;
+    for path in [cookie, private, nostore] {
+        for _ in 0..2 {
+            let r = client::get(&sc.url(path)).await;
+            assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()), "{path}");
+        }
+        assert_eq!(origin.hits(path), 2, "{path} must not be cached");
+    }
+    let r = client::get(&sc.url(cookie)).await;
+    assert_eq!(r.header("set-cookie").as_deref(), Some("session=secret"), "the client still gets its cookie");
+}
+
+async fn vary_headers_make_isolated_variants(b: Backend) {
+    let origin = Origin::start().await;
+    let v = "/varied/7";
+    origin.reply(v, Reply::echo());
+    let sc = b.start(&origin).await;
+    let get = |accept: &'static str| {
+        let url = sc.url(v);
+        async move { client::request("GET", &url, &[("accept", accept)], "").await }
+    };
+    let accept_of = |r: &client::Resp| r.json()["headers"]["accept"][0].as_str().unwrap_or("").to_owned();
+    let a = get("application/json").await;
+    let t = get("text/plain").await;
+    assert_eq!((xcache(&a), xcache(&t)), ("MISS".into(), "MISS".into()));
+    let a2 = get("application/json").await;
+    let t2 = get("text/plain").await;
+    assert_eq!((xcache(&a2), accept_of(&a2)), ("HIT".into(), "application/json".into()));
+    assert_eq!((xcache(&t2), accept_of(&t2)), ("HIT".into(), "text/plain".into()));
+    assert_eq!(origin.hits(v), 2);
+}
+
+async fn query_modes_shape_key_and_fill(b: Backend) {
+    let origin = Origin::start().await;
+    for p in ["/ignoreq/1", "/allowq/1", P] {
+        origin.reply(p, Reply::echo());
+    }
+    let sc = b.start(&origin).await;
+    let q = |path: &str, query: &str| format!("{}?{query}", sc.url(path));
+
+    assert_eq!(xcache(&client::get(&q(P, "b=2&a=1")).await), "MISS");
+    assert_eq!(origin.last_request(P).and_then(|r| r.query).as_deref(), Some("a=1&b=2"));
+    assert_eq!(xcache(&client::get(&q(P, "a=1&b=2")).await), "HIT");
+    assert_eq!(xcache(&client::get(&q(P, "a=1")).await), "MISS");
+
+    assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=1")).await), "MISS");
+    assert_eq!(origin.last_request("/ignoreq/1").and_then(|r| r.query), None);
+    assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=2")).await), "HIT");
+
+    assert_eq!(xcache(&client::get(&q("/allowq/1", "z=9&a=1")).await), "MISS");
+    assert_eq!(origin.last_request("/allowq/1").and_then(|r| r.query).as_deref(), Some("a=1"));
+    assert_eq!(xcache(&client::get(&q("/allowq/1", "a=1&z=5")).await), "HIT");
+}
+
+async fn fills_drop_poisoning_headers(b: Backend) {
+    let origin = Origin::start().await;
+    origin.reply(P, Reply::echo());
+    let sc = b.start(&origin).await;
+    let r = client::request(
+        "GET",
+        &sc.url(P),
+        &[
+            ("x-forwarded-host", "evil.example"),
+            ("x-http-method-override", "DELETE"),
+            ("forwarded", "host=evil"),
+            ("if-none-match", "\"abc\""),
+            ("accept-encoding", "gzip"),
+            ("user-agent", "kept/1"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(xcache(&r), "MISS");
+    let seen = origin.last_request(P).expect("fill seen");
+    for h in ["x-forwarded-host", "x-http-method-override", "forwarded", "if-none-match", "accept-encoding"] {
+        assert!(seen.headers.get(h).is_none(), "{h} reached the origin on a fill");
+    }
+    assert_eq!(seen.headers.get("user-agent").map(|v| v.as_bytes()), Some(&b"kept/1"[..]));
+    assert!(seen.headers.get("x-forwarded-for").is_some());
+}
+
+async fn large_bodies_stream_through_uncached(b: Backend) {
+    let origin = Origin::start().await;
+    let big = "/api/tenants/acme/apps/77";
+    let body = "x".repeat(4096);
+    origin.reply(big, Reply::ok(body.clone()));
+    let sc = b.builder(&origin).fill("fill:\n  max_body: 1KiB\n").start().await;
+    for _ in 0..2 {
+        let r = client::get(&sc.url(big)).await;
+        assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+        assert_eq!(r.text(), body);
+    }
+    assert_eq!(origin.hits(big), 2);
+    assert_eq!(
+        metric(&sc, "sidecache_publish_total", &[("route", "app"), ("outcome", "too_large")]).await,
+        2.0
+    );
+}
+
+async fn full_fill_permits_answer_503_at_once(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.builder(&origin).fill("fill:\n  max_concurrency: 1\n").start().await;
+    let gate = origin.hold(P);
+    let url = sc.url(P);
+    let first = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    let other = "/api/tenants/acme/apps/2";
+    let started = std::time::Instant::now();
+    let r = client::get(&sc.url(other)).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    assert!(started.elapsed() < Duration::from_secs(1), "503 must not wait");
+    assert_eq!(origin.hits(other), 0);
+    gate.release();
+    assert_eq!(first.await.expect("first").status, 200);
+    // The permit came back.
+    assert_eq!(client::get(&sc.url(other)).await.status, 200);
+}
+
+async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let gate = origin.hold(P);
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let url = sc.url(P);
+        tasks.push(tokio::spawn(async move { client::get(&url).await }));
+    }
+    gate.arrived(1).await;
+    gate.release();
+    for t in tasks {
+        let r = t.await.expect("task");
+        assert_eq!((r.status.as_u16(), r.text()), (200, origin.default_body(P)));
+    }
+    assert_eq!(origin.hits(P), 1, "50 concurrent misses share one upstream call");
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Embedded).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::redis()).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    miss_then_hit,
+    head_first_fills_from_get,
+    invalidate_makes_next_read_miss,
+    stale_backfill_is_rejected,
+    negative_answers_are_cached,
+    credentials_bypass_unless_varied,
+    private_and_no_store_are_never_cached,
+    vary_headers_make_isolated_variants,
+    query_modes_shape_key_and_fill,
+    fills_drop_poisoning_headers,
+    large_bodies_stream_through_uncached,
+    full_fill_permits_answer_503_at_once,
+    coalesces_concurrent_misses_in_one_instance,
+);

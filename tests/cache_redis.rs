@@ -1,0 +1,388 @@
+//! Read-pipeline guarantees that need a real, shared Redis: several
+//! sidecache instances (stampede, lease expiry, wait budget, shared negative
+//! cache), direct tampering with keys (ABA, corrupt entries), and Redis
+//! failures (paused, killed and restarted, writes blocked).
+
+mod support;
+
+use redis::Value;
+use std::time::{Duration, Instant};
+use support::redis::RedisServer;
+use support::{client, eventually, Origin, Reply, Sidecache, SidecacheBuilder};
+
+const P: &str = "/api/tenants/acme/apps/1";
+const OBJECT: &str = "sc:o:{app:acme:1}";
+
+fn routes(extra: &str) -> String {
+    format!(
+        r#"routes:
+  - name: app
+    path: /api/tenants/{{tenant}}/apps/{{id}}
+    params:
+      tenant: "[A-Za-z0-9_-]{{1,64}}"
+      id: "[1-9][0-9]{{0,17}}"
+    ttl: 60s
+    negative_ttl: 2s
+{extra}"#
+    )
+}
+
+fn builder(redis: &RedisServer, origin: &Origin, route_extra: &str) -> SidecacheBuilder {
+    SidecacheBuilder::new(origin.url())
+        .routes(&routes(route_extra))
+        .store(&format!(
+            "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
+            redis.url()
+        ))
+}
+
+async fn metric(sc: &Sidecache, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = sc.metrics().await;
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn xcache(r: &client::Resp) -> String {
+    r.header("x-cache").unwrap_or_default()
+}
+
+fn keys(redis: &RedisServer, pattern: &str) -> Vec<String> {
+    match redis.cli(&["KEYS", pattern]).expect("KEYS") {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|v| match v {
+                Value::BulkString(b) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect(),
+        other => panic!("KEYS answered {other:?}"),
+    }
+}
+
+fn get_raw(redis: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    match redis.cli(&["GET", key]).expect("GET") {
+        Value::BulkString(b) => Some(b),
+        Value::Nil => None,
+        other => panic!("GET answered {other:?}"),
+    }
+}
+
+fn only_key(redis: &RedisServer, pattern: &str) -> String {
+    let found = keys(redis, pattern);
+    assert_eq!(found.len(), 1, "expected one key for {pattern}, found {found:?}");
+    found[0].clone()
+}
+
+async fn invalidate(sc: &Sidecache, params: &str) {
+    let r = client::request(
+        "POST",
+        &sc.admin_url("/admin/invalidate"),
+        &[("content-type", "application/json")],
+        format!(r#"{{"route":"app","params":{params}}}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stampede_across_three_instances_calls_origin_once() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    // The origin answer takes a while so the requests really overlap; the
+    // assertion holds for any timing (later arrivals read the published hit).
+    origin.reply(P, Reply::ok("the one answer").delay(Duration::from_millis(300)));
+    let extra = "    lease: 5s\n    wait: 5s\n";
+    let instances = [
+        builder(&redis, &origin, extra).start().await,
+        builder(&redis, &origin, extra).start().await,
+        builder(&redis, &origin, extra).start().await,
+    ];
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let url = instances[i % 3].url(P);
+        tasks.push(tokio::spawn(async move { client::get(&url).await }));
+    }
+    for t in tasks {
+        let r = t.await.expect("request task");
+        assert_eq!((r.status.as_u16(), r.text()), (200, "the one answer".into()));
+    }
+    assert_eq!(origin.hits(P), 1, "200 cold requests over 3 instances -> one origin call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_give_up_after_wait_budget_without_calling_origin() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let extra = "    lease: 10s\n    wait: 400ms\n";
+    let a = builder(&redis, &origin, extra).start().await;
+    let b = builder(&redis, &origin, extra).start().await;
+    let gate = origin.hold(P);
+    let url = a.url(P);
+    let filler = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..5)
+        .map(|i| {
+            // Distinct query-less requests on one key: one flight in b, which
+            // waits on a's lease.
+            let url = b.url(P);
+            tokio::spawn(async move {
+                let _ = i;
+                client::get(&url).await
+            })
+        })
+        .collect();
+    for w in waiters {
+        let r = w.await.expect("waiter");
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(400), "gave up early: {waited:?}");
+    assert!(waited < Duration::from_secs(3), "waited too long: {waited:?}");
+    assert_eq!(origin.hits(P), 1, "waiters never call the origin");
+    gate.release();
+    assert_eq!(filler.await.expect("filler").status, 200);
+    assert_eq!(xcache(&client::get(&b.url(P)).await), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let extra = "    lease: 2s\n    wait: 600ms\n";
+    let a = builder(&redis, &origin, extra).start().await;
+    let b = builder(&redis, &origin, extra).start().await;
+
+    let first_gate = origin.hold(P);
+    let url = a.url(P);
+    let first = tokio::spawn(async move { client::get(&url).await });
+    first_gate.arrived(1).await;
+    let lease_pattern = format!("{OBJECT}:l:*");
+    eventually("the first filler's lease to expire", Duration::from_secs(5), || async {
+        keys(&redis, &lease_pattern).is_empty()
+    })
+    .await;
+
+    let second_gate = origin.hold(P);
+    let url = b.url(P);
+    let second = tokio::spawn(async move { client::get(&url).await });
+    second_gate.arrived(1).await;
+    let lease_key = only_key(&redis, &lease_pattern);
+    let second_owner = get_raw(&redis, &lease_key).expect("second filler's lease");
+
+    // The first filler's answer arrives late: its publish must be refused
+    // and its unlock must leave the second filler's lease alone.
+    first_gate.release();
+    let r = first.await.expect("first");
+    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+    assert_eq!(
+        metric(&a, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        1.0
+    );
+    assert_eq!(get_raw(&redis, &lease_key), Some(second_owner), "second lease survives");
+    assert!(keys(&redis, &format!("{OBJECT}:e:*")).is_empty(), "nothing published yet");
+
+    second_gate.release();
+    assert_eq!(second.await.expect("second").status, 200);
+    assert_eq!(metric(&b, "sidecache_publish_total", &[("outcome", "published")]).await, 1.0);
+    assert_eq!(xcache(&client::get(&a.url(P)).await), "HIT");
+    assert_eq!(origin.hits(P), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_entries_are_shared_across_instances() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let missing = "/api/tenants/acme/apps/404";
+    origin.reply(missing, Reply::status(404));
+    let a = builder(&redis, &origin, "").start().await;
+    let b = builder(&redis, &origin, "").start().await;
+    assert_eq!(xcache(&client::get(&a.url(missing)).await), "MISS");
+    for sc in [&a, &b, &a, &b] {
+        let r = client::get(&sc.url(missing)).await;
+        assert_eq!((r.status.as_u16(), xcache(&r)), (404, "NEGATIVE".into()));
+    }
+    assert_eq!(origin.hits(missing), 1);
+    // negative_ttl is 2s: once it passes, exactly one more origin call.
+    eventually("the negative entry to expire", Duration::from_secs(6), || async {
+        xcache(&client::get(&b.url(missing)).await) == "MISS"
+    })
+    .await;
+    assert_eq!(origin.hits(missing), 2);
+    assert_eq!(xcache(&client::get(&a.url(missing)).await), "NEGATIVE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_generation_between_ticket_and_publish_is_rejected() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, "").start().await;
+    let gate = origin.hold(P);
+    let url = sc.url(P);
+    let reader = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    let gen_key = format!("{OBJECT}:g");
+    assert!(get_raw(&redis, &gen_key).is_some(), "the ticket created the generation");
+    redis.cli(&["DEL", &gen_key]).expect("DEL");
+    gate.release();
+    assert_eq!(reader.await.expect("reader").status, 200);
+    assert_eq!(
+        metric(&sc, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        1.0
+    );
+    // ABA: a new ticket recreates the key with a fresh value, never the old one.
+    let gate = origin.hold(P);
+    let url = sc.url(P);
+    let reader = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    let ticket = get_raw(&redis, &gen_key).expect("fresh ticket");
+    redis.cli(&["DEL", &gen_key]).expect("DEL");
+    // Someone else's ticket recreates the key before our publish.
+    redis
+        .cli(&["SET", &gen_key, "1.2-someone-else"])
+        .expect("SET");
+    gate.release();
+    assert_eq!(reader.await.expect("reader").status, 200);
+    assert_eq!(
+        metric(&sc, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        2.0
+    );
+    assert_ne!(ticket, b"1.2-someone-else".to_vec());
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_and_misplaced_entries_are_removed_and_refetched() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, "").start().await;
+    let other = "/api/tenants/acme/apps/2";
+    client::get(&sc.url(P)).await;
+    client::get(&sc.url(other)).await;
+    let entry = only_key(&redis, &format!("{OBJECT}:e:v1:*"));
+    let other_entry = only_key(&redis, "sc:o:{app:acme:2}:e:v1:*");
+
+    redis.cli(&["SET", &entry, "garbage"]).expect("SET");
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
+    assert_eq!(metric(&sc, "sidecache_corrupt_entries_total", &[]).await, 1.0);
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+
+    // An entry copied under another object's key (its identity does not
+    // match) is never served as that object.
+    let bytes = get_raw(&redis, &entry).expect("entry");
+    redis
+        .cli(&["SET", &other_entry, std::str::from_utf8(&bytes).unwrap_or("x")])
+        .expect("SET");
+    let r = client::get(&sc.url(other)).await;
+    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(other)));
+    assert_eq!(metric(&sc, "sidecache_corrupt_entries_total", &[]).await, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_publish_returns_the_answer_without_a_second_upstream_call() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, "").start().await;
+    let gate = origin.hold(P);
+    let url = sc.url(P);
+    let reader = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    // Scripts (publish, unlock) block while writes are paused.
+    redis.cli(&["CLIENT", "PAUSE", "2000", "WRITE"]).expect("CLIENT PAUSE");
+    let released = Instant::now();
+    gate.release();
+    let r = reader.await.expect("reader");
+    assert_eq!((r.status.as_u16(), r.text()), (200, origin.default_body(P)));
+    assert!(released.elapsed() < Duration::from_millis(1500), "took {:?}", released.elapsed());
+    assert_eq!(
+        metric(&sc, "sidecache_publish_total", &[("outcome", "write_failure")]).await,
+        1.0
+    );
+    assert_eq!(origin.hits(P), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let paths: Vec<String> = (1..=48).map(|i| format!("/api/tenants/acme/apps/{i}")).collect();
+    for p in &paths {
+        origin.reply(p, Reply::ok(format!("app {p}")).delay(Duration::from_millis(300)));
+    }
+    let sc = builder(&redis, &origin, "")
+        .fill("fill:\n  max_concurrency: 8\n")
+        .start()
+        .await;
+    // Warm the connection and the script cache.
+    assert_eq!(client::get(&sc.url("/api/tenants/acme/apps/999")).await.status, 200);
+    origin.reset_counts();
+
+    redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]).expect("CLIENT PAUSE");
+    let mut tasks = Vec::new();
+    for p in &paths {
+        let url = sc.url(p);
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = client::get(&url).await;
+            (r.status.as_u16(), xcache(&r), t.elapsed())
+        }));
+    }
+    let mut ok = 0;
+    let mut busy = 0;
+    for t in tasks {
+        let (status, cache, took) = t.await.expect("task");
+        // command_timeout (300ms) + origin (300ms) + scheduling slack.
+        assert!(took < Duration::from_millis(1500), "a request took {took:?}");
+        match status {
+            200 => {
+                assert_eq!(cache, "DEGRADED");
+                ok += 1;
+            }
+            503 => busy += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert!(origin.max_concurrency() <= 8, "origin saw {} at once", origin.max_concurrency());
+    assert!(ok >= 1 && ok + busy == 48, "ok {ok}, busy {busy}");
+    assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 1.0);
+
+    // After the pause the breaker's probe closes it and hits come back.
+    eventually("HITs to return after the pause", Duration::from_secs(10), || async {
+        client::get(&sc.url(P)).await;
+        xcache(&client::get(&sc.url(P)).await) == "HIT"
+    })
+    .await;
+    assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, "").start().await;
+    client::get(&sc.url(P)).await;
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+
+    redis.kill();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = client::get(&sc.url(P)).await;
+        assert_eq!((r.status.as_u16(), xcache(&r)), (200, "DEGRADED".into()));
+        assert!(t.elapsed() < Duration::from_secs(1), "degraded answer took {:?}", t.elapsed());
+    }
+
+    // A restarted server has an empty script cache: EVALSHA gets NOSCRIPT
+    // and the scripts are loaded again, transparently.
+    redis.restart();
+    eventually("MISS then HIT after the restart", Duration::from_secs(10), || async {
+        client::get(&sc.url(P)).await;
+        xcache(&client::get(&sc.url(P)).await) == "HIT"
+    })
+    .await;
+}
