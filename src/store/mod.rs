@@ -102,8 +102,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
 
     /// Deletes the lease only if `owner` still holds it. True if deleted.
-    fn unlock<'a>(&'a self, lease_key: &'a str, owner: &'a str)
-        -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn unlock<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Deletes `key` only if its value equals `expected`. True if deleted.
     fn delete_if_equals<'a>(
