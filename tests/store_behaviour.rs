@@ -11,7 +11,7 @@
 mod redis_support;
 
 use bytes::Bytes;
-use redis_support::RedisServer;
+use redis_support::{RedisCluster, RedisServer};
 use sidecache::config::{RedisConfig, RedisTarget};
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
@@ -371,6 +371,11 @@ macro_rules! suite {
                 }
             )*
         }
+        /// Every suite function in turn (their keys are disjoint), for a
+        /// backend too costly to start once per test.
+        async fn whole_suite(s: &dyn Store) {
+            $( $name(s).await; )*
+        }
     };
 }
 
@@ -590,4 +595,48 @@ async fn paused_server_times_out_opens_breaker_and_one_probe_closes_it() {
     assert!(paused_at.elapsed() >= pause);
     assert!(!store.breaker_is_open());
     assert_eq!(metrics.breaker_open.get(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Redis Cluster: same protocol, keys of one object in one slot.
+// ---------------------------------------------------------------------------
+
+fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStore {
+    let cfg = RedisConfig {
+        target: RedisTarget::Cluster(cluster.urls()),
+        command_timeout,
+    };
+    RedisStore::connect(&cfg, Duration::from_secs(1)).expect("cluster store")
+}
+
+/// The whole suite on a 3-master cluster (MGET and the scripts only work if
+/// each object's keys share a slot), again after the script caches of all
+/// nodes are flushed, and a paused cluster answers within the command
+/// timeout (the cluster client has none unless configured).
+#[tokio::test]
+async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
+    let cluster = RedisCluster::start(3);
+    let store = cluster_store(&cluster, COMMAND_TIMEOUT);
+    assert_eq!(store.kind(), "redis-cluster");
+    whole_suite(&store).await;
+
+    cluster.cli_all(&["SCRIPT", "FLUSH"]);
+    cluster.cli_all(&["FLUSHALL"]);
+    whole_suite(&store).await;
+
+    for node in &cluster.nodes {
+        node.pause(1500);
+    }
+    let started = Instant::now();
+    let result = store.read(&keys("cluster-paused")).await;
+    let took = started.elapsed();
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        took < 2 * COMMAND_TIMEOUT,
+        "raw cluster call while paused took {took:?}"
+    );
+    eventually("cluster answers after the pause", || async {
+        store.read(&keys("cluster-paused")).await.is_ok()
+    })
+    .await;
 }

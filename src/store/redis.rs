@@ -14,8 +14,10 @@
 //!   and every command has a response timeout; [`super::GuardedStore`]
 //!   additionally bounds every call with `command_timeout`, so the breaker,
 //!   not the client's backoff, decides how long a request waits.
-//! - The cluster client has no response timeout by default, and
-//!   `ClusterConfig` overwrites the builder's: both are set explicitly.
+//! - The cluster client has no response timeout by default. The builder's
+//!   `response_timeout` sets the per-node and the overall request timeout;
+//!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
+//!   so it is set in both places. The cluster test fails without them.
 
 use super::scripts;
 use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
@@ -119,6 +121,7 @@ impl RedisStore {
                     .map_err(config_error)?;
                 // `with_config` replaces the builder's per-node response
                 // timeout with this one (None by default): set it again.
+                // The builder's value still bounds the whole request.
                 let cluster_cfg = ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(command_timeout);

@@ -24,6 +24,8 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
+    /// Extra `redis-server` arguments (e.g. cluster mode), kept for restarts.
+    extra_args: Vec<String>,
     /// `None` after `kill()`.
     child: Mutex<Option<Child>>,
 }
@@ -32,14 +34,25 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers `PING`.
     /// Panics with the reason (binary missing, server log) if it cannot.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` arguments.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let cluster = extra_args.contains(&"--cluster-enabled");
         // A port found free can be taken by another process before the
         // server binds it: try a few ports.
         let mut last_error = String::new();
         for _ in 0..5 {
-            let port = free_port();
+            let port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
             let server = RedisServer {
                 port,
                 dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
                 child: Mutex::new(None),
             };
             match server.spawn_and_wait() {
@@ -123,6 +136,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log_path())
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -171,9 +185,87 @@ impl Drop for RedisServer {
     }
 }
 
+/// A free port whose cluster bus port (`port + 10000`) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..100 {
+        let port = free_port();
+        if port <= u16::MAX - 10_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair (port, port + 10000) on 127.0.0.1");
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind 127.0.0.1:0 to find a free port")
+}
+
+/// A Redis Cluster of `n` masters (no replicas), each a [`RedisServer`] in
+/// cluster mode, created with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> RedisCluster {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        let nodes: Vec<RedisServer> = (0..n).map(|_| RedisServer::start_with(&args)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli to create the cluster: {e}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Every node must agree the cluster is up before clients route.
+        let deadline = Instant::now() + READY_WITHIN;
+        for node in &nodes {
+            loop {
+                let info = node.cli(&["CLUSTER", "INFO"]);
+                let ok = matches!(&info, Ok(redis::Value::BulkString(b))
+                    if String::from_utf8_lossy(b).contains("cluster_state:ok"));
+                if ok {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster not ok: {info:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// Runs one raw command on every node.
+    pub fn cli_all(&self, args: &[&str]) {
+        for node in &self.nodes {
+            node.cli(args).expect("command on a cluster node");
+        }
+    }
 }
