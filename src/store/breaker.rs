@@ -29,16 +29,18 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Where the breaker stands (see the module diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
+    /// Calls go to the store.
     Closed,
-    Open {
-        until: Instant,
-    },
+    /// Calls skip the store until `until`; the first call after it probes.
+    Open { until: Instant },
     /// The probe is in flight; everyone else skips the store.
     HalfOpen,
 }
 
+/// One breaker per store; shared by every request of the process.
 pub struct Breaker {
     cooldown: Duration,
     /// Mirrors `state == Closed` so the hot path needs no lock.

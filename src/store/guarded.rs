@@ -23,6 +23,8 @@ use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A [`Store`] behind the breaker and the command timeout. Built once by
+/// [`open`] and shared (`Arc`) by the pipeline, admin and invalidation.
 pub struct GuardedStore {
     inner: Arc<dyn Store>,
     breaker: Breaker,

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 /// every write.
 const SWEEP_MIN_WRITES: usize = 1024;
 
+/// The embedded store: the whole keyspace of one process in one map.
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
@@ -75,6 +76,13 @@ impl Inner {
         if self.writes_since_sweep >= SWEEP_MIN_WRITES.max(self.map.len() / 2) {
             self.map.retain(|_, slot| slot.expires > now);
             self.writes_since_sweep = 0;
+        }
+    }
+
+    /// `PEXPIRE`: a new TTL for a live key, without rewriting it.
+    fn touch(&mut self, key: &str, ttl: Duration, now: Instant) {
+        if let Some(slot) = self.map.get_mut(key) {
+            slot.expires = deadline(now, ttl);
         }
     }
 
@@ -152,11 +160,11 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let now = Instant::now();
             let mut inner = self.lock();
-            let generation = match inner.get(gen_key, now) {
-                Some(current) => current.clone(),
-                None => Bytes::from(fresh_generation(nonce)),
-            };
-            // Re-setting an existing value is how PEXPIRE refreshes its TTL here.
+            if let Some(current) = inner.get(gen_key, now).cloned() {
+                inner.touch(gen_key, gen_ttl, now);
+                return Ok(current);
+            }
+            let generation = Bytes::from(fresh_generation(nonce));
             inner.set(gen_key, generation.clone(), gen_ttl, now);
             Ok(generation)
         })

@@ -39,6 +39,8 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 /// Floor for the TCP connect timeout; a connect is slower than a command.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// The Redis backend (single node or Cluster). Cheap to share: every call
+/// clones a handle to one multiplexed connection.
 pub struct RedisStore {
     conn: Conn,
     kind: &'static str,
