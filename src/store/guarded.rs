@@ -1,71 +1,402 @@
-//! PLACEHOLDER (helper B replaces): timeout + circuit breaker around every store call.
+//! [`GuardedStore`]: the only way the rest of sidecache calls the store.
+//!
+//! Every call goes: breaker admission -> `tokio::time::timeout(command_timeout)`
+//! around the backend call -> outcome reported to the breaker, failures
+//! counted in `sidecache_store_errors_total{op}`. The timeout is what bounds
+//! a request's wait on a dead or paused Redis; the client's own reconnect
+//! backoff never decides it (CRATES.md: a killed server held commands for
+//! 8 s+ otherwise).
+//!
+//! A business "no" (lease taken, publish rejected, compare-and-delete
+//! mismatch) is a successful call. A call skipped because the breaker is open
+//! returns [`StoreError::BreakerOpen`] without touching the store and is not
+//! counted as a store error (the failure that opened the breaker was).
 
-use super::{ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use super::breaker::Breaker;
+use super::memory::MemoryStore;
+use super::redis::RedisStore;
+use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::metrics::Metrics;
 use bytes::Bytes;
+use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A [`Store`] behind the breaker and the command timeout. Built once by
+/// [`open`] and shared (`Arc`) by the pipeline, admin and invalidation.
 pub struct GuardedStore {
-    _inner: Arc<dyn Store>,
+    inner: Arc<dyn Store>,
+    breaker: Breaker,
+    /// `None` for backends that cannot block (the embedded store).
+    timeout: Option<Duration>,
+    /// `store_errors{op}` handles, resolved once instead of per call.
+    errors: [IntCounter; Op::COUNT],
+}
+
+/// Store operations, as named in the `op` label.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Read,
+    TryLease,
+    Ticket,
+    Publish,
+    Unlock,
+    DeleteIfEquals,
+    Invalidate,
+}
+
+impl Op {
+    const COUNT: usize = 7;
+    const ALL: [Op; Op::COUNT] = [
+        Op::Read,
+        Op::TryLease,
+        Op::Ticket,
+        Op::Publish,
+        Op::Unlock,
+        Op::DeleteIfEquals,
+        Op::Invalidate,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::TryLease => "try_lease",
+            Op::Ticket => "ticket",
+            Op::Publish => "publish",
+            Op::Unlock => "unlock",
+            Op::DeleteIfEquals => "delete_if_equals",
+            Op::Invalidate => "invalidate",
+        }
+    }
 }
 
 impl GuardedStore {
+    /// Wraps `inner`. `timeout` bounds every call (`None`: unbounded, for
+    /// stores that cannot block); `cooldown` is the breaker's open period.
+    /// Also the seam for tests that inject a failing or slow store.
+    pub fn new(
+        inner: Arc<dyn Store>,
+        timeout: Option<Duration>,
+        cooldown: Duration,
+        metrics: &Metrics,
+    ) -> GuardedStore {
+        GuardedStore {
+            inner,
+            breaker: Breaker::new(cooldown, metrics.breaker_open.clone()),
+            timeout,
+            errors: Op::ALL.map(|op| metrics.store_errors.with_label_values(&[op.as_str()])),
+        }
+    }
+
     pub fn inner(&self) -> &Arc<dyn Store> {
-        &self._inner
+        &self.inner
     }
+
+    /// True while the breaker is open or half-open (calls skip the store).
     pub fn breaker_is_open(&self) -> bool {
-        todo!()
+        self.breaker.is_open()
     }
-    pub async fn read(&self, _keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
-        todo!()
+
+    async fn call<'a, T>(
+        &'a self,
+        op: Op,
+        call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let permit = self.breaker.admit()?;
+        let future = call(self.inner.as_ref());
+        let result = match self.timeout {
+            Some(limit) => tokio::time::timeout(limit, future)
+                .await
+                .unwrap_or(Err(StoreError::Timeout)),
+            None => future.await,
+        };
+        match &result {
+            Ok(_) => permit.success(),
+            Err(error) => {
+                self.errors[op as usize].inc();
+                tracing::debug!(op = op.as_str(), %error, probe = permit.is_probe(), "store call failed");
+                permit.failure(error);
+            }
+        }
+        result
     }
+
+    pub async fn read(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
+        self.call(Op::Read, |s| s.read(keys)).await
+    }
+
     pub async fn try_lease(
         &self,
-        _lease_key: &str,
-        _owner: &str,
-        _ttl: Duration,
+        lease_key: &str,
+        owner: &str,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        todo!()
+        self.call(Op::TryLease, |s| s.try_lease(lease_key, owner, ttl))
+            .await
     }
+
     pub async fn ticket(
         &self,
-        _gen_key: &str,
-        _nonce: &str,
-        _gen_ttl: Duration,
+        gen_key: &str,
+        nonce: &str,
+        gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        todo!()
+        self.call(Op::Ticket, |s| s.ticket(gen_key, nonce, gen_ttl))
+            .await
     }
+
     pub async fn publish(
         &self,
-        _keys: &ObjectKeys,
-        _owner: &str,
-        _ticket: &[u8],
-        _entry: Bytes,
-        _ttl: Duration,
+        keys: &ObjectKeys,
+        owner: &str,
+        ticket: &[u8],
+        entry: Bytes,
+        ttl: Duration,
     ) -> Result<PublishOutcome, StoreError> {
-        todo!()
+        self.call(Op::Publish, |s| s.publish(keys, owner, ticket, entry, ttl))
+            .await
     }
-    pub async fn unlock(&self, _lease_key: &str, _owner: &str) -> Result<bool, StoreError> {
-        todo!()
+
+    pub async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
+        self.call(Op::Unlock, |s| s.unlock(lease_key, owner)).await
     }
-    pub async fn delete_if_equals(&self, _key: &str, _expected: &[u8]) -> Result<bool, StoreError> {
-        todo!()
+
+    pub async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
+        self.call(Op::DeleteIfEquals, |s| s.delete_if_equals(key, expected))
+            .await
     }
+
     pub async fn invalidate(
         &self,
-        _gen_key: &str,
-        _nonce: &str,
-        _gen_ttl: Duration,
+        gen_key: &str,
+        nonce: &str,
+        gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        todo!()
+        self.call(Op::Invalidate, |s| s.invalidate(gen_key, nonce, gen_ttl))
+            .await
     }
 }
 
 /// Builds the configured backend wrapped in a `GuardedStore`. Must not fail
 /// because Redis is unreachable at start: sidecache starts degraded and the
 /// connection is (re)established in the background.
-pub async fn open(_cfg: &StoreConfig, _metrics: &Metrics) -> Result<Arc<GuardedStore>, StoreError> {
-    todo!()
+pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedStore>, StoreError> {
+    let cooldown = cfg.breaker_cooldown;
+    let guarded = match &cfg.redis {
+        None => GuardedStore::new(Arc::new(MemoryStore::new()), None, cooldown, metrics),
+        Some(redis) => {
+            // Ping often enough that a recovered Redis is reconnected before
+            // the breaker's next probe.
+            let heartbeat =
+                (cooldown / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+            let store = RedisStore::connect(redis, heartbeat)?;
+            tracing::info!(
+                kind = store.kind(),
+                "store configured (connecting in the background)"
+            );
+            GuardedStore::new(
+                Arc::new(store),
+                Some(redis.command_timeout),
+                cooldown,
+                metrics,
+            )
+        }
+    };
+    Ok(Arc::new(guarded))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A store whose calls fail or hang on demand and are counted.
+    #[derive(Default)]
+    struct Faulty {
+        fail: AtomicBool,
+        hang: AtomicBool,
+        calls: AtomicUsize,
+        inner: MemoryStore,
+    }
+
+    impl Faulty {
+        fn gate<'a, T: Send + 'a>(
+            &'a self,
+            f: BoxFuture<'a, Result<T, StoreError>>,
+        ) -> BoxFuture<'a, Result<T, StoreError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let fail = self.fail.load(Ordering::SeqCst);
+            let hang = self.hang.load(Ordering::SeqCst);
+            Box::pin(async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                if fail {
+                    return Err(StoreError::Unavailable("injected".into()));
+                }
+                f.await
+            })
+        }
+    }
+
+    impl Store for Faulty {
+        fn kind(&self) -> &'static str {
+            "faulty"
+        }
+        fn read<'a>(&'a self, k: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
+            self.gate(self.inner.read(k))
+        }
+        fn try_lease<'a>(
+            &'a self,
+            k: &'a str,
+            o: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.try_lease(k, o, t))
+        }
+        fn ticket<'a>(
+            &'a self,
+            k: &'a str,
+            n: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+            self.gate(self.inner.ticket(k, n, t))
+        }
+        fn publish<'a>(
+            &'a self,
+            k: &'a ObjectKeys,
+            o: &'a str,
+            tk: &'a [u8],
+            e: Bytes,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+            self.gate(self.inner.publish(k, o, tk, e, t))
+        }
+        fn unlock<'a>(&'a self, k: &'a str, o: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.unlock(k, o))
+        }
+        fn delete_if_equals<'a>(
+            &'a self,
+            k: &'a str,
+            e: &'a [u8],
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.delete_if_equals(k, e))
+        }
+        fn invalidate<'a>(
+            &'a self,
+            k: &'a str,
+            n: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+            self.gate(self.inner.invalidate(k, n, t))
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_millis(300);
+    const COOLDOWN: Duration = Duration::from_secs(2);
+
+    fn guarded(metrics: &Metrics) -> (Arc<Faulty>, GuardedStore) {
+        let faulty = Arc::new(Faulty::default());
+        let store = GuardedStore::new(faulty.clone(), Some(TIMEOUT), COOLDOWN, metrics);
+        (faulty, store)
+    }
+
+    fn errors(metrics: &Metrics, op: &str) -> u64 {
+        metrics.store_errors.with_label_values(&[op]).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn business_no_is_success_and_keeps_the_breaker_closed() {
+        let metrics = Metrics::new();
+        let (_, store) = guarded(&metrics);
+        assert!(store.try_lease("l", "a", COOLDOWN).await.unwrap());
+        assert!(!store.try_lease("l", "b", COOLDOWN).await.unwrap());
+        assert!(!store.unlock("l", "b").await.unwrap());
+        assert!(!store.breaker_is_open());
+        assert_eq!(errors(&metrics, "try_lease"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hung_store_times_out_opens_breaker_then_one_probe_closes_it() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        faulty.hang.store(true, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        assert!(matches!(
+            store.ticket("g", "n", COOLDOWN).await,
+            Err(StoreError::Timeout)
+        ));
+        assert_eq!(started.elapsed(), TIMEOUT);
+        assert!(store.breaker_is_open());
+        assert_eq!(metrics.breaker_open.get(), 1);
+        assert_eq!(errors(&metrics, "ticket"), 1);
+
+        // Open: skipped at once, the store is not called, no error counted.
+        let calls = faulty.calls.load(Ordering::SeqCst);
+        assert!(matches!(
+            store.read(&keys()).await,
+            Err(StoreError::BreakerOpen)
+        ));
+        assert_eq!(faulty.calls.load(Ordering::SeqCst), calls);
+        assert_eq!(errors(&metrics, "read"), 0);
+
+        faulty.hang.store(false, Ordering::SeqCst);
+        tokio::time::advance(COOLDOWN).await;
+        store.read(&keys()).await.unwrap();
+        assert!(!store.breaker_is_open());
+        assert_eq!(metrics.breaker_open.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_one_probe_while_half_open() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        faulty.fail.store(true, Ordering::SeqCst);
+        assert!(store.read(&keys()).await.is_err());
+        tokio::time::advance(COOLDOWN).await;
+
+        // The probe hangs; meanwhile everyone else skips the store.
+        faulty.fail.store(false, Ordering::SeqCst);
+        faulty.hang.store(true, Ordering::SeqCst);
+        let k = keys();
+        let probe = store.read(&k);
+        tokio::pin!(probe);
+        // Drive the probe until it is parked inside the hung store.
+        let parked = tokio::time::timeout(Duration::from_millis(10), probe.as_mut()).await;
+        assert!(parked.is_err(), "probe should still be in flight");
+        faulty.hang.store(false, Ordering::SeqCst);
+        let calls = faulty.calls.load(Ordering::SeqCst);
+        for _ in 0..10 {
+            assert!(matches!(store.read(&k).await, Err(StoreError::BreakerOpen)));
+        }
+        assert_eq!(faulty.calls.load(Ordering::SeqCst), calls);
+        // The probe times out: open again for a full cooldown.
+        assert!(matches!(probe.await, Err(StoreError::Timeout)));
+        assert!(store.breaker_is_open());
+        tokio::time::advance(COOLDOWN).await;
+        store.read(&k).await.unwrap();
+        assert!(!store.breaker_is_open());
+    }
+
+    #[tokio::test]
+    async fn open_without_redis_is_the_memory_store() {
+        let metrics = Metrics::new();
+        let cfg = StoreConfig {
+            redis: None,
+            namespace: "sc:".into(),
+            breaker_cooldown: COOLDOWN,
+        };
+        let store = open(&cfg, &metrics).await.unwrap();
+        assert_eq!(store.inner().kind(), "memory");
+        assert!(store.ticket("g", "n", COOLDOWN).await.is_ok());
+    }
+
+    fn keys() -> ObjectKeys {
+        ObjectKeys {
+            entry: "e".into(),
+            generation: "g".into(),
+            lease: "l".into(),
+        }
+    }
 }

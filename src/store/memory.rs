@@ -1,1 +1,282 @@
-//! PLACEHOLDER (helper B replaces).
+//! The embedded in-process store (SPEC §5.4): the generation protocol of
+//! `lua/*.lua` on one mutex-guarded map, for a single instance without Redis.
+//!
+//! Every key the protocol writes has a TTL, measured with
+//! `tokio::time::Instant` so tests can drive expiry with paused time.
+//! Expired keys are dropped lazily when touched, and a sweep runs after every
+//! `max(SWEEP_MIN_WRITES, live keys / 2)` writes, so keys that are written
+//! once and never read again cannot grow the map without bound while the
+//! amortised sweep cost stays O(1) per write.
+//!
+//! Each operation runs entirely under the lock, which gives it the same
+//! atomicity a Lua script has in Redis. The lock is never held across an
+//! `.await`.
+
+use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// Lower bound on writes between sweeps, so small maps are not swept on
+/// every write.
+const SWEEP_MIN_WRITES: usize = 1024;
+
+/// The embedded store: the whole keyspace of one process in one map.
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, Slot>,
+    writes_since_sweep: usize,
+}
+
+struct Slot {
+    value: Bytes,
+    expires: Instant,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    /// Keys held, including expired ones not yet swept (for tests and stats).
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every operation leaves the map consistent before it can panic, so
+        // a poisoned lock still guards valid data.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Inner {
+    fn get(&mut self, key: &str, now: Instant) -> Option<&Bytes> {
+        if self.map.get(key).is_some_and(|slot| slot.expires <= now) {
+            self.map.remove(key);
+        }
+        self.map.get(key).map(|slot| &slot.value)
+    }
+
+    fn set(&mut self, key: &str, value: Bytes, ttl: Duration, now: Instant) {
+        let expires = deadline(now, ttl);
+        self.map.insert(key.to_owned(), Slot { value, expires });
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep >= SWEEP_MIN_WRITES.max(self.map.len() / 2) {
+            self.map.retain(|_, slot| slot.expires > now);
+            self.writes_since_sweep = 0;
+        }
+    }
+
+    /// `PEXPIRE`: a new TTL for a live key, without rewriting it.
+    fn touch(&mut self, key: &str, ttl: Duration, now: Instant) {
+        if let Some(slot) = self.map.get_mut(key) {
+            slot.expires = deadline(now, ttl);
+        }
+    }
+
+    fn delete_if(&mut self, key: &str, expected: &[u8], now: Instant) -> bool {
+        if self.get(key, now).is_some_and(|v| v.as_ref() == expected) {
+            self.map.remove(key);
+            return true;
+        }
+        false
+    }
+}
+
+/// `now + ttl`, with Redis' rule that a TTL is at least 1 ms.
+fn deadline(now: Instant, ttl: Duration) -> Instant {
+    let ttl = ttl.max(Duration::from_millis(1));
+    now.checked_add(ttl)
+        // A TTL beyond the clock's range means "practically forever".
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+}
+
+/// A fresh generation value, same shape as the Lua scripts build from
+/// `TIME`: `<unix secs>.<micros>-<nonce>`. The nonce makes it unique across
+/// callers within one microsecond.
+fn fresh_generation(nonce: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:06}-{}", now.as_secs(), now.subsec_micros(), nonce)
+}
+
+impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            Ok(Snapshot {
+                entry: inner.get(&keys.entry, now).cloned(),
+                generation: inner.get(&keys.generation, now).cloned(),
+            })
+        })
+    }
+
+    fn try_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(lease_key, now).is_some() {
+                return Ok(false);
+            }
+            inner.set(
+                lease_key,
+                Bytes::copy_from_slice(owner.as_bytes()),
+                ttl,
+                now,
+            );
+            Ok(true)
+        })
+    }
+
+    fn ticket<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if let Some(current) = inner.get(gen_key, now).cloned() {
+                inner.touch(gen_key, gen_ttl, now);
+                return Ok(current);
+            }
+            let generation = Bytes::from(fresh_generation(nonce));
+            inner.set(gen_key, generation.clone(), gen_ttl, now);
+            Ok(generation)
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(PublishOutcome::LeaseLost);
+            }
+            // A missing generation counts as changed: it was lost and any
+            // recreation would be a value this ticket never saw (ABA).
+            if inner.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
+                return Ok(PublishOutcome::GenerationChanged);
+            }
+            inner.set(&keys.entry, entry, ttl, now);
+            Ok(PublishOutcome::Published)
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .lock()
+                .delete_if(lease_key, owner.as_bytes(), Instant::now()))
+        })
+    }
+
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { Ok(self.lock().delete_if(key, expected, Instant::now())) })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            let mut generation = fresh_generation(nonce);
+            // Same guard as invalidate.lua: the new value never equals the
+            // old one, even if a caller reuses a nonce within a microsecond.
+            if inner.get(gen_key, now).map(Bytes::as_ref) == Some(generation.as_bytes()) {
+                generation.push('+');
+            }
+            let generation = Bytes::from(generation);
+            inner.set(gen_key, generation.clone(), gen_ttl, now);
+            Ok(generation)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_keys_are_swept_without_being_read() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_millis(10);
+        for i in 0..SWEEP_MIN_WRITES {
+            assert!(store.try_lease(&format!("l{i}"), "o", ttl).await.unwrap());
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+        // Each batch of writes lets the map grow only until the next sweep.
+        for i in 0..4 * SWEEP_MIN_WRITES {
+            assert!(store.try_lease(&format!("m{i}"), "o", ttl).await.unwrap());
+            if i % SWEEP_MIN_WRITES == SWEEP_MIN_WRITES - 1 {
+                tokio::time::advance(Duration::from_millis(20)).await;
+            }
+        }
+        assert!(store.len() <= 2 * SWEEP_MIN_WRITES, "len {}", store.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ticket_refreshes_generation_ttl() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_secs(10);
+        let first = store.ticket("g", "n1", ttl).await.unwrap();
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(store.ticket("g", "n2", ttl).await.unwrap(), first);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        // 16 s after creation, alive because the second ticket refreshed it.
+        assert_eq!(store.ticket("g", "n3", ttl).await.unwrap(), first);
+    }
+
+    #[test]
+    fn generation_has_the_lua_shape() {
+        let g = fresh_generation("abc");
+        let (time, nonce) = g.split_once('-').unwrap();
+        assert_eq!(nonce, "abc");
+        let (secs, micros) = time.split_once('.').unwrap();
+        assert!(secs.parse::<u64>().unwrap() > 1_600_000_000);
+        assert_eq!(micros.len(), 6);
+    }
+}

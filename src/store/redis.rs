@@ -1,1 +1,395 @@
-//! PLACEHOLDER (helper B replaces).
+//! The Redis backend: the generation protocol over one multiplexed
+//! connection (single node, via `ConnectionManager`) or a cluster connection
+//! (`cluster_async`). Every multi-key operation is a script from
+//! [`super::scripts`]; all keys of one object share a hash slot (SPEC §5.2),
+//! so `MGET` and the scripts work on Cluster too.
+//!
+//! Failure behaviour (see `shared/CRATES.md`, measured on redis-rs 1.8):
+//! - Construction never touches the network. sidecache starts with Redis
+//!   down and serves degraded; the connection is made on first use and kept
+//!   alive by a heartbeat task, so a Redis that comes back is reconnected in
+//!   the background and the breaker's next probe finds a live connection
+//!   instead of the stale failure of the last reconnect attempt.
+//! - The client's reconnect backoff is capped (few retries, short delays)
+//!   and every command has a response timeout; [`super::GuardedStore`]
+//!   additionally bounds every call with `command_timeout`, so the breaker,
+//!   not the client's backoff, decides how long a request waits.
+//! - The cluster client has no response timeout by default. The builder's
+//!   `response_timeout` sets the per-node and the overall request timeout;
+//!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
+//!   so it is set in both places. The cluster test fails without them.
+
+use super::scripts;
+use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use crate::config::{RedisConfig, RedisTarget};
+use bytes::Bytes;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use std::time::Duration;
+
+/// Reconnect attempts after the first one fails, before a reconnect gives up
+/// (the next command starts a new one). Small, so a dead server does not
+/// hold calls in backoff for seconds.
+const RECONNECT_RETRIES: usize = 2;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
+/// Floor for the TCP connect timeout; a connect is slower than a command.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The Redis backend (single node or Cluster). Cheap to share: every call
+/// clones a handle to one multiplexed connection.
+pub struct RedisStore {
+    conn: Conn,
+    kind: &'static str,
+    /// Aborted on drop so the heartbeat does not outlive the store.
+    heartbeat: tokio::task::AbortHandle,
+}
+
+/// A clonable handle to either kind of connection; clones share the one
+/// underlying multiplexed connection (or cluster connection task).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisStore {
+    /// Builds the client without connecting (Redis may be down at start).
+    /// Fails only on a malformed URL. `heartbeat` is how often a background
+    /// `PING` keeps the connection established; it should be shorter than
+    /// the breaker cooldown. Must be called inside a Tokio runtime.
+    pub fn connect(cfg: &RedisConfig, heartbeat: Duration) -> Result<RedisStore, StoreError> {
+        let command_timeout = cfg.command_timeout;
+        let connect_timeout = command_timeout.max(MIN_CONNECT_TIMEOUT);
+        let tcp = TcpSettings::default().set_nodelay(true);
+        let (conn, kind) = match &cfg.target {
+            RedisTarget::Single(url) => {
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(config_error)?
+                    .set_tcp_settings(tcp);
+                let client = redis::Client::open(info).map_err(config_error)?;
+                let manager_cfg = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(command_timeout))
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_number_of_retries(RECONNECT_RETRIES)
+                    .set_min_delay(RECONNECT_MIN_DELAY)
+                    .set_max_delay(RECONNECT_MAX_DELAY);
+                let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
+                    .map_err(config_error)?;
+                (Conn::Single(manager), "redis")
+            }
+            RedisTarget::Cluster(urls) => {
+                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .tcp_settings(tcp)
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(command_timeout)
+                    .retries(RECONNECT_RETRIES as u32)
+                    .min_retry_wait(RECONNECT_MIN_DELAY.as_millis() as u64)
+                    .max_retry_wait(RECONNECT_MAX_DELAY.as_millis() as u64)
+                    .build()
+                    .map_err(config_error)?;
+                // `with_config` replaces the builder's per-node response
+                // timeout with this one (None by default): set it again.
+                // The builder's value still bounds the whole request.
+                let cluster_cfg = ClusterConfig::new()
+                    .set_connection_timeout(connect_timeout)
+                    .set_response_timeout(command_timeout);
+                let conn = client.get_pending_async_connection_with_config(cluster_cfg);
+                (Conn::Cluster(conn), "redis-cluster")
+            }
+        };
+        let heartbeat =
+            tokio::spawn(keep_alive(conn.clone(), heartbeat, command_timeout)).abort_handle();
+        Ok(RedisStore {
+            conn,
+            kind,
+            heartbeat,
+        })
+    }
+
+    /// A handle on the shared connection, for callers outside the `Store`
+    /// protocol (e.g. pipelined Bloom builds). Cheap to clone.
+    pub fn connection(&self) -> impl ConnectionLike + Clone + Send + Sync + 'static {
+        self.conn.clone()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+/// Pings every `every` so the client reconnects in the background while the
+/// breaker keeps requests away, and logs reachability changes once each.
+async fn keep_alive(mut conn: Conn, every: Duration, timeout: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reachable: Option<bool> = None;
+    let ping_cmd = redis::cmd("PING");
+    loop {
+        tick.tick().await;
+        let ping = ping_cmd.query_async::<()>(&mut conn);
+        let outcome = match tokio::time::timeout(timeout, ping).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(map_error(e)),
+            Err(_) => Err(StoreError::Timeout),
+        };
+        match (&outcome, reachable) {
+            (Ok(()), Some(true)) | (Err(_), Some(false)) => {}
+            (Ok(()), _) => tracing::info!("redis reachable"),
+            (Err(e), _) => tracing::warn!(error = %e, "redis unreachable"),
+        }
+        reachable = Some(outcome.is_ok());
+    }
+}
+
+fn config_error(e: RedisError) -> StoreError {
+    StoreError::Unavailable(format!("invalid redis configuration: {e}"))
+}
+
+fn map_error(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout;
+    }
+    match e.kind() {
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Protocol(e.to_string()),
+        // I/O, server errors (OOM, LOADING, BUSY, CLUSTERDOWN, ...), client
+        // errors: all mean the store cannot serve us right now.
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+/// Milliseconds for `PX`: Redis rejects 0, and a TTL under 1 ms is 1 ms.
+fn px(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let (entry, generation): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("MGET")
+                .arg(&keys.entry)
+                .arg(&keys.generation)
+                .query_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(Snapshot {
+                entry: entry.map(Bytes::from),
+                generation: generation.map(Bytes::from),
+            })
+        })
+    }
+
+    fn try_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let reply: Value = redis::cmd("SET")
+                .arg(lease_key)
+                .arg(owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(px(ttl))
+                .query_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            match reply {
+                Value::Okay => Ok(true),
+                Value::Nil => Ok(false),
+                other => Err(StoreError::Protocol(format!("SET NX replied {other:?}"))),
+            }
+        })
+    }
+
+    fn ticket<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let generation: Vec<u8> = scripts::TICKET
+                .key(gen_key)
+                .arg(nonce)
+                .arg(px(gen_ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(Bytes::from(generation))
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let code: i64 = scripts::PUBLISH
+                .key(&keys.lease)
+                .key(&keys.generation)
+                .key(&keys.entry)
+                .arg(owner)
+                .arg(ticket)
+                .arg(entry.as_ref())
+                .arg(px(ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            match code {
+                1 => Ok(PublishOutcome::Published),
+                0 => Ok(PublishOutcome::LeaseLost),
+                -1 => Ok(PublishOutcome::GenerationChanged),
+                other => Err(StoreError::Protocol(format!(
+                    "publish.lua returned {other}"
+                ))),
+            }
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let deleted: i64 = scripts::UNLOCK
+                .key(lease_key)
+                .arg(owner)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(deleted == 1)
+        })
+    }
+
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let deleted: i64 = scripts::COMPARE_DELETE
+                .key(key)
+                .arg(expected)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(deleted == 1)
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let generation: Vec<u8> = scripts::INVALIDATE
+                .key(gen_key)
+                .arg(nonce)
+                .arg(px(gen_ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(Bytes::from(generation))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn px_is_at_least_one_millisecond() {
+        assert_eq!(px(Duration::ZERO), 1);
+        assert_eq!(px(Duration::from_micros(300)), 1);
+        assert_eq!(px(Duration::from_millis(1500)), 1500);
+    }
+
+    #[tokio::test]
+    async fn constructible_while_redis_is_down_and_calls_fail_fast() {
+        // Port 1 on loopback: nothing listens, connect is refused at once.
+        let cfg = RedisConfig {
+            target: RedisTarget::Single("redis://127.0.0.1:1/0".into()),
+            command_timeout: Duration::from_millis(200),
+        };
+        let store = RedisStore::connect(&cfg, Duration::from_secs(1)).unwrap();
+        let keys = ObjectKeys {
+            entry: "e".into(),
+            generation: "g".into(),
+            lease: "l".into(),
+        };
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(5), store.read(&keys)).await;
+        assert!(matches!(result, Ok(Err(_))), "{result:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn malformed_url_is_a_configuration_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let cfg = RedisConfig {
+            target: RedisTarget::Single("not a url".into()),
+            command_timeout: Duration::from_millis(200),
+        };
+        assert!(RedisStore::connect(&cfg, Duration::from_secs(1)).is_err());
+    }
+}

@@ -1,0 +1,18 @@
+-- invalidate: replace the generation with a fresh unique value, so every
+-- entry stamped with an older value is dead at once and every outstanding
+-- ticket can no longer publish (SPEC 5.1). Idempotent in effect.
+--
+-- KEYS[1]  generation key
+-- ARGV[1]  nonce: caller's random token, makes the value unique
+-- ARGV[2]  gen_ttl in milliseconds
+--
+-- Returns: the new generation (bulk string). It never equals the old one,
+-- even if a caller reuses a nonce within one microsecond.
+local old = redis.call('GET', KEYS[1])
+local t = redis.call('TIME')
+local gen = string.format('%s.%06d-%s', t[1], tonumber(t[2]), ARGV[1])
+if gen == old then
+  gen = gen .. '+'
+end
+redis.call('SET', KEYS[1], gen, 'PX', ARGV[2])
+return gen

@@ -1,0 +1,642 @@
+//! One behavioural suite for the `Store` contract (SPEC §5.1, §5.4), run
+//! against both backends: the embedded `MemoryStore` (paused Tokio time, so
+//! TTLs expire virtually) and `RedisStore` on a private redis-server started
+//! by the harness (real time). Then Redis-only fault tests: script cache
+//! flushed, server killed and restarted, server paused; all through
+//! `GuardedStore`, the way the pipeline calls the store.
+//!
+//! No sleep-and-hope: expiry is awaited by polling with a bounded deadline.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use bytes::Bytes;
+use redis_support::{RedisCluster, RedisServer};
+use sidecache::config::{RedisConfig, RedisTarget};
+use sidecache::metrics::Metrics;
+use sidecache::store::redis::RedisStore;
+use sidecache::store::{GuardedStore, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const GEN_TTL: Duration = Duration::from_secs(600);
+const LEASE: Duration = Duration::from_secs(30);
+const ENTRY_TTL: Duration = Duration::from_secs(60);
+/// Upper bound for anything awaited by polling.
+const EVENTUALLY: Duration = Duration::from_secs(5);
+
+/// The keys of object `id`, shaped like `pipeline::key` builds them (one hash
+/// slot per object).
+fn keys(id: &str) -> ObjectKeys {
+    ObjectKeys {
+        entry: format!("sc:o:{{app:{id}}}:e:v1:var"),
+        generation: format!("sc:o:{{app:{id}}}:g"),
+        lease: format!("sc:o:{{app:{id}}}:l:var"),
+    }
+}
+
+/// Polls `check` every 10 ms until it holds; fails after `EVENTUALLY`.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + EVENTUALLY;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "not within {EVENTUALLY:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A body that is not UTF-8 and contains NUL: values must be binary-safe.
+fn binary_entry(tag: u8) -> Bytes {
+    Bytes::from(vec![0x00, 0xff, 0xfe, tag, b'\r', b'\n', 0x00])
+}
+
+// ---------------------------------------------------------------------------
+// The shared suite: every function runs against both backends.
+// ---------------------------------------------------------------------------
+
+async fn read_of_missing_keys(s: &dyn Store) {
+    assert_eq!(s.read(&keys("missing")).await.unwrap(), Snapshot::default());
+}
+
+async fn ticket_is_never_absent_and_stable_until_invalidate(s: &dyn Store) {
+    let k = keys("t");
+    let first = s.ticket(&k.generation, "n1", GEN_TTL).await.unwrap();
+    assert!(!first.is_empty());
+    // A second reader with another nonce gets the same generation.
+    assert_eq!(s.ticket(&k.generation, "n2", GEN_TTL).await.unwrap(), first);
+    assert_eq!(s.read(&k).await.unwrap().generation, Some(first.clone()));
+
+    let after = s.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap();
+    assert_ne!(after, first);
+    assert_eq!(s.ticket(&k.generation, "n4", GEN_TTL).await.unwrap(), after);
+}
+
+async fn invalidate_always_gives_a_new_distinct_value(s: &dyn Store) {
+    let k = keys("inv");
+    let mut seen = std::collections::HashSet::new();
+    seen.insert(s.ticket(&k.generation, "t", GEN_TTL).await.unwrap());
+    // Distinct nonces within one microsecond: the nonce keeps them apart.
+    for i in 0..50 {
+        let nonce = format!("n{i}");
+        let g = s.invalidate(&k.generation, &nonce, GEN_TTL).await.unwrap();
+        assert!(seen.insert(g.clone()), "repeated generation {g:?}");
+    }
+    // Even a reused nonce never yields the value it replaces.
+    let mut previous = s.invalidate(&k.generation, "same", GEN_TTL).await.unwrap();
+    for _ in 0..50 {
+        let g = s.invalidate(&k.generation, "same", GEN_TTL).await.unwrap();
+        assert_ne!(g, previous);
+        previous = g;
+    }
+}
+
+async fn invalidate_of_a_missing_generation_creates_it(s: &dyn Store) {
+    let k = keys("inv-missing");
+    let g = s.invalidate(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert_eq!(s.ticket(&k.generation, "other", GEN_TTL).await.unwrap(), g);
+}
+
+async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
+    // Whatever the number and order of invalidations after a ticket, the
+    // ticket can no longer publish; the object just misses and refills.
+    for (id, invalidations) in [("idem-1", 1), ("idem-2", 2), ("idem-5", 5)] {
+        let k = keys(id);
+        let ticket = s.ticket(&k.generation, "t", GEN_TTL).await.unwrap();
+        assert!(s.try_lease(&k.lease, "owner", LEASE).await.unwrap());
+        for i in 0..invalidations {
+            s.invalidate(&k.generation, &format!("e{i}"), GEN_TTL)
+                .await
+                .unwrap();
+        }
+        let outcome = s
+            .publish(&k, "owner", &ticket, binary_entry(1), ENTRY_TTL)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PublishOutcome::GenerationChanged, "{id}");
+        // The next fill, with a fresh ticket, publishes normally.
+        let fresh = s.ticket(&k.generation, "t2", GEN_TTL).await.unwrap();
+        let outcome = s
+            .publish(&k, "owner", &fresh, binary_entry(2), ENTRY_TTL)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PublishOutcome::Published, "{id}");
+    }
+}
+
+async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
+    let k = keys("pub");
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    let entry = binary_entry(7);
+
+    // No lease at all.
+    let outcome = s
+        .publish(&k, "me", &ticket, entry.clone(), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::LeaseLost);
+    // Someone else's lease.
+    assert!(s.try_lease(&k.lease, "other", LEASE).await.unwrap());
+    let outcome = s
+        .publish(&k, "me", &ticket, entry.clone(), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::LeaseLost);
+    // Our lease, a ticket we never got.
+    assert!(s.unlock(&k.lease, "other").await.unwrap());
+    assert!(s.try_lease(&k.lease, "me", LEASE).await.unwrap());
+    let outcome = s
+        .publish(&k, "me", b"1.000000-forged", entry.clone(), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::GenerationChanged);
+    assert_eq!(s.read(&k).await.unwrap().entry, None);
+
+    // Our lease and the current ticket: published, bytes intact.
+    let outcome = s
+        .publish(&k, "me", &ticket, entry.clone(), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+    let snap = s.read(&k).await.unwrap();
+    assert_eq!(snap.entry, Some(entry));
+    assert_eq!(snap.generation, Some(ticket));
+}
+
+/// Seed 001: a filler takes its ticket, the object changes and is
+/// invalidated while the filler waits on the upstream, then the filler tries
+/// to publish the old body. It must be refused.
+async fn publish_rejected_after_invalidate_stale_backfill(s: &dyn Store) {
+    let k = keys("stale");
+    assert!(s.try_lease(&k.lease, "filler", LEASE).await.unwrap());
+    let ticket = s.ticket(&k.generation, "f", GEN_TTL).await.unwrap();
+    s.invalidate(&k.generation, "writer", GEN_TTL)
+        .await
+        .unwrap();
+    let outcome = s
+        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::GenerationChanged);
+    assert_eq!(s.read(&k).await.unwrap().entry, None);
+}
+
+/// Seed 000 §8.6: the generation key is lost (eviction, restart, DEL) and
+/// recreated by another reader's ticket. The old ticket must not match.
+async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn Store) {
+    let k = keys("aba");
+    assert!(s.try_lease(&k.lease, "filler", LEASE).await.unwrap());
+    let ticket = s.ticket(&k.generation, "f", GEN_TTL).await.unwrap();
+
+    // Lost: a missing generation counts as changed.
+    assert!(s.delete_if_equals(&k.generation, &ticket).await.unwrap());
+    let outcome = s
+        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::GenerationChanged);
+
+    // Recreated by another reader's ticket: a fresh value, not the old one.
+    let recreated = s.ticket(&k.generation, "other", GEN_TTL).await.unwrap();
+    assert_ne!(recreated, ticket);
+    let outcome = s
+        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::GenerationChanged);
+    assert_eq!(s.read(&k).await.unwrap().entry, None);
+}
+
+async fn publish_rejected_when_lease_expired_and_taken(s: &dyn Store) {
+    let k = keys("lease-exp");
+    let short = Duration::from_millis(100);
+    assert!(s.try_lease(&k.lease, "slow", short).await.unwrap());
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    // The lease runs out while "slow" waits on the upstream; "fast" takes it.
+    eventually("lease expires and can be taken", || async {
+        s.try_lease(&k.lease, "fast", LEASE).await.unwrap()
+    })
+    .await;
+    let outcome = s
+        .publish(&k, "slow", &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::LeaseLost);
+    // The slow filler's unlock must not release the new owner's lease.
+    assert!(!s.unlock(&k.lease, "slow").await.unwrap());
+    let outcome = s
+        .publish(&k, "fast", &ticket, binary_entry(2), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+}
+
+async fn unlock_only_deletes_own_lease(s: &dyn Store) {
+    let k = keys("unlock");
+    assert!(
+        !s.unlock(&k.lease, "nobody").await.unwrap(),
+        "missing lease"
+    );
+    assert!(s.try_lease(&k.lease, "a", LEASE).await.unwrap());
+    assert!(!s.unlock(&k.lease, "b").await.unwrap());
+    assert!(
+        !s.try_lease(&k.lease, "b", LEASE).await.unwrap(),
+        "a still holds it"
+    );
+    assert!(s.unlock(&k.lease, "a").await.unwrap());
+    assert!(!s.unlock(&k.lease, "a").await.unwrap(), "already released");
+    assert!(s.try_lease(&k.lease, "b", LEASE).await.unwrap());
+}
+
+async fn delete_if_equals_only_deletes_the_value_seen(s: &dyn Store) {
+    let k = keys("cad");
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    let corrupt = Bytes::from_static(b"\x00garbage\xff");
+    let outcome = s
+        .publish(&k, "o", &ticket, corrupt.clone(), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+
+    assert!(!s
+        .delete_if_equals(&k.entry, b"something else")
+        .await
+        .unwrap());
+    assert_eq!(s.read(&k).await.unwrap().entry, Some(corrupt.clone()));
+    assert!(s.delete_if_equals(&k.entry, &corrupt).await.unwrap());
+    assert_eq!(s.read(&k).await.unwrap().entry, None);
+    assert!(
+        !s.delete_if_equals(&k.entry, &corrupt).await.unwrap(),
+        "missing key"
+    );
+}
+
+async fn entry_expires_after_its_ttl(s: &dyn Store) {
+    let k = keys("ttl");
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    let ttl = Duration::from_millis(150);
+    let published_at = Instant::now();
+    let outcome = s
+        .publish(&k, "o", &ticket, binary_entry(3), ttl)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+    eventually("entry expires", || async {
+        s.read(&k).await.unwrap().entry.is_none()
+    })
+    .await;
+    // Not before its TTL (Redis expiry has ms precision; allow 1 ms).
+    assert!(published_at.elapsed() + Duration::from_millis(1) >= ttl);
+    // The generation, with its own long TTL, is still there.
+    assert_eq!(s.read(&k).await.unwrap().generation, Some(ticket));
+}
+
+async fn generation_expires_after_gen_ttl_and_is_recreated_fresh(s: &dyn Store) {
+    let k = keys("gen-ttl");
+    let first = s
+        .ticket(&k.generation, "a", Duration::from_millis(100))
+        .await
+        .unwrap();
+    eventually("generation expires", || async {
+        s.read(&k).await.unwrap().generation.is_none()
+    })
+    .await;
+    let second = s.ticket(&k.generation, "b", GEN_TTL).await.unwrap();
+    assert_ne!(first, second);
+}
+
+async fn lease_is_set_if_absent(s: &dyn Store) {
+    let k = keys("nx");
+    assert!(s.try_lease(&k.lease, "a", LEASE).await.unwrap());
+    assert!(!s.try_lease(&k.lease, "b", LEASE).await.unwrap());
+    // NX even for the same owner: a lease is never silently extended.
+    assert!(!s.try_lease(&k.lease, "a", LEASE).await.unwrap());
+}
+
+async fn concurrent_lease_attempts_have_exactly_one_winner(s: &dyn Store) {
+    let k = keys("race");
+    let owners: Vec<String> = (0..32).map(|i| format!("owner-{i}")).collect();
+    let attempts = owners.iter().map(|o| s.try_lease(&k.lease, o, LEASE));
+    let won = futures_util::future::join_all(attempts).await;
+    let winners = won.into_iter().map(Result::unwrap).filter(|w| *w).count();
+    assert_eq!(winners, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Running the suite against each backend.
+// ---------------------------------------------------------------------------
+
+fn redis_config(server: &RedisServer, command_timeout: Duration) -> RedisConfig {
+    RedisConfig {
+        target: RedisTarget::Single(server.url()),
+        command_timeout,
+    }
+}
+
+fn redis_store(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(
+        &redis_config(server, Duration::from_secs(2)),
+        Duration::from_secs(1),
+    )
+    .expect("redis store")
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $name() {
+                    let store = sidecache::store::memory::MemoryStore::new();
+                    super::$name(&store).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let server = super::RedisServer::start();
+                    let store = super::redis_store(&server);
+                    super::$name(&store).await;
+                }
+            )*
+        }
+        /// Every suite function in turn (their keys are disjoint), for a
+        /// backend too costly to start once per test.
+        async fn whole_suite(s: &dyn Store) {
+            $( $name(s).await; )*
+        }
+    };
+}
+
+suite!(
+    read_of_missing_keys,
+    ticket_is_never_absent_and_stable_until_invalidate,
+    invalidate_always_gives_a_new_distinct_value,
+    invalidate_of_a_missing_generation_creates_it,
+    invalidations_are_idempotent_and_commute,
+    publish_needs_lease_owner_and_matching_ticket,
+    publish_rejected_after_invalidate_stale_backfill,
+    publish_rejected_after_generation_lost_and_recreated_aba,
+    publish_rejected_when_lease_expired_and_taken,
+    unlock_only_deletes_own_lease,
+    delete_if_equals_only_deletes_the_value_seen,
+    entry_expires_after_its_ttl,
+    generation_expires_after_gen_ttl_and_is_recreated_fresh,
+    lease_is_set_if_absent,
+    concurrent_lease_attempts_have_exactly_one_winner,
+);
+
+// ---------------------------------------------------------------------------
+// Redis-only: failures of the server and of the script cache.
+// ---------------------------------------------------------------------------
+
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);
+const COOLDOWN: Duration = Duration::from_millis(500);
+
+fn guarded(server: &RedisServer, metrics: &Metrics) -> GuardedStore {
+    let store = RedisStore::connect(
+        &redis_config(server, COMMAND_TIMEOUT),
+        Duration::from_millis(100),
+    )
+    .expect("redis store");
+    GuardedStore::new(Arc::new(store), Some(COMMAND_TIMEOUT), COOLDOWN, metrics)
+}
+
+fn store_errors(metrics: &Metrics, op: &str) -> u64 {
+    metrics.store_errors.with_label_values(&[op]).get()
+}
+
+/// A Redis restart (or `SCRIPT FLUSH`, or a failover) empties the script
+/// cache: EVALSHA answers NOSCRIPT and every script must reload itself.
+#[tokio::test]
+async fn scripts_survive_script_flush() {
+    let server = RedisServer::start();
+    let s = redis_store(&server);
+    let k = keys("flush");
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    assert_eq!(
+        s.ticket(&k.generation, "n2", GEN_TTL).await.unwrap(),
+        ticket
+    );
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    let outcome = s
+        .publish(&k, "o", &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    assert!(s.unlock(&k.lease, "o").await.unwrap());
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    assert!(s
+        .delete_if_equals(&k.entry, &binary_entry(1))
+        .await
+        .unwrap());
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    assert_ne!(
+        s.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap(),
+        ticket
+    );
+}
+
+/// The store is built while Redis is down (sidecache starts degraded) and
+/// works once Redis is up, without being rebuilt.
+#[tokio::test]
+async fn store_built_while_redis_is_down_connects_later() {
+    let server = RedisServer::start();
+    server.kill();
+    let metrics = Metrics::new();
+    let store = guarded(&server, &metrics);
+    let k = keys("late");
+    let started = Instant::now();
+    assert!(store.read(&k).await.is_err());
+    assert!(started.elapsed() < 2 * COMMAND_TIMEOUT);
+
+    server.restart();
+    eventually("store reachable after Redis started", || async {
+        store.read(&k).await.is_ok()
+    })
+    .await;
+    assert!(!store.breaker_is_open());
+}
+
+/// SIGKILL: calls fail within the command timeout (not the client's
+/// reconnect backoff), the breaker opens, and after a restart the same store
+/// works again.
+#[tokio::test]
+async fn killed_server_fails_fast_and_recovers_after_restart() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let store = guarded(&server, &metrics);
+    let k = keys("kill");
+    store.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+
+    server.kill();
+    let started = Instant::now();
+    let err = store.read(&k).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        took < 2 * COMMAND_TIMEOUT,
+        "first call after kill took {took:?} ({err})"
+    );
+    assert!(store.breaker_is_open());
+    assert_eq!(metrics.breaker_open.get(), 1);
+    assert_eq!(store_errors(&metrics, "read"), 1);
+
+    // Every call while Redis stays dead is bounded too: skipped at once while
+    // open, and the probe after each cooldown by the command timeout.
+    let until = Instant::now() + 3 * COOLDOWN;
+    while Instant::now() < until {
+        let started = Instant::now();
+        let result = store.read(&k).await;
+        assert!(result.is_err());
+        assert!(
+            started.elapsed() < 2 * COMMAND_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        store_errors(&metrics, "read") >= 2,
+        "probes were made and failed"
+    );
+
+    server.restart();
+    eventually("store works again after restart", || async {
+        store.read(&k).await.is_ok()
+    })
+    .await;
+    assert!(!store.breaker_is_open());
+    assert_eq!(metrics.breaker_open.get(), 0);
+    // Data is gone with the restart: a ticket is simply created again.
+    assert!(!store
+        .ticket(&k.generation, "n2", GEN_TTL)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// CLIENT PAUSE: calls hang server-side; the guard times them out at the
+/// command timeout, the breaker opens, exactly one probe per cooldown is let
+/// through, and once the pause is over a probe closes the breaker.
+#[tokio::test]
+async fn paused_server_times_out_opens_breaker_and_one_probe_closes_it() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let store = Arc::new(guarded(&server, &metrics));
+    let k = keys("pause");
+    store.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+
+    let pause = Duration::from_millis(2000);
+    server.pause(pause.as_millis() as u64);
+    let paused_at = Instant::now();
+
+    let started = Instant::now();
+    let err = store.read(&k).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, StoreError::Timeout), "{err}");
+    assert!(
+        took >= COMMAND_TIMEOUT && took < 2 * COMMAND_TIMEOUT,
+        "took {took:?}"
+    );
+    assert!(store.breaker_is_open());
+
+    // Open: skipped at once.
+    let started = Instant::now();
+    assert!(matches!(store.read(&k).await, Err(StoreError::BreakerOpen)));
+    assert!(started.elapsed() < Duration::from_millis(50));
+
+    // After the cooldown, still paused: many concurrent callers, one probe.
+    tokio::time::sleep(COOLDOWN).await;
+    assert!(
+        paused_at.elapsed() + COMMAND_TIMEOUT < pause,
+        "test too slow for its pause"
+    );
+    let calls = (0..16).map(|_| {
+        let store = store.clone();
+        let k = k.clone();
+        tokio::spawn(async move { store.read(&k).await })
+    });
+    let results: Vec<_> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    let probes = results
+        .iter()
+        .filter(|r| matches!(r, Err(StoreError::Timeout)))
+        .count();
+    let skipped = results
+        .iter()
+        .filter(|r| matches!(r, Err(StoreError::BreakerOpen)))
+        .count();
+    assert_eq!((probes, skipped), (1, 15), "{results:?}");
+    assert_eq!(store_errors(&metrics, "read"), 2);
+
+    // After the pause and a cooldown, a probe succeeds and closes it.
+    eventually("breaker closes after the pause", || async {
+        store.read(&k).await.is_ok()
+    })
+    .await;
+    assert!(paused_at.elapsed() >= pause);
+    assert!(!store.breaker_is_open());
+    assert_eq!(metrics.breaker_open.get(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Redis Cluster: same protocol, keys of one object in one slot.
+// ---------------------------------------------------------------------------
+
+fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStore {
+    let cfg = RedisConfig {
+        target: RedisTarget::Cluster(cluster.urls()),
+        command_timeout,
+    };
+    RedisStore::connect(&cfg, Duration::from_secs(1)).expect("cluster store")
+}
+
+/// The whole suite on a 3-master cluster (MGET and the scripts only work if
+/// each object's keys share a slot), again after the script caches of all
+/// nodes are flushed, and a paused cluster answers within the command
+/// timeout (the cluster client has none unless configured).
+#[tokio::test]
+async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
+    let cluster = RedisCluster::start(3);
+    let store = cluster_store(&cluster, COMMAND_TIMEOUT);
+    assert_eq!(store.kind(), "redis-cluster");
+    whole_suite(&store).await;
+
+    cluster.cli_all(&["SCRIPT", "FLUSH"]);
+    cluster.cli_all(&["FLUSHALL"]);
+    whole_suite(&store).await;
+
+    for node in &cluster.nodes {
+        node.pause(1500);
+    }
+    let started = Instant::now();
+    let result = store.read(&keys("cluster-paused")).await;
+    let took = started.elapsed();
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        took < 2 * COMMAND_TIMEOUT,
+        "raw cluster call while paused took {took:?}"
+    );
+    eventually("cluster answers after the pause", || async {
+        store.read(&keys("cluster-paused")).await.is_ok()
+    })
+    .await;
+}

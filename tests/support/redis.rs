@@ -1,0 +1,271 @@
+//! Test harness: a private `redis-server` on a free loopback port in a
+//! temporary directory, which tests may pause, kill and restart. Never the
+//! shared instance on 6379 (SPEC §11): fault tests break their own server.
+//!
+//! Every method is synchronous so it works from plain and async tests alike;
+//! each blocks at most for a bounded readiness wait.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::io::ErrorKind;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The server binary; `SIDECACHE_TEST_REDIS_SERVER` overrides it.
+fn binary() -> String {
+    std::env::var("SIDECACHE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    /// Extra `redis-server` arguments (e.g. cluster mode), kept for restarts.
+    extra_args: Vec<String>,
+    /// `None` after `kill()`.
+    child: Mutex<Option<Child>>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    /// Panics with the reason (binary missing, server log) if it cannot.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` arguments.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let cluster = extra_args.contains(&"--cluster-enabled");
+        // A port found free can be taken by another process before the
+        // server binds it: try a few ports.
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
+            let server = RedisServer {
+                port,
+                dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+                child: Mutex::new(None),
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start redis-server: {last_error}");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/0`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Runs one raw command on a fresh connection, e.g. `cli(&["SCRIPT", "FLUSH"])`.
+    pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// `CLIENT PAUSE <ms> ALL`: every client's commands block for `ms`.
+    pub fn pause(&self, ms: u64) {
+        self.cli(&["CLIENT", "PAUSE", &ms.to_string(), "ALL"])
+            .expect("CLIENT PAUSE");
+    }
+
+    /// SIGKILL: no shutdown, connections are reset.
+    pub fn kill(&self) {
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if running, starts it again on the same port and
+    /// waits until it answers. Data is gone (no persistence).
+    pub fn restart(&self) {
+        self.kill();
+        // The port was just ours; redis-server binds with SO_REUSEADDR, but
+        // allow a short retry in case the old socket lingers.
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => panic!("redis-server restart: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn spawn_and_wait(&self) -> Result<(), String> {
+        let port = self.port.to_string();
+        let spawned = Command::new(binary())
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) if e.kind() == ErrorKind::NotFound => panic!(
+                "`{}` not found on PATH: install redis-server (e.g. apt-get install \
+                 redis-server) or set SIDECACHE_TEST_REDIS_SERVER; tests that need \
+                 Redis fail rather than skip",
+                binary()
+            ),
+            Err(e) => panic!("cannot spawn {}: {e}", binary()),
+        };
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            if let Some(status) = self.exited() {
+                self.kill();
+                return Err(format!(
+                    "redis-server on port {port} exited with {status}; log:\n{}",
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                ));
+            }
+            if matches!(self.cli(&["PING"]), Ok(redis::Value::SimpleString(ref s)) if s == "PONG") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(format!("redis-server on port {port} did not answer PING"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn exited(&self) -> Option<std::process::ExitStatus> {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free port whose cluster bus port (`port + 10000`) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..100 {
+        let port = free_port();
+        if port <= u16::MAX - 10_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair (port, port + 10000) on 127.0.0.1");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0 to find a free port")
+}
+
+/// A Redis Cluster of `n` masters (no replicas), each a [`RedisServer`] in
+/// cluster mode, created with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> RedisCluster {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        let nodes: Vec<RedisServer> = (0..n).map(|_| RedisServer::start_with(&args)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli to create the cluster: {e}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Every node must agree the cluster is up before clients route.
+        let deadline = Instant::now() + READY_WITHIN;
+        for node in &nodes {
+            loop {
+                let info = node.cli(&["CLUSTER", "INFO"]);
+                let ok = matches!(&info, Ok(redis::Value::BulkString(b))
+                    if String::from_utf8_lossy(b).contains("cluster_state:ok"));
+                if ok {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster not ok: {info:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// Runs one raw command on every node.
+    pub fn cli_all(&self, args: &[&str]) {
+        for node in &self.nodes {
+            node.cli(args).expect("command on a cluster node");
+        }
+    }
+}
