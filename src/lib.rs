@@ -8,6 +8,7 @@
 //! - [`pipeline`]: the read pipeline for cached routes, one file per stage.
 //! - [`store`]: the `Store` trait with the Redis and embedded backends, the
 //!   Lua scripts, and the circuit breaker that guards every store call.
+//! - [`invalidation`]: the event model and the sources that apply events.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
 //! - [`metrics`]: metric names and the Prometheus registry.
 //! - [`error`]: error kinds and the one mapping from errors to HTTP answers.
@@ -17,6 +18,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod error;
+pub mod invalidation;
 pub mod metrics;
 pub mod pipeline;
 pub mod proxy;

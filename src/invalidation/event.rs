@@ -1,0 +1,108 @@
+//! The invalidation event model shared by every source (admin endpoint,
+//! outbox rows, stream entries, write-through): `{route, params, kind,
+//! revision?}`, validated against the live route table. An event that names
+//! an unknown route or params that fail their patterns is poison: it is
+//! dead-lettered by its source, never retried.
+
+use crate::config::{Config, Route};
+use crate::pipeline::key;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    #[default]
+    Invalidate,
+    Create,
+    Delete,
+}
+
+impl EventKind {
+    pub fn parse(s: &str) -> Option<EventKind> {
+        match s {
+            "invalidate" | "" => Some(EventKind::Invalidate),
+            "create" => Some(EventKind::Create),
+            "delete" => Some(EventKind::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// An event as it arrives (JSON body, outbox row, stream fields).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    pub route: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub kind: EventKind,
+    #[serde(default)]
+    pub revision: Option<i64>,
+}
+
+/// An event checked against the route table: ready to apply.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub route: Arc<Route>,
+    /// Param values in template order.
+    pub params: Vec<String>,
+    pub kind: EventKind,
+    /// The object's generation key.
+    pub gen_key: String,
+}
+
+/// Why an event can never be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Poison {
+    #[error("unknown route {0:?}")]
+    UnknownRoute(String),
+    #[error("param {0:?} is missing")]
+    MissingParam(String),
+    #[error("param {0:?} fails its pattern")]
+    BadParam(String),
+    #[error("param {0:?} is not a param of the route")]
+    ExtraParam(String),
+    #[error("malformed event: {0}")]
+    Malformed(String),
+}
+
+impl Event {
+    pub fn from_json(bytes: &[u8]) -> Result<Event, Poison> {
+        serde_json::from_slice(bytes).map_err(|e| Poison::Malformed(e.to_string()))
+    }
+
+    pub fn validate(&self, cfg: &Config) -> Result<Validated, Poison> {
+        let route = cfg
+            .routes
+            .find(&self.route)
+            .ok_or_else(|| Poison::UnknownRoute(self.route.clone()))?;
+        if let Some(extra) = self
+            .params
+            .keys()
+            .find(|k| !route.params.iter().any(|p| &p.name == *k))
+        {
+            return Err(Poison::ExtraParam(extra.clone()));
+        }
+        let mut values = Vec::with_capacity(route.params.len());
+        for p in &route.params {
+            let v = self
+                .params
+                .get(&p.name)
+                .ok_or_else(|| Poison::MissingParam(p.name.clone()))?;
+            if !p.pattern.is_match(v) {
+                return Err(Poison::BadParam(p.name.clone()));
+            }
+            values.push(v.clone());
+        }
+        let identity = key::identity(&route.name, &values);
+        Ok(Validated {
+            gen_key: key::generation_key(&cfg.store.namespace, &identity),
+            route: route.clone(),
+            params: values,
+            kind: self.kind,
+        })
+    }
+}
