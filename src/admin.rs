@@ -149,7 +149,7 @@ fn route_json(r: &Route) -> serde_json::Value {
     let params: BTreeMap<&str, &str> = r
         .params
         .iter()
-        .map(|p| (p.name.as_str(), p.pattern.as_str()))
+        .map(|p| (p.name.as_str(), as_written(p.pattern.as_str())))
         .collect();
     json!({
         "name": r.name,
@@ -171,6 +171,14 @@ fn route_json(r: &Route) -> serde_json::Value {
         "wait": format!("{:?}", r.wait),
         "invalidate_on_write": r.invalidate_on_write,
     })
+}
+
+/// Patterns are stored anchored (`^(?:..)$`); show them as configured.
+fn as_written(anchored: &str) -> &str {
+    anchored
+        .strip_prefix("^(?:")
+        .and_then(|p| p.strip_suffix(")$"))
+        .unwrap_or(anchored)
 }
 
 /// An invalidation event as posted by an operator (SPEC §7).

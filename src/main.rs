@@ -89,7 +89,8 @@ fn init_tracing(format: FileLogFormat) {
         EnvFilter::try_from_env("SIDECACHE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         FileLogFormat::Json => builder.json().init(),
         FileLogFormat::Text => builder.init(),

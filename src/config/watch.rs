@@ -85,7 +85,11 @@ pub fn spawn(
             // Coalesce triggers that queued up while we were busy.
             while rx.try_recv().is_ok() {}
             let outcome = reload(&path, &current, &pipeline);
-            debug!(trigger, outcome = outcome.as_str(), "config reload");
+            if outcome == ReloadOutcome::Unchanged {
+                debug!(trigger, outcome = outcome.as_str(), "config reload");
+            } else {
+                info!(trigger, outcome = outcome.as_str(), "config reload");
+            }
             metrics
                 .config_reloads
                 .with_label_values(&[outcome.as_str()])
