@@ -30,7 +30,10 @@ pub struct App {
     pub proxy_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     ready: Arc<AtomicBool>,
-    stop: signal_watch::Sender<bool>,
+    /// Stops the client listener; the admin listener has its own signal so
+    /// probes and scrapes keep working (readyz 503) while requests drain.
+    stop_proxy: signal_watch::Sender<bool>,
+    stop_admin: signal_watch::Sender<bool>,
     proxy_task: tokio::task::JoinHandle<()>,
     admin_task: tokio::task::JoinHandle<()>,
 }
@@ -49,7 +52,8 @@ impl App {
         let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
         let config = Arc::new(ArcSwap::from_pointee(cfg));
         let ready = Arc::new(AtomicBool::new(false));
-        let (stop, stopped) = signal_watch::channel(false);
+        let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
+        let (stop_admin, admin_stopped) = signal_watch::channel(false);
 
         watch::spawn(
             config_path,
@@ -83,17 +87,23 @@ impl App {
         let proxy_task = tokio::spawn(server::run(
             proxy_listener,
             proxy_state,
-            stopped.clone(),
+            proxy_stopped,
             DRAIN,
         ));
-        let admin_task = tokio::spawn(admin::run(admin_listener, admin_state, stopped, DRAIN));
+        let admin_task = tokio::spawn(admin::run(
+            admin_listener,
+            admin_state,
+            admin_stopped,
+            Duration::from_secs(1),
+        ));
         ready.store(true, Ordering::Release);
         info!(listen = %proxy_addr, admin = %admin_addr, "sidecache ready");
         Ok(App {
             proxy_addr,
             admin_addr,
             ready,
-            stop,
+            stop_proxy,
+            stop_admin,
             proxy_task,
             admin_task,
         })
@@ -105,10 +115,11 @@ impl App {
         shutdown.await;
         info!("shutting down: draining in-flight requests");
         self.ready.store(false, Ordering::Release);
-        let _ = self.stop.send(true);
+        let _ = self.stop_proxy.send(true);
         if let Err(e) = self.proxy_task.await {
             warn!(error = %e, "proxy listener task failed");
         }
+        let _ = self.stop_admin.send(true);
         if let Err(e) = self.admin_task.await {
             warn!(error = %e, "admin listener task failed");
         }

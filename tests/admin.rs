@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::time::Duration;
 use support::client::{self, request};
 use support::{Origin, Sidecache, SidecacheBuilder};
 
@@ -20,7 +21,10 @@ async fn health_ready_metrics_routes() {
     client::get(&sc.url("/echo/x")).await;
     let metrics = client::get(&sc.admin_url("/metrics")).await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(metrics
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
     let text = metrics.text();
     for name in [
         "sidecache_requests_total",
@@ -28,9 +32,15 @@ async fn health_ready_metrics_routes() {
         "sidecache_upstream_duration_seconds",
         "sidecache_breaker_open",
     ] {
-        assert!(text.contains(name), "/metrics should contain {name}:\n{text}");
+        assert!(
+            text.contains(name),
+            "/metrics should contain {name}:\n{text}"
+        );
     }
-    assert!(text.contains(r#"sidecache_requests_total{result="forward",route="-"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"sidecache_requests_total{result="forward",route="-"} 1"#),
+        "{text}"
+    );
 
     let routes = client::get(&sc.admin_url("/admin/routes")).await;
     assert_eq!(routes.status, 200);
@@ -43,20 +53,46 @@ async fn health_ready_metrics_routes() {
     assert_eq!(app["ttl"], "60s");
 
     assert_eq!(client::get(&sc.admin_url("/nope")).await.status, 404);
-    assert_eq!(client::post(&sc.admin_url("/healthz"), "").await.status, 405);
+    assert_eq!(
+        client::post(&sc.admin_url("/healthz"), "").await.status,
+        405
+    );
 }
 
 #[tokio::test]
 async fn token_guards_admin_endpoints_only() {
     let origin = Origin::start().await;
-    let sc = SidecacheBuilder::new(origin.url()).token("s3cret").start().await;
+    let sc = SidecacheBuilder::new(origin.url())
+        .token("s3cret")
+        .start()
+        .await;
 
     let routes = sc.admin_url("/admin/routes");
     assert_eq!(client::get(&routes).await.status, 401);
-    assert_eq!(request("GET", &routes, &[("authorization", "Bearer wrong")], "").await.status, 401);
-    assert_eq!(request("GET", &routes, &[("authorization", "Bearer s3cre")], "").await.status, 401);
-    assert_eq!(request("GET", &routes, &[("authorization", "s3cret")], "").await.status, 401);
-    assert_eq!(request("GET", &routes, &[("authorization", "Bearer s3cret")], "").await.status, 200);
+    assert_eq!(
+        request("GET", &routes, &[("authorization", "Bearer wrong")], "")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        request("GET", &routes, &[("authorization", "Bearer s3cre")], "")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        request("GET", &routes, &[("authorization", "s3cret")], "")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        request("GET", &routes, &[("authorization", "Bearer s3cret")], "")
+            .await
+            .status,
+        200
+    );
     let inv = sc.admin_url("/admin/invalidate");
     assert_eq!(client::post(&inv, r#"{"route":"app"}"#).await.status, 401);
 
@@ -75,18 +111,34 @@ async fn invalidate_rejects_bad_input_with_400() {
     let cases = [
         ("not json", "bad event JSON"),
         (r#"{"route": 5}"#, "bad event JSON"),
-        (r#"{"route":"app","params":{"tenant":"t","id":"1"},"bogus":1}"#, "bad event JSON"),
-        (r#"{"route":"app","params":{"tenant":"t","id":"1"},"kind":"explode"}"#, "bad event JSON"),
+        (
+            r#"{"route":"app","params":{"tenant":"t","id":"1"},"bogus":1}"#,
+            "bad event JSON",
+        ),
+        (
+            r#"{"route":"app","params":{"tenant":"t","id":"1"},"kind":"explode"}"#,
+            "bad event JSON",
+        ),
         (r#"{"route":"nope","params":{}}"#, "unknown route"),
         (r#"{"route":"app","params":{"tenant":"t"}}"#, "missing"),
-        (r#"{"route":"app","params":{"tenant":"t","id":"0"}}"#, "pattern"),
-        (r#"{"route":"app","params":{"tenant":"t","id":"1","x":"y"}}"#, "no param"),
+        (
+            r#"{"route":"app","params":{"tenant":"t","id":"0"}}"#,
+            "pattern",
+        ),
+        (
+            r#"{"route":"app","params":{"tenant":"t","id":"1","x":"y"}}"#,
+            "no param",
+        ),
     ];
     for (body, why) in cases {
         let resp = client::post(&inv, body).await;
         assert_eq!(resp.status, 400, "{body} -> {}", resp.text());
         assert_eq!(resp.json()["ok"], false);
-        assert!(resp.json()["error"].as_str().unwrap().contains(why), "{body} -> {}", resp.text());
+        assert!(
+            resp.json()["error"].as_str().unwrap().contains(why),
+            "{body} -> {}",
+            resp.text()
+        );
     }
 
     let big = format!(r#"{{"route":"app","pad":"{}"}}"#, "x".repeat(100 * 1024));
@@ -95,4 +147,35 @@ async fn invalidate_rejects_bad_input_with_400() {
     // The process survived all of it.
     assert_eq!(client::get(&sc.admin_url("/healthz")).await.status, 200);
     assert_eq!(origin.total(), 0, "admin input never reaches the upstream");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests() {
+    let origin = Origin::start().await;
+    let mut sc = Sidecache::start(&origin.url()).await;
+    let gate = origin.hold("/slow");
+    let url = sc.url("/slow");
+    let pending = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+
+    sc.signal("TERM");
+    let addr = sc.addr();
+    support::eventually(
+        "the client listener stops accepting",
+        Duration::from_secs(5),
+        || async move { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
+    .await;
+    assert_eq!(
+        client::get(&sc.admin_url("/readyz")).await.status,
+        503,
+        "not ready while draining"
+    );
+
+    gate.release();
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status, 200, "the in-flight request finished");
+    assert_eq!(resp.text(), "/slow v1");
+    let status = sc.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.success(), "clean exit after draining: {status}");
 }

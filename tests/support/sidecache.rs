@@ -115,8 +115,14 @@ impl SidecacheBuilder {
 
     /// The config text for the current addresses.
     pub fn render(&self) -> String {
-        let listen = self.listen.map(|a| a.to_string()).unwrap_or_else(|| "127.0.0.1:0".into());
-        let admin = self.admin.map(|a| a.to_string()).unwrap_or_else(|| "127.0.0.1:0".into());
+        let listen = self
+            .listen
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
+        let admin = self
+            .admin
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
         let text = match &self.template {
             Some(t) => t.clone(),
             None => {
@@ -128,7 +134,12 @@ impl SidecacheBuilder {
                     "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
                      upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: {}\n  timeout: {}\n\
                      {}\n{}\n{}\n{}\n",
-                    self.connect_timeout, self.upstream_timeout, self.store, self.fill, self.routes, self.extra
+                    self.connect_timeout,
+                    self.upstream_timeout,
+                    self.store,
+                    self.fill,
+                    self.routes,
+                    self.extra
                 )
             }
         };
@@ -167,7 +178,11 @@ pub fn free_addr() -> SocketAddr {
 
 pub fn binary() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_BIN_EXE_sidecache"));
-    assert!(path.exists(), "sidecache binary missing at {} (cargo build?)", path.display());
+    assert!(
+        path.exists(),
+        "sidecache binary missing at {} (cargo build?)",
+        path.display()
+    );
     path
 }
 
@@ -209,20 +224,37 @@ impl Sidecache {
         for (k, v) in &b.env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", binary().display()))?;
-        let mut sc = Sidecache { child, dir, builder: b, listen, admin, stderr };
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", binary().display()))?;
+        let mut sc = Sidecache {
+            child,
+            dir,
+            builder: b,
+            listen,
+            admin,
+            stderr,
+        };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(status)) = sc.child.try_wait() {
-                return Err(format!("exited with {status} before ready; stderr:\n{}", sc.stderr_tail(40)));
+                return Err(format!(
+                    "exited with {status} before ready; stderr:\n{}",
+                    sc.stderr_tail(40)
+                ));
             }
-            if let Ok(resp) = client::try_get(&sc.admin_url("/readyz"), Duration::from_secs(2)).await {
+            if let Ok(resp) =
+                client::try_get(&sc.admin_url("/readyz"), Duration::from_secs(2)).await
+            {
                 if resp.status == 200 {
                     return Ok(sc);
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!("not ready within {START_TIMEOUT:?}; stderr:\n{}", sc.stderr_tail(40)));
+                return Err(format!(
+                    "not ready within {START_TIMEOUT:?}; stderr:\n{}",
+                    sc.stderr_tail(40)
+                ));
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -285,7 +317,10 @@ impl Sidecache {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "sidecache still running after {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "sidecache still running after {within:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -297,7 +332,8 @@ impl Sidecache {
         self.proc_status_kib("VmRSS:")
     }
     fn proc_status_kib(&self, field: &str) -> u64 {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read /proc/PID/status");
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
         status
             .lines()
             .find_map(|l| l.strip_prefix(field))
@@ -325,7 +361,10 @@ impl Sidecache {
         let text = self.metrics().await;
         text.lines()
             .filter(|l| !l.starts_with('#'))
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
             .and_then(|v| v.trim().parse().ok())
     }
 }
