@@ -98,9 +98,8 @@ impl<IO> FramingGuard<IO> {
                         let start = buf.len().saturating_sub(3);
                         let take = bytes.len().min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD));
                         buf.extend_from_slice(&bytes[..take]);
-                        match find(&buf[start..], b"\r\n\r\n") {
-                            Some(at) => {
-                                let end = start + at + 4;
+                        match head_end(buf, start) {
+                            Some(end) => {
                                 let extra = buf.len() - end;
                                 let head = std::mem::take(buf);
                                 self.phase = self.after_head(&head[..end]);
@@ -176,7 +175,7 @@ impl<IO> FramingGuard<IO> {
         let Ok(text) = std::str::from_utf8(head) else {
             return Phase::Off;
         };
-        let mut lines = text.split("\r\n");
+        let mut lines = text.lines();
         let request_line = lines.next().unwrap_or_default();
         if request_line.ends_with("HTTP/2.0") || request_line.starts_with("CONNECT ") {
             return Phase::Off;
@@ -216,8 +215,14 @@ impl<IO> FramingGuard<IO> {
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// End (exclusive) of the first empty line at or after `from`: a head ends
+/// with `\n\r\n` or, as hyper also accepts, a bare `\n\n`.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    (from..buf.len()).find_map(|i| match &buf[i..] {
+        [b'\n', b'\n', ..] => Some(i + 2),
+        [b'\n', b'\r', b'\n', ..] => Some(i + 3),
+        _ => None,
+    })
 }
 
 /// Parses a chunk-size line (`1a;ext=1\r`) into the next phase.
@@ -247,8 +252,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
         let res = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = res {
             if !matches!(this.phase, Phase::Off) {
-                let fresh = buf.filled()[before..].to_vec();
-                this.feed(&fresh);
+                this.feed(&buf.filled()[before..]);
             }
         }
         res
@@ -314,6 +318,16 @@ mod tests {
         let (state, heads) = run(&[head.as_bytes(), body, b"GET / HTTP/1.1\r\n\r\n"]);
         assert_eq!(heads, 2);
         assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), NONE);
+    }
+
+    #[test]
+    fn bare_lf_heads() {
+        let (state, heads) = run(&[
+            b"GET /a HTTP/1.1\nHost: x\n\n",
+            b"POST /b HTTP/1.1\nContent-Length: 1\nTransfer-Encoding: chunked\n\n0\r\n\r\n",
+        ]);
+        assert_eq!(heads, 2);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 1);
     }
 
     #[test]
