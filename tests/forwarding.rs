@@ -399,3 +399,16 @@ async fn large_bodies_stream_with_flat_memory() {
         "peak RSS {peak} KiB >= 64 MiB: bodies are being buffered"
     );
 }
+
+#[tokio::test]
+async fn connect_is_refused() {
+    let origin = Origin::start().await;
+    let sc = Sidecache::start(&origin.url()).await;
+    let answer = client::raw(
+        sc.addr(),
+        b"CONNECT internal.example:22 HTTP/1.1\r\nHost: internal.example:22\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
+    assert_eq!(origin.total(), 0);
+}

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -152,6 +152,14 @@ async fn handle(
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        return resp;
+    }
+
+    // A reverse proxy for one service is not a forward proxy: no tunnels
+    // to arbitrary hosts.
+    if req.method() == Method::CONNECT {
+        let mut resp = ProxyError::BadRequest("CONNECT is not supported".to_owned()).to_response();
+        *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
         return resp;
     }
 

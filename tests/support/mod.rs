@@ -33,7 +33,8 @@
 //!   `.addrs(listen, admin)`, then `.start().await`. Ports are picked free on
 //!   loopback (retried if taken); readiness is `/readyz` == 200.
 //! - `url(path)`, `admin_url(path)`, `addr()`, `admin_addr()`,
-//!   `config_path()`, `builder()` (same addresses; `.render()` gives YAML),
+//!   `config_path()`, `config_dir()` (watched; holds only the config),
+//!   `builder()` (same addresses; `.render()` gives YAML),
 //!   `rewrite_config(yaml)` (temp file + rename), `sighup()`,
 //!   `signal("TERM")`, `kill()`, `wait_exit(d)`, `pid()`, `peak_rss_kib()`,
 //!   `rss_kib()`, `stderr_text()`, `metrics().await`,

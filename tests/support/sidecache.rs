@@ -4,7 +4,7 @@
 use super::client;
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,7 +210,10 @@ impl Sidecache {
     async fn spawn(b: SidecacheBuilder) -> Result<Sidecache, String> {
         let (listen, admin) = (b.listen.expect("listen set"), b.admin.expect("admin set"));
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("sidecache.yaml");
+        // The config gets a directory of its own: sidecache watches it, and
+        // a log file written there would trigger a reload per log line.
+        fs::create_dir(dir.path().join("config")).expect("mkdir config");
+        let config = dir.path().join("config/sidecache.yaml");
         fs::write(&config, b.render()).expect("write config");
         let stderr = dir.path().join("stderr.log");
         let mut cmd = Command::new(binary());
@@ -274,10 +277,11 @@ impl Sidecache {
         self.admin
     }
     pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("sidecache.yaml")
+        self.dir.path().join("config/sidecache.yaml")
     }
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
+    /// The watched directory holding the config file.
+    pub fn config_dir(&self) -> PathBuf {
+        self.dir.path().join("config")
     }
     /// The builder this instance runs with (addresses fixed), to render a
     /// changed config: `sc.builder().routes(..).render()`.
@@ -287,7 +291,7 @@ impl Sidecache {
     /// Replaces the config file the way editors do: write a temp file in
     /// the same directory, then rename it over the config.
     pub fn rewrite_config(&self, yaml: &str) {
-        let tmp = self.dir.path().join(".sidecache.yaml.tmp");
+        let tmp = self.config_dir().join(".sidecache.yaml.tmp");
         fs::write(&tmp, yaml).expect("write temp config");
         fs::rename(&tmp, self.config_path()).expect("rename config");
     }
