@@ -1,1 +1,306 @@
-//! PLACEHOLDER (helper A replaces): admin listener.
+//! The admin listener, separate from client traffic: liveness (`/healthz`),
+//! readiness (`/readyz`: config loaded and client listener bound; never
+//! depends on Redis), Prometheus text (`/metrics`), and the operator API
+//! under `/admin/*` (route table, invalidation), guarded by an optional
+//! bearer token. Bad input is answered with 4xx, never a panic.
+
+use crate::config::{Config, QueryMode, Route};
+use crate::metrics::Metrics;
+use crate::pipeline::{InvalidateError, Pipeline};
+use crate::proxy::body::{full, Body};
+use crate::proxy::server::{accept_until, builder};
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+/// Admin request bodies are small JSON documents.
+const MAX_BODY: usize = 64 * 1024;
+
+pub struct AdminState {
+    pub config: Arc<ArcSwap<Config>>,
+    pub pipeline: Arc<Pipeline>,
+    pub metrics: Metrics,
+    /// Set once the client listener is bound; cleared when draining.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// Serves the admin listener until `shutdown`.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let builder = builder();
+    accept_until(
+        "admin",
+        listener,
+        shutdown,
+        drain,
+        move |stream, peer, graceful| {
+            let state = state.clone();
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let conn = graceful.watch(conn.into_owned());
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    debug!(%peer, error = %e, "admin connection ended with an error");
+                }
+            });
+        },
+    )
+    .await;
+}
+
+async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    let method = req.method().clone();
+    match path {
+        "/healthz" => only_get(&method).unwrap_or_else(|| text(StatusCode::OK, "ok\n")),
+        "/readyz" => only_get(&method).unwrap_or_else(|| {
+            if state.ready.load(Ordering::Acquire) {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+            }
+        }),
+        "/metrics" => only_get(&method).unwrap_or_else(|| {
+            let mut resp = Response::new(full(state.metrics.render()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }),
+        p if p == "/admin" || p.starts_with("/admin/") => {
+            let cfg = state.config.load_full();
+            if !authorized(&cfg, req.headers()) {
+                let mut resp = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return resp;
+            }
+            match (p, &method) {
+                ("/admin/routes", &Method::GET) => routes(&cfg),
+                ("/admin/invalidate", &Method::POST) => invalidate(state, &cfg, req).await,
+                ("/admin/routes", _) | ("/admin/invalidate", _) => {
+                    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+                }
+                _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+fn only_get(method: &Method) -> Option<Response<Body>> {
+    (method != Method::GET && method != Method::HEAD)
+        .then(|| text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"))
+}
+
+/// With a token configured, `/admin/*` needs `Authorization: Bearer <token>`.
+/// Both sides are hashed first so the comparison takes the same time for
+/// every guess, whatever its length or its first wrong byte.
+fn authorized(cfg: &Config, headers: &http::HeaderMap) -> bool {
+    let Some(token) = cfg.admin.token.as_deref().filter(|t| !t.is_empty()) else {
+        return true;
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    use sha2::{Digest, Sha256};
+    let (a, b) = (
+        Sha256::digest(presented.as_bytes()),
+        Sha256::digest(token.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// `GET /admin/routes`: the active route table as JSON.
+fn routes(cfg: &Config) -> Response<Body> {
+    let list: Vec<_> = cfg.routes.routes.iter().map(|r| route_json(r)).collect();
+    json_response(StatusCode::OK, &serde_json::Value::Array(list))
+}
+
+fn route_json(r: &Route) -> serde_json::Value {
+    let params: BTreeMap<&str, &str> = r
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), as_written(p.pattern.as_str())))
+        .collect();
+    json!({
+        "name": r.name,
+        "path": r.template,
+        "methods": r.methods.iter().map(Method::as_str).collect::<Vec<_>>(),
+        "params": params,
+        "query": match &r.query {
+            QueryMode::Include => json!("include"),
+            QueryMode::Ignore => json!("ignore"),
+            QueryMode::Allow(names) => json!(names),
+        },
+        "vary": r.vary.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
+        "ttl": format!("{:?}", r.ttl),
+        "jitter": format!("{:?}", r.jitter),
+        "negative_ttl": format!("{:?}", r.negative_ttl),
+        "cache_status": r.cache_status,
+        "negative_status": r.negative_status,
+        "lease": format!("{:?}", r.lease),
+        "wait": format!("{:?}", r.wait),
+        "invalidate_on_write": r.invalidate_on_write,
+    })
+}
+
+/// Patterns are stored anchored (`^(?:..)$`); show them as configured.
+fn as_written(anchored: &str) -> &str {
+    anchored
+        .strip_prefix("^(?:")
+        .and_then(|p| p.strip_suffix(")$"))
+        .unwrap_or(anchored)
+}
+
+/// An invalidation event as posted by an operator (SPEC §7).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventBody {
+    route: String,
+    #[serde(default)]
+    params: BTreeMap<String, ParamValue>,
+    #[serde(default)]
+    kind: EventKind,
+    #[serde(default)]
+    revision: Option<i64>,
+}
+
+/// Param values may be JSON strings or integers (`"id": 42`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ParamValue {
+    Text(String),
+    Int(i64),
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum EventKind {
+    #[default]
+    Invalidate,
+    Create,
+    Delete,
+}
+
+/// `POST /admin/invalidate`: replace one object's generation.
+async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) -> Response<Body> {
+    let body: Bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error(StatusCode::PAYLOAD_TOO_LARGE, "body over 64 KiB");
+        }
+        Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the body"),
+    };
+    let event: EventBody = match serde_json::from_slice(&body) {
+        Ok(ev) => ev,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad event JSON: {e}")),
+    };
+    let params: BTreeMap<String, String> = event
+        .params
+        .into_iter()
+        .map(|(k, v)| match v {
+            ParamValue::Text(s) => (k, s),
+            ParamValue::Int(n) => (k, n.to_string()),
+        })
+        .collect();
+    // Check the event against the route here too, so the operator gets the
+    // precise reason (which param, unknown or missing).
+    let Some(route) = cfg.routes.find(&event.route) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown route {:?}", event.route),
+        );
+    };
+    if let Some(extra) = params
+        .keys()
+        .find(|k| !route.params.iter().any(|p| &p.name == *k))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("route {:?} has no param {extra:?}", route.name),
+        );
+    }
+    for p in &route.params {
+        match params.get(&p.name) {
+            Some(v) if p.pattern.is_match(v) => {}
+            Some(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("param {:?} does not match its pattern", p.name),
+                )
+            }
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("param {:?} is missing", p.name),
+                )
+            }
+        }
+    }
+    match state.pipeline.invalidate(cfg, &event.route, &params).await {
+        Ok(()) => {
+            info!(route = %event.route, kind = ?event.kind, revision = ?event.revision, "invalidated via admin");
+            json_response(StatusCode::OK, &json!({"ok": true}))
+        }
+        Err(e @ (InvalidateError::UnknownRoute(_) | InvalidateError::BadParam(_))) => {
+            error(StatusCode::BAD_REQUEST, &e.to_string())
+        }
+        Err(InvalidateError::Store(e)) => {
+            warn!(route = %event.route, error = %e, "admin invalidation failed: store unavailable");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+        }
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut resp = Response::new(full(value.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error(status: StatusCode, reason: &str) -> Response<Body> {
+    json_response(status, &json!({"ok": false, "error": reason}))
+}

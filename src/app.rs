@@ -1,1 +1,149 @@
-//! PLACEHOLDER (helper A replaces): wiring.
+//! Wiring: builds metrics, the store, the upstream client and the read
+//! pipeline from a validated config, binds both listeners, starts the reload
+//! watcher, owns the readiness flag, and runs until a shutdown signal, then
+//! drains in-flight requests within a bounded time.
+
+use crate::admin::{self, AdminState};
+use crate::config::{watch, Config};
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::proxy::client::UpstreamClient;
+use crate::proxy::server::{self, ProxyState};
+use crate::store;
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch as signal_watch;
+use tracing::{info, warn};
+
+/// How long in-flight requests get to finish after a shutdown signal.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// A started sidecache: listeners bound, background tasks running.
+pub struct App {
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    ready: Arc<AtomicBool>,
+    /// Stops the client listener; the admin listener has its own signal so
+    /// probes and scrapes keep working (readyz 503) while requests drain.
+    stop_proxy: signal_watch::Sender<bool>,
+    stop_admin: signal_watch::Sender<bool>,
+    proxy_task: tokio::task::JoinHandle<()>,
+    admin_task: tokio::task::JoinHandle<()>,
+}
+
+impl App {
+    /// Builds everything and binds both listeners. `config_path` is watched
+    /// for reloads. Fails only for what an operator must fix (a port in use,
+    /// an unwatchable directory); Redis being down is not one of them.
+    pub async fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<App> {
+        let metrics = Metrics::new();
+        let store = store::open(&cfg.store, &metrics)
+            .await
+            .context("cannot open the cache store")?;
+        let client = UpstreamClient::new(&cfg.upstream);
+        let pipeline = Arc::new(Pipeline::new(store, client.clone(), metrics.clone(), &cfg));
+        let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
+        let config = Arc::new(ArcSwap::from_pointee(cfg));
+        let ready = Arc::new(AtomicBool::new(false));
+        let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
+        let (stop_admin, admin_stopped) = signal_watch::channel(false);
+
+        watch::spawn(
+            config_path,
+            config.clone(),
+            pipeline.clone(),
+            metrics.clone(),
+        )
+        .context("cannot watch the config file")?;
+
+        let admin_listener = TcpListener::bind(admin_listen)
+            .await
+            .with_context(|| format!("cannot bind admin.listen {admin_listen}"))?;
+        let proxy_listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot bind listen {listen}"))?;
+        let proxy_addr = proxy_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+
+        let admin_state = Arc::new(AdminState {
+            config: config.clone(),
+            pipeline: pipeline.clone(),
+            metrics: metrics.clone(),
+            ready: ready.clone(),
+        });
+        let proxy_state = Arc::new(ProxyState {
+            config,
+            pipeline,
+            client,
+            metrics,
+        });
+        let proxy_task = tokio::spawn(server::run(
+            proxy_listener,
+            proxy_state,
+            proxy_stopped,
+            DRAIN,
+        ));
+        let admin_task = tokio::spawn(admin::run(
+            admin_listener,
+            admin_state,
+            admin_stopped,
+            Duration::from_secs(1),
+        ));
+        ready.store(true, Ordering::Release);
+        info!(listen = %proxy_addr, admin = %admin_addr, "sidecache ready");
+        Ok(App {
+            proxy_addr,
+            admin_addr,
+            ready,
+            stop_proxy,
+            stop_admin,
+            proxy_task,
+            admin_task,
+        })
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, reports not
+    /// ready, and waits (bounded) for in-flight requests.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        shutdown.await;
+        info!("shutting down: draining in-flight requests");
+        self.ready.store(false, Ordering::Release);
+        let _ = self.stop_proxy.send(true);
+        if let Err(e) = self.proxy_task.await {
+            warn!(error = %e, "proxy listener task failed");
+        }
+        let _ = self.stop_admin.send(true);
+        if let Err(e) = self.admin_task.await {
+            warn!(error = %e, "admin listener task failed");
+        }
+        info!("stopped");
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            // Without signal handlers only Ctrl-C via tokio remains.
+            warn!("cannot install SIGTERM/SIGINT handlers; falling back to ctrl_c");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+}

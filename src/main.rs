@@ -1,1 +1,145 @@
-fn main() {}
+//! The `sidecache` binary: command line, tracing, and running the app until
+//! a shutdown signal. Everything else lives in the library.
+
+use clap::{Parser, Subcommand};
+use sidecache::config::file::FileLogFormat;
+use sidecache::config::{Config, QueryMode};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit code for an invalid config (and for usage errors, as clap does).
+const EXIT_CONFIG: u8 = 2;
+
+#[derive(Parser)]
+#[command(
+    name = "sidecache",
+    version,
+    about = "A transparent caching sidecar reverse proxy"
+)]
+struct Cli {
+    /// Path of the YAML config.
+    #[arg(long, global = true, env = "SIDECACHE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve (the default).
+    Run,
+    /// Validate the config, print the route table, exit 0; invalid: exit 2.
+    Check,
+    // `outbox-ddl [--table NAME]` (SPEC §2) is added with the outbox worker.
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Run);
+    let Some(path) = cli.config else {
+        eprintln!("sidecache: --config PATH (or SIDECACHE_CONFIG) is required");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let cfg = match Config::load(&path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("sidecache: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match command {
+        Command::Check => {
+            print_routes(&path, &cfg);
+            ExitCode::SUCCESS
+        }
+        Command::Run => run(path, cfg),
+    }
+}
+
+fn run(path: PathBuf, cfg: Config) -> ExitCode {
+    init_tracing(cfg.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match sidecache::app::App::start(path, cfg).await {
+            Ok(app) => {
+                app.run_until(sidecache::app::shutdown_signal()).await;
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "cannot start");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Logs to stderr; level from `SIDECACHE_LOG` (default `info`).
+fn init_tracing(format: FileLogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("SIDECACHE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        FileLogFormat::Json => builder.json().init(),
+        FileLogFormat::Text => builder.init(),
+    }
+}
+
+fn print_routes(path: &Path, cfg: &Config) {
+    println!(
+        "{}: OK, listen {}, admin {}, upstream {}://{}, store {}",
+        path.display(),
+        cfg.listen,
+        cfg.admin.listen,
+        cfg.upstream.scheme,
+        cfg.upstream.authority,
+        if cfg.store.redis.is_some() {
+            "redis"
+        } else {
+            "embedded"
+        },
+    );
+    println!(
+        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} VARY",
+        "NAME", "METHODS", "PATH", "TTL", "JITTER", "NEG_TTL", "LEASE", "WAIT", "QUERY"
+    );
+    for r in &cfg.routes.routes {
+        let methods: Vec<&str> = r.methods.iter().map(|m| m.as_str()).collect();
+        let query = match &r.query {
+            QueryMode::Include => "include".to_owned(),
+            QueryMode::Ignore => "ignore".to_owned(),
+            QueryMode::Allow(names) => format!("[{}]", names.join(",")),
+        };
+        let vary: Vec<&str> = r.vary.iter().map(|h| h.as_str()).collect();
+        println!(
+            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {}",
+            r.name,
+            methods.join(","),
+            r.template,
+            format!("{:?}", r.ttl),
+            format!("{:?}", r.jitter),
+            format!("{:?}", r.negative_ttl),
+            format!("{:?}", r.lease),
+            format!("{:?}", r.wait),
+            query,
+            if vary.is_empty() {
+                "-".to_owned()
+            } else {
+                vary.join(",")
+            },
+        );
+    }
+    println!("{} route(s)", cfg.routes.routes.len());
+}

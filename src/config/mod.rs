@@ -12,6 +12,7 @@ pub mod interpolate;
 pub mod route;
 pub mod units;
 pub mod validate;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::Path;

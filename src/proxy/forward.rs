@@ -1,21 +1,149 @@
-//! PLACEHOLDER (helper A replaces): streaming pass-through of one request.
+//! Streaming pass-through of one request to the upstream: everything that is
+//! not a cache read. Bodies stream both ways (never buffered), hop-by-hop
+//! headers are dropped, `Host` is kept, `X-Forwarded-*` added, trailers pass
+//! where HTTP/1.1 chunked allows, and `Upgrade` (WebSocket) is tunnelled.
 
-use super::body::Body;
+use super::body::{boxed, Body};
 use super::client::UpstreamClient;
-use crate::metrics::Metrics;
-use http::{Request, Response};
+use super::headers::{append_forwarded, strip_hop_by_hop, tokens};
+use crate::error::ProxyError;
+use crate::metrics::{status_class, Metrics};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// Route label for everything forwarded outside a cache route.
+const ROUTE: &str = "-";
 
 /// Forwards `req` untouched (minus hop-by-hop, plus X-Forwarded-*) and
 /// streams the answer back. Upgrades are tunnelled. 502/504 on failure.
 pub async fn forward(
-    _client: &UpstreamClient,
-    _req: Request<Incoming>,
-    _peer: SocketAddr,
-    _timeout: Duration,
-    _metrics: &Metrics,
+    client: &UpstreamClient,
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+    timeout: Duration,
+    metrics: &Metrics,
 ) -> Response<Body> {
-    todo!()
+    // Only HTTP/1.1 can upgrade; an h2 request naming Upgrade is malformed
+    // and hyper's h2 server does not let it through.
+    let upgrade = (req.version() == Version::HTTP_11)
+        .then(|| requested_upgrade(req.headers()))
+        .flatten();
+    let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+    let (mut parts, body) = req.into_parts();
+    let wants_trailers =
+        tokens(&parts.headers, &header::TE).any(|t| t.eq_ignore_ascii_case("trailers"));
+    // HTTP/2 clients send the host as `:authority`; the upstream speaks
+    // HTTP/1.1 and must see it as `Host` (hyper would otherwise put the
+    // upstream's own address there).
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    append_forwarded(&mut parts.headers, peer, "http");
+    if wants_trailers {
+        // An HTTP/1.1 upstream only sends trailers to a client that says it
+        // accepts them.
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(proto) = &upgrade {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, proto.clone());
+    }
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    parts.uri = match client.uri_for(path_and_query) {
+        Ok(uri) => uri,
+        Err(e) => return upstream_failed(metrics, e),
+    };
+    parts.version = Version::HTTP_11;
+    let upstream_req = Request::from_parts(parts, boxed(body));
+
+    let started = Instant::now();
+    let result = client.send(upstream_req, timeout).await;
+    metrics
+        .upstream_duration
+        .with_label_values(&[ROUTE])
+        .observe(started.elapsed().as_secs_f64());
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(e) => return upstream_failed(metrics, e),
+    };
+    metrics
+        .upstream_requests
+        .with_label_values(&[ROUTE, status_class(resp.status().as_u16())])
+        .inc();
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_side) = client_side {
+            let upstream_side = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                let (down, up) = match tokio::try_join!(client_side, upstream_side) {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        debug!(error = %e, "upgrade failed");
+                        return;
+                    }
+                };
+                let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                match tokio::io::copy_bidirectional(&mut down, &mut up).await {
+                    Ok((from_client, from_upstream)) => {
+                        debug!(from_client, from_upstream, "tunnel closed")
+                    }
+                    Err(e) => debug!(error = %e, "tunnel ended with an error"),
+                }
+            });
+            let (mut parts, body) = resp.into_parts();
+            let proto = parts.headers.get(header::UPGRADE).cloned();
+            strip_hop_by_hop(&mut parts.headers);
+            if let Some(proto) = proto {
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                parts.headers.insert(header::UPGRADE, proto);
+            }
+            return Response::from_parts(parts, boxed(body));
+        }
+        // 101 to a request that did not ask for it: nothing can be tunnelled.
+        warn!("upstream switched protocols without an upgrade request");
+        return ProxyError::Upstream(crate::error::UpstreamError::Other(
+            "unexpected 101".to_owned(),
+        ))
+        .to_response();
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, boxed(body))
+}
+
+/// The protocol a request asks to switch to: `Upgrade` present and named in
+/// `Connection`, as RFC 9110 §7.8 requires.
+fn requested_upgrade(h: &http::HeaderMap) -> Option<HeaderValue> {
+    let asked = tokens(h, &header::CONNECTION).any(|t| t.eq_ignore_ascii_case("upgrade"));
+    asked.then(|| h.get(header::UPGRADE).cloned()).flatten()
+}
+
+fn upstream_failed(metrics: &Metrics, e: crate::error::UpstreamError) -> Response<Body> {
+    debug!(error = %e, kind = e.kind(), "forward failed");
+    metrics.upstream_errors.with_label_values(&[e.kind()]).inc();
+    metrics
+        .upstream_requests
+        .with_label_values(&[ROUTE, "error"])
+        .inc();
+    ProxyError::Upstream(e).to_response()
 }

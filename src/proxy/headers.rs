@@ -1,19 +1,156 @@
-//! PLACEHOLDER (helper A replaces): hop-by-hop headers, X-Forwarded-*, framing checks.
+//! Header rules shared by forwarding and cache fills: hop-by-hop removal
+//! (RFC 9110 §7.6.1), `X-Forwarded-*`, and the framing check that refuses
+//! requests whose body length is ambiguous (RFC 9112 §6.3).
 
-use http::HeaderMap;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::net::SocketAddr;
 
+/// Headers that describe one connection, not the message. `Trailer` is not
+/// here on purpose: RFC 9110 treats it as end-to-end, and hyper only emits
+/// chunked trailers that a `Trailer` header announces.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Comma-separated tokens of every value of `name`, trimmed, empty ones dropped.
+pub fn tokens<'h>(h: &'h HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'h str> {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
 /// Removes hop-by-hop headers, including every header named in `Connection`.
-pub fn strip_hop_by_hop(_h: &mut HeaderMap) {
-    todo!()
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = tokens(h, &header::CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        h.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        h.remove(name);
+    }
 }
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto`.
-pub fn append_forwarded(_h: &mut HeaderMap, _peer: SocketAddr, _proto: &str) {
-    todo!()
+/// Several `X-Forwarded-For` lines are folded into one list, in order.
+pub fn append_forwarded(h: &mut HeaderMap, peer: SocketAddr, proto: &str) {
+    let ip = peer.ip().to_canonical().to_string();
+    let mut chain: Vec<&str> = tokens(h, &X_FORWARDED_FOR).collect();
+    chain.push(&ip);
+    let joined = chain.join(", ");
+    // Values came from valid header values plus an IP literal: still valid;
+    // if not (obs-text), fall back to our hop alone rather than failing.
+    let value = HeaderValue::from_str(&joined).unwrap_or_else(|_| {
+        HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"))
+    });
+    h.insert(X_FORWARDED_FOR.clone(), value);
+    if let Ok(proto) = HeaderValue::from_str(proto) {
+        h.insert(X_FORWARDED_PROTO.clone(), proto);
+    }
 }
 
 /// `Err(reason)` for ambiguous framing: CL + TE, or differing CLs.
-pub fn check_framing(_h: &HeaderMap) -> Result<(), String> {
-    todo!()
+///
+/// hyper's HTTP/1 parser already answers 400 itself for differing or invalid
+/// `Content-Length` values and non-chunked `Transfer-Encoding`, but it accepts
+/// CL + TE by dropping the CL before we see the headers; the connection-level
+/// [`super::framing`] guard catches that case. This check covers what is left
+/// visible in the header map (and HTTP/2, where hyper checks less).
+pub fn check_framing(h: &HeaderMap) -> Result<(), String> {
+    if h.contains_key(header::TRANSFER_ENCODING) && h.contains_key(header::CONTENT_LENGTH) {
+        return Err("both Content-Length and Transfer-Encoding".to_owned());
+    }
+    let mut seen: Option<u64> = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        let text = v
+            .to_str()
+            .map_err(|_| "unreadable Content-Length".to_owned())?;
+        for part in text.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!("invalid Content-Length {part:?}"));
+            }
+            let n: u64 = part
+                .parse()
+                .map_err(|_| format!("invalid Content-Length {part:?}"))?;
+            match seen {
+                Some(prev) if prev != n => {
+                    return Err("differing Content-Length values".to_owned());
+                }
+                _ => seen = Some(n),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn strips_listed_and_connection_named() {
+        let mut h = map(&[
+            ("connection", "close, X-Secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "5"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("trailer", "x-checksum"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["trailer", "x-kept"]);
+    }
+
+    #[test]
+    fn xff_appends_and_folds() {
+        let mut h = map(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+        ]);
+        append_forwarded(&mut h, "[::ffff:10.0.0.1]:5".parse().unwrap(), "http");
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn framing() {
+        assert!(check_framing(&map(&[("content-length", "5")])).is_ok());
+        assert!(check_framing(&map(&[("content-length", "5"), ("content-length", "5")])).is_ok());
+        assert!(check_framing(&map(&[("content-length", "5"), ("content-length", "6")])).is_err());
+        assert!(check_framing(&map(&[("content-length", "5, 6")])).is_err());
+        assert!(check_framing(&map(&[("content-length", "-1")])).is_err());
+        assert!(check_framing(&map(&[
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked")
+        ]))
+        .is_err());
+    }
 }

@@ -1,0 +1,135 @@
+//! Hot reload (SPEC §9): watches the config file's directory, debounces,
+//! re-reads, and swaps the whole [`Config`] atomically when the new file is
+//! valid, different, and changes nothing that needs a restart. SIGHUP
+//! triggers the same reload.
+//!
+//! The directory, not the file, is watched: editors save by writing a temp
+//! file and renaming it over the old one (the old inode's watch goes dead),
+//! and Kubernetes swaps a `..data` symlink without any event for the config
+//! file's own name. Any event in the directory therefore triggers a re-read;
+//! the content digest keeps unrelated events from doing anything.
+
+use super::Config;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use arc_swap::ArcSwap;
+use notify::{EventKind, RecursiveMode};
+use notify_debouncer_full::{new_debouncer, DebounceEventResult};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// Editors and `kubectl` write in several steps; wait for them to settle.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// What one reload attempt did; the string is the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    Applied,
+    Unchanged,
+    Rejected,
+}
+
+impl ReloadOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadOutcome::Applied => "applied",
+            ReloadOutcome::Unchanged => "unchanged",
+            ReloadOutcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// Starts watching. The returned task runs until the runtime stops; the
+/// SIGHUP handler is installed before this returns, so a SIGHUP sent after
+/// readiness never hits the default action (terminate).
+pub fn spawn(
+    path: PathBuf,
+    current: Arc<ArcSwap<Config>>,
+    pipeline: Arc<Pipeline>,
+    metrics: Metrics,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut debouncer = new_debouncer(DEBOUNCE, None, move |res: DebounceEventResult| match res {
+        Ok(events) => {
+            // Our own reads of the file show up as access events; they
+            // must not trigger another read.
+            if events
+                .iter()
+                .any(|e| !matches!(e.kind, EventKind::Access(_)))
+            {
+                let _ = tx.send(());
+            }
+        }
+        Err(errors) => warn!(?errors, "config watch error"),
+    })?;
+    let dir = watch_dir(&path);
+    debouncer.watch(&dir, RecursiveMode::NonRecursive)?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    info!(dir = %dir.display(), "watching config directory");
+
+    Ok(tokio::spawn(async move {
+        // The debouncer stops watching when dropped: keep it in the task.
+        let _debouncer = debouncer;
+        loop {
+            let trigger = tokio::select! {
+                got = rx.recv() => match got {
+                    Some(()) => "file",
+                    None => return,
+                },
+                _ = hangup.recv() => "sighup",
+            };
+            // Coalesce triggers that queued up while we were busy.
+            while rx.try_recv().is_ok() {}
+            let outcome = reload(&path, &current, &pipeline);
+            if outcome == ReloadOutcome::Unchanged {
+                debug!(trigger, outcome = outcome.as_str(), "config reload");
+            } else {
+                info!(trigger, outcome = outcome.as_str(), "config reload");
+            }
+            metrics
+                .config_reloads
+                .with_label_values(&[outcome.as_str()])
+                .inc();
+        }
+    }))
+}
+
+fn watch_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// One reload attempt. The running config stays unless the new one is
+/// valid, different and reloadable.
+pub fn reload(path: &Path, current: &ArcSwap<Config>, pipeline: &Pipeline) -> ReloadOutcome {
+    let next = match Config::load(path) {
+        Ok(next) => next,
+        Err(e) => {
+            warn!(error = %e, "config reload rejected; the running config stays");
+            return ReloadOutcome::Rejected;
+        }
+    };
+    let running = current.load();
+    if running.digest == next.digest {
+        return ReloadOutcome::Unchanged;
+    }
+    let needs_restart = running.restart_only_changes(&next);
+    if !needs_restart.is_empty() {
+        warn!(
+            fields = ?needs_restart,
+            "config change needs a restart; refused, the running config stays"
+        );
+        return ReloadOutcome::Rejected;
+    }
+    let next = Arc::new(next);
+    current.store(next.clone());
+    pipeline.reconfigure(&next);
+    info!(routes = next.routes.routes.len(), "config reloaded");
+    ReloadOutcome::Applied
+}

@@ -1,0 +1,341 @@
+//! A read-side guard on each client HTTP/1 connection that spots request
+//! heads carrying both `Content-Length` and `Transfer-Encoding`.
+//!
+//! Why it exists: hyper's parser accepts such a request by silently dropping
+//! the `Content-Length` (RFC 9112 §6.3 allows that), so the handler can no
+//! longer see the ambiguity. SPEC §4 wants it refused with 400 and never
+//! forwarded. The guard follows the byte stream exactly as an HTTP/1 server
+//! must (head, then a `Content-Length` or chunked body) and records the index
+//! of the first ambiguous request; the handler counts its requests and
+//! refuses that one. Differing `Content-Length`s and non-chunked
+//! `Transfer-Encoding` are rejected by hyper itself and need nothing here.
+//!
+//! The guard stops following (and stays silent) on HTTP/2, on a request that
+//! asks for `Upgrade`/`CONNECT` (what follows may be a tunnel), or on bytes it
+//! cannot frame; hyper then rejects or re-frames those itself. Since
+//! forwarding always re-frames bodies, an unfollowed stream cannot smuggle a
+//! request past the upstream; the guard exists to answer 400 as specified.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Heads longer than this are left to hyper (which rejects far smaller ones).
+const MAX_HEAD: usize = 1 << 20;
+const NONE: u64 = u64::MAX;
+
+/// Shared between the connection's reader and its request handler.
+#[derive(Debug)]
+pub struct FramingState {
+    /// Index of the first ambiguous request head, or `NONE`.
+    ambiguous_from: AtomicU64,
+    /// Requests the handler has seen on this connection.
+    handled: AtomicU64,
+}
+
+impl FramingState {
+    fn new() -> Arc<FramingState> {
+        Arc::new(FramingState {
+            ambiguous_from: AtomicU64::new(NONE),
+            handled: AtomicU64::new(0),
+        })
+    }
+
+    /// Called once per request, in order; true if this request's head was
+    /// ambiguous (or came after one: hyper closes such a connection anyway).
+    pub fn next_request_is_ambiguous(&self) -> bool {
+        let index = self.handled.fetch_add(1, Ordering::Relaxed);
+        index >= self.ambiguous_from.load(Ordering::Acquire)
+    }
+}
+
+enum Phase {
+    /// Collecting a request head (bytes so far).
+    Head(Vec<u8>),
+    /// Skipping this many body bytes.
+    Fixed(u64),
+    /// Chunked body: reading a chunk-size line (bytes so far).
+    ChunkSize(Vec<u8>),
+    /// Inside chunk data; then its CRLF (`u64` = data left, plus 2).
+    ChunkData(u64),
+    /// Trailer section after the last chunk (current line so far).
+    Trailers(Vec<u8>),
+    /// Not following any more.
+    Off,
+}
+
+pub struct FramingGuard<IO> {
+    io: IO,
+    phase: Phase,
+    heads: u64,
+    state: Arc<FramingState>,
+}
+
+impl<IO> FramingGuard<IO> {
+    pub fn new(io: IO) -> (FramingGuard<IO>, Arc<FramingState>) {
+        let state = FramingState::new();
+        let guard = FramingGuard {
+            io,
+            phase: Phase::Head(Vec::new()),
+            heads: 0,
+            state: state.clone(),
+        };
+        (guard, state)
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let used = match &mut self.phase {
+                Phase::Off => return,
+                Phase::Head(buf) => {
+                    // Leading empty lines before a request line are allowed.
+                    if buf.is_empty() && (bytes[0] == b'\r' || bytes[0] == b'\n') {
+                        1
+                    } else {
+                        let start = buf.len().saturating_sub(3);
+                        let take = bytes.len().min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD));
+                        buf.extend_from_slice(&bytes[..take]);
+                        match head_end(buf, start) {
+                            Some(end) => {
+                                let extra = buf.len() - end;
+                                let head = std::mem::take(buf);
+                                self.phase = self.after_head(&head[..end]);
+                                take - extra
+                            }
+                            None if buf.len() > MAX_HEAD => {
+                                self.phase = Phase::Off;
+                                return;
+                            }
+                            None => take,
+                        }
+                    }
+                }
+                Phase::Fixed(left) => {
+                    let n = (*left).min(bytes.len() as u64);
+                    *left -= n;
+                    if *left == 0 {
+                        self.phase = Phase::Head(Vec::new());
+                    }
+                    n as usize
+                }
+                Phase::ChunkSize(line) => match bytes.iter().position(|&b| b == b'\n') {
+                    Some(nl) => {
+                        line.extend_from_slice(&bytes[..nl]);
+                        self.phase = chunk_size(line);
+                        nl + 1
+                    }
+                    None if line.len() > 4096 => {
+                        self.phase = Phase::Off;
+                        return;
+                    }
+                    None => {
+                        line.extend_from_slice(bytes);
+                        bytes.len()
+                    }
+                },
+                Phase::ChunkData(left) => {
+                    let n = (*left).min(bytes.len() as u64);
+                    *left -= n;
+                    if *left == 0 {
+                        self.phase = Phase::ChunkSize(Vec::new());
+                    }
+                    n as usize
+                }
+                Phase::Trailers(line) => match bytes.iter().position(|&b| b == b'\n') {
+                    Some(nl) => {
+                        line.extend_from_slice(&bytes[..nl]);
+                        let blank = line.is_empty() || line.as_slice() == b"\r";
+                        line.clear();
+                        if blank {
+                            self.phase = Phase::Head(Vec::new());
+                        }
+                        nl + 1
+                    }
+                    None => {
+                        line.extend_from_slice(bytes);
+                        if line.len() > MAX_HEAD {
+                            self.phase = Phase::Off;
+                            return;
+                        }
+                        bytes.len()
+                    }
+                },
+            };
+            bytes = &bytes[used..];
+        }
+    }
+
+    /// Decides how the body after `head` is framed, and records ambiguity.
+    fn after_head(&mut self, head: &[u8]) -> Phase {
+        let index = self.heads;
+        self.heads += 1;
+        let Ok(text) = std::str::from_utf8(head) else {
+            return Phase::Off;
+        };
+        let mut lines = text.lines();
+        let request_line = lines.next().unwrap_or_default();
+        if request_line.ends_with("HTTP/2.0") || request_line.starts_with("CONNECT ") {
+            return Phase::Off;
+        }
+        let (mut length, mut chunked, mut has_te) = (None::<u64>, false, false);
+        for line in lines {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                match value.parse::<u64>() {
+                    Ok(n) => length = Some(n),
+                    Err(_) => return Phase::Off,
+                }
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                has_te = true;
+                chunked = value
+                    .rsplit(',')
+                    .next()
+                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            } else if name.eq_ignore_ascii_case("upgrade") {
+                return Phase::Off;
+            }
+        }
+        if has_te && length.is_some() {
+            self.state
+                .ambiguous_from
+                .fetch_min(index, Ordering::Release);
+        }
+        match (has_te, chunked, length) {
+            (true, true, _) => Phase::ChunkSize(Vec::new()),
+            (true, false, _) => Phase::Off,
+            (false, _, Some(n)) if n > 0 => Phase::Fixed(n),
+            _ => Phase::Head(Vec::new()),
+        }
+    }
+}
+
+/// End (exclusive) of the first empty line at or after `from`: a head ends
+/// with `\n\r\n` or, as hyper also accepts, a bare `\n\n`.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    (from..buf.len()).find_map(|i| match &buf[i..] {
+        [b'\n', b'\n', ..] => Some(i + 2),
+        [b'\n', b'\r', b'\n', ..] => Some(i + 3),
+        _ => None,
+    })
+}
+
+/// Parses a chunk-size line (`1a;ext=1\r`) into the next phase.
+fn chunk_size(line: &[u8]) -> Phase {
+    let digits: &[u8] = line
+        .split(|&b| b == b';' || b == b'\r' || b == b' ' || b == b'\t')
+        .next()
+        .unwrap_or_default();
+    let parsed = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| u64::from_str_radix(s, 16).ok());
+    match parsed {
+        Some(0) => Phase::Trailers(Vec::new()),
+        Some(n) => n.checked_add(2).map_or(Phase::Off, Phase::ChunkData),
+        None => Phase::Off,
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let res = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = res {
+            if !matches!(this.phase, Phase::Off) {
+                this.feed(&buf.filled()[before..]);
+            }
+        }
+        res
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(chunks: &[&[u8]]) -> (Arc<FramingState>, u64) {
+        let (mut g, state) = FramingGuard::new(());
+        for c in chunks {
+            g.feed(c);
+        }
+        (state, g.heads)
+    }
+
+    #[test]
+    fn follows_keep_alive_bodies() {
+        let (state, heads) = run(&[
+            b"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhel",
+            b"loGET /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",
+            b"POST /c HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ]);
+        assert_eq!(heads, 3);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 2);
+        assert!(!state.next_request_is_ambiguous());
+        assert!(!state.next_request_is_ambiguous());
+        assert!(state.next_request_is_ambiguous());
+    }
+
+    #[test]
+    fn body_that_looks_like_a_head_is_not_a_head() {
+        let body = b"GET /x HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head = format!("POST /a HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+        let (state, heads) = run(&[head.as_bytes(), body, b"GET / HTTP/1.1\r\n\r\n"]);
+        assert_eq!(heads, 2);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), NONE);
+    }
+
+    #[test]
+    fn bare_lf_heads() {
+        let (state, heads) = run(&[
+            b"GET /a HTTP/1.1\nHost: x\n\n",
+            b"POST /b HTTP/1.1\nContent-Length: 1\nTransfer-Encoding: chunked\n\n0\r\n\r\n",
+        ]);
+        assert_eq!(heads, 2);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn stops_on_h2_and_upgrade() {
+        let (_, heads) = run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nGET / HTTP/1.1\r\n\r\n"]);
+        assert_eq!(heads, 1);
+        let (_, heads) =
+            run(&[b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\nGET / HTTP/1.1\r\n\r\n"]);
+        assert_eq!(heads, 1);
+    }
+}

@@ -1,0 +1,196 @@
+//! `sidecache check`: a valid file prints the route table and exits 0; each
+//! kind of invalid file exits 2 with a message that names the YAML path.
+
+mod support;
+
+use std::process::{Command, Output};
+use support::sidecache::binary;
+
+const VALID: &str = r#"version: 1
+listen: 127.0.0.1:18080
+admin:
+  listen: 127.0.0.1:19090
+upstream:
+  url: http://127.0.0.1:8000
+routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    methods: [GET, HEAD]
+    params:
+      tenant: "[A-Za-z0-9_-]{1,64}"
+      id: "[1-9][0-9]{0,17}"
+    vary: [Accept]
+    ttl: 60s
+    jitter: 15s
+  - name: tenant
+    path: /api/tenants/{tenant}
+    params:
+      tenant: "[a-z]{1,8}"
+    query: [page]
+    ttl: 10m
+"#;
+
+fn check(yaml: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sidecache.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    Command::new(binary())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env_remove("SIDECACHE_CONFIG")
+        .output()
+        .expect("run sidecache check")
+}
+
+/// Runs `check` on an invalid file: exit 2, stderr names `yaml_path`.
+fn rejects(yaml: &str, yaml_path: &str, words: &str) {
+    let out = check(yaml);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "want exit 2; stderr: {stderr}");
+    assert!(
+        stderr.contains(yaml_path),
+        "stderr should name {yaml_path:?}: {stderr}"
+    );
+    assert!(
+        stderr.to_lowercase().contains(&words.to_lowercase()),
+        "stderr should mention {words:?}: {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout for an invalid file"
+    );
+}
+
+#[test]
+fn valid_file_prints_the_route_table() {
+    let out = check(VALID);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "NAME",
+        "METHODS",
+        "PATH",
+        "TTL",
+        "app",
+        "GET,HEAD",
+        "/api/tenants/{tenant}/apps/{id}",
+        "60s",
+        "15s",
+        "tenant",
+        "600s",
+        "[page]",
+        "accept",
+        "2 route(s)",
+    ] {
+        assert!(
+            stdout.contains(want),
+            "table should contain {want:?}:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn unknown_key() {
+    rejects(
+        &VALID.replace("    ttl: 60s\n", "    ttl: 60s\n    tll: 5s\n"),
+        "routes[0]",
+        "tll",
+    );
+}
+
+#[test]
+fn bad_duration() {
+    rejects(
+        &VALID.replace("jitter: 15s", "jitter: 15"),
+        "routes[0].jitter",
+        "",
+    );
+}
+
+#[test]
+fn bad_regex() {
+    rejects(
+        &VALID.replace("\"[a-z]{1,8}\"", "\"[a-z\""),
+        "routes[1].params",
+        "",
+    );
+}
+
+#[test]
+fn param_without_pattern() {
+    rejects(
+        &VALID.replace(
+            "      tenant: \"[a-z]{1,8}\"\n",
+            "      other: \"[a-z]{1,8}\"\n",
+        ),
+        "routes[1]",
+        "tenant",
+    );
+}
+
+#[test]
+fn duplicate_route_name() {
+    rejects(
+        &VALID.replace("name: tenant", "name: app"),
+        "routes[1].name",
+        "app",
+    );
+}
+
+#[test]
+fn unreadable_file_and_missing_flag() {
+    let out = Command::new(binary())
+        .args(["check", "--config", "/nonexistent/sidecache.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sidecache.yaml"));
+
+    let out = Command::new(binary())
+        .arg("check")
+        .env_remove("SIDECACHE_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn config_from_env_and_run_with_bad_config_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, VALID).unwrap();
+    let out = Command::new(binary())
+        .arg("check")
+        .env("SIDECACHE_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    std::fs::write(&path, VALID.replace("ttl: 60s", "ttl: soon")).unwrap();
+    let out = Command::new(binary())
+        .arg("run")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("routes[0].ttl"));
+    // `run` is the default subcommand.
+    let out = Command::new(binary())
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,387 @@
+//! Runs the real `sidecache` binary for a test. See the API summary in
+//! `support/mod.rs`.
+
+use super::client;
+use std::fs;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Startup (to `/readyz` 200) must finish within this time.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `app` route used when a test does not set its own routes.
+pub const DEFAULT_ROUTES: &str = r#"routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    params:
+      tenant: "[A-Za-z0-9_-]{1,64}"
+      id: "[1-9][0-9]{0,17}"
+    ttl: 60s
+"#;
+
+/// Builds a config and starts the binary. Sections are whole top-level YAML
+/// blocks (`store:\n  ...`, `routes:\n  ...`); `{upstream}` in any of them
+/// is replaced by the upstream URL.
+#[derive(Clone, Debug)]
+pub struct SidecacheBuilder {
+    upstream: String,
+    upstream_timeout: String,
+    connect_timeout: String,
+    token: Option<String>,
+    store: String,
+    fill: String,
+    routes: String,
+    extra: String,
+    template: Option<String>,
+    env: Vec<(String, String)>,
+    listen: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+}
+
+impl SidecacheBuilder {
+    pub fn new(upstream_url: impl Into<String>) -> SidecacheBuilder {
+        SidecacheBuilder {
+            upstream: upstream_url.into(),
+            upstream_timeout: "10s".into(),
+            connect_timeout: "1s".into(),
+            token: None,
+            store: String::new(),
+            fill: String::new(),
+            routes: DEFAULT_ROUTES.into(),
+            extra: String::new(),
+            template: None,
+            env: Vec::new(),
+            listen: None,
+            admin: None,
+        }
+    }
+    pub fn upstream(mut self, url: impl Into<String>) -> Self {
+        self.upstream = url.into();
+        self
+    }
+    /// `upstream.timeout`, e.g. `"500ms"`.
+    pub fn upstream_timeout(mut self, d: &str) -> Self {
+        self.upstream_timeout = d.into();
+        self
+    }
+    pub fn connect_timeout(mut self, d: &str) -> Self {
+        self.connect_timeout = d.into();
+        self
+    }
+    /// `admin.token`.
+    pub fn token(mut self, token: &str) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+    /// The whole `store:` section (default: none, i.e. the embedded store).
+    pub fn store(mut self, yaml: &str) -> Self {
+        self.store = yaml.into();
+        self
+    }
+    /// The whole `fill:` section.
+    pub fn fill(mut self, yaml: &str) -> Self {
+        self.fill = yaml.into();
+        self
+    }
+    /// The whole `routes:` section (default [`DEFAULT_ROUTES`]).
+    pub fn routes(mut self, yaml: &str) -> Self {
+        self.routes = yaml.into();
+        self
+    }
+    /// Any other top-level YAML (e.g. `invalidation:`), appended as is.
+    pub fn extra(mut self, yaml: &str) -> Self {
+        self.extra = yaml.into();
+        self
+    }
+    /// Replaces the generated file entirely; `{listen}`, `{admin}` and
+    /// `{upstream}` are filled in.
+    pub fn template(mut self, yaml: &str) -> Self {
+        self.template = Some(yaml.into());
+        self
+    }
+    /// An environment variable for the child (e.g. `SIDECACHE_LOG`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+    /// Fixes the listen addresses (normally picked free by `start`).
+    pub fn addrs(mut self, listen: SocketAddr, admin: SocketAddr) -> Self {
+        self.listen = Some(listen);
+        self.admin = Some(admin);
+        self
+    }
+
+    /// The config text for the current addresses.
+    pub fn render(&self) -> String {
+        let listen = self
+            .listen
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
+        let admin = self
+            .admin
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
+        let text = match &self.template {
+            Some(t) => t.clone(),
+            None => {
+                let token = match &self.token {
+                    Some(t) => format!("  token: \"{t}\"\n"),
+                    None => String::new(),
+                };
+                format!(
+                    "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
+                     upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: {}\n  timeout: {}\n\
+                     {}\n{}\n{}\n{}\n",
+                    self.connect_timeout,
+                    self.upstream_timeout,
+                    self.store,
+                    self.fill,
+                    self.routes,
+                    self.extra
+                )
+            }
+        };
+        text.replace("{listen}", &listen)
+            .replace("{admin}", &admin)
+            .replace("{upstream}", &self.upstream)
+    }
+
+    /// Starts the binary on free loopback ports and waits for `/readyz`.
+    /// Panics (with the child's stderr) if it does not become ready.
+    pub async fn start(self) -> Sidecache {
+        let fixed = self.listen.is_some();
+        let mut last_err = String::new();
+        for _attempt in 0..3 {
+            let mut b = self.clone();
+            if !fixed {
+                b.listen = Some(free_addr());
+                b.admin = Some(free_addr());
+            }
+            match Sidecache::spawn(b).await {
+                Ok(sc) => return sc,
+                // Another process took a port between picking and binding.
+                Err(e) if !fixed && e.contains("Address already in use") => last_err = e,
+                Err(e) => panic!("sidecache did not start:\n{e}"),
+            }
+        }
+        panic!("sidecache did not start after 3 attempts:\n{last_err}")
+    }
+}
+
+/// A free loopback address (bound, then released for the child to take).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr")
+}
+
+pub fn binary() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_sidecache"));
+    assert!(
+        path.exists(),
+        "sidecache binary missing at {} (cargo build?)",
+        path.display()
+    );
+    path
+}
+
+/// A running sidecache child process; killed on drop (its stderr tail is
+/// printed if the test is panicking).
+pub struct Sidecache {
+    child: Child,
+    dir: tempfile::TempDir,
+    builder: SidecacheBuilder,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    stderr: PathBuf,
+}
+
+impl Sidecache {
+    /// Default config (embedded store, [`DEFAULT_ROUTES`]) for `upstream_url`.
+    pub async fn start(upstream_url: &str) -> Sidecache {
+        SidecacheBuilder::new(upstream_url).start().await
+    }
+
+    pub fn builder_for(upstream_url: &str) -> SidecacheBuilder {
+        SidecacheBuilder::new(upstream_url)
+    }
+
+    async fn spawn(b: SidecacheBuilder) -> Result<Sidecache, String> {
+        let (listen, admin) = (b.listen.expect("listen set"), b.admin.expect("admin set"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The config gets a directory of its own: sidecache watches it, and
+        // a log file written there would trigger a reload per log line.
+        fs::create_dir(dir.path().join("config")).expect("mkdir config");
+        let config = dir.path().join("config/sidecache.yaml");
+        fs::write(&config, b.render()).expect("write config");
+        let stderr = dir.path().join("stderr.log");
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env_remove("SIDECACHE_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).expect("stderr file"));
+        for (k, v) in &b.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", binary().display()))?;
+        let mut sc = Sidecache {
+            child,
+            dir,
+            builder: b,
+            listen,
+            admin,
+            stderr,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = sc.child.try_wait() {
+                return Err(format!(
+                    "exited with {status} before ready; stderr:\n{}",
+                    sc.stderr_tail(40)
+                ));
+            }
+            if let Ok(resp) =
+                client::try_get(&sc.admin_url("/readyz"), Duration::from_secs(2)).await
+            {
+                if resp.status == 200 {
+                    return Ok(sc);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "not ready within {START_TIMEOUT:?}; stderr:\n{}",
+                    sc.stderr_tail(40)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `http://LISTEN{path}` on the client-facing listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen, path)
+    }
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+    pub fn addr(&self) -> SocketAddr {
+        self.listen
+    }
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config/sidecache.yaml")
+    }
+    /// The watched directory holding the config file.
+    pub fn config_dir(&self) -> PathBuf {
+        self.dir.path().join("config")
+    }
+    /// The builder this instance runs with (addresses fixed), to render a
+    /// changed config: `sc.builder().routes(..).render()`.
+    pub fn builder(&self) -> SidecacheBuilder {
+        self.builder.clone()
+    }
+    /// Replaces the config file the way editors do: write a temp file in
+    /// the same directory, then rename it over the config.
+    pub fn rewrite_config(&self, yaml: &str) {
+        let tmp = self.config_dir().join(".sidecache.yaml.tmp");
+        fs::write(&tmp, yaml).expect("write temp config");
+        fs::rename(&tmp, self.config_path()).expect("rename config");
+    }
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    pub fn sighup(&self) {
+        self.signal("HUP");
+    }
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+    /// Waits (bounded) for the process to exit on its own.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sidecache still running after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    /// Peak resident set size in KiB (`VmHWM`).
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM:")
+    }
+    pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS:")
+    }
+    fn proc_status_kib(&self, field: &str) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"))
+    }
+    pub fn stderr_text(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+    pub fn stderr_tail(&self, lines: usize) -> String {
+        let text = self.stderr_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+    /// The Prometheus text from `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let resp = client::get(&self.admin_url("/metrics")).await;
+        assert_eq!(resp.status, 200, "/metrics answered {}", resp.status);
+        resp.text()
+    }
+    /// The value of one sample, e.g.
+    /// `metric("sidecache_config_reloads_total{outcome=\"rejected\"}")`;
+    /// `None` if absent. Labels must be written in exposition order.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+impl Drop for Sidecache {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- sidecache stderr (last 60 lines, {}) ----\n{}\n----",
+                self.stderr.display(),
+                self.stderr_tail(60)
+            );
+        }
+    }
+}
