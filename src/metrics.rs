@@ -153,8 +153,11 @@ impl Metrics {
             ),
             outbox_oldest_seconds: reg(
                 &registry,
-                Gauge::new(OUTBOX_OLDEST, "Age of the oldest outbox row waiting to be applied.")
-                    .expect("valid metric"),
+                Gauge::new(
+                    OUTBOX_OLDEST,
+                    "Age of the oldest outbox row waiting to be applied.",
+                )
+                .expect("valid metric"),
             ),
             outbox_dead: reg(
                 &registry,
@@ -163,8 +166,11 @@ impl Metrics {
             ),
             stream_pending: reg(
                 &registry,
-                IntGauge::new(STREAM_PENDING, "Stream entries delivered to the group, not acked.")
-                    .expect("valid metric"),
+                IntGauge::new(
+                    STREAM_PENDING,
+                    "Stream entries delivered to the group, not acked.",
+                )
+                .expect("valid metric"),
             ),
             dead_letters: counter(
                 DEAD_LETTERS,

@@ -2,9 +2,9 @@
 //! templates and anchored param patterns, and the cross-route checks
 //! (unique names, no two routes that could match one request).
 
+use super::file::FileStreamStart;
 use super::file::{FileConfig, FileQuery, FileQueryMode, FileRoute};
 use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
-use super::file::FileStreamStart;
 use super::{
     AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, OutboxConfig, RedisConfig,
     RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
@@ -173,11 +173,17 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
         Some(o) => {
             let at = "invalidation.outbox";
             if o.url.trim().is_empty() {
-                return err(format!("{at}.url"), "must not be empty (is the variable set?)");
+                return err(
+                    format!("{at}.url"),
+                    "must not be empty (is the variable set?)",
+                );
             }
             if let Err(e) = o.url.parse::<tokio_postgres::Config>() {
                 // The URL may hold a password: name the problem, not the text.
-                return err(format!("{at}.url"), format!("not a Postgres connection string: {e}"));
+                return err(
+                    format!("{at}.url"),
+                    format!("not a Postgres connection string: {e}"),
+                );
             }
             crate::invalidation::ddl::check_identifier(&o.table)
                 .or_else(|m| err(format!("{at}.table"), m))?;
@@ -216,10 +222,16 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
             }
             if r.stream.is_empty() || r.stream.chars().any(|c| c.is_whitespace()) {
-                return err(format!("{at}.stream"), "must be a non-empty key without whitespace");
+                return err(
+                    format!("{at}.stream"),
+                    "must be a non-empty key without whitespace",
+                );
             }
             if r.group.is_empty() || r.group.chars().any(|c| c.is_whitespace()) {
-                return err(format!("{at}.group"), "must be a non-empty name without whitespace");
+                return err(
+                    format!("{at}.group"),
+                    "must be a non-empty name without whitespace",
+                );
             }
             if r.claim_idle.0 < Duration::from_secs(1) {
                 return err(format!("{at}.claim_idle"), "must be at least 1s");

@@ -58,7 +58,10 @@ mod tests {
         let mut b = Backoff::new(s, 60 * s);
         for ceiling in [1, 2, 4, 8, 16, 32, 60, 60] {
             let d = b.next_delay();
-            assert!(d <= ceiling * s && d >= ceiling * s / 2, "{d:?} vs {ceiling}");
+            assert!(
+                d <= ceiling * s && d >= ceiling * s / 2,
+                "{d:?} vs {ceiling}"
+            );
         }
         b.reset();
         assert!(b.next_delay() <= s);

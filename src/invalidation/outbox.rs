@@ -186,10 +186,9 @@ impl OutboxWorker {
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .application_name("sidecache-outbox");
-        let (mut client, mut connection) =
-            tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
-                .await
-                .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
+        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+            .await
+            .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
         // The driver owns the connection: it must be polled for queries to
         // make progress at all, and it is where notifications surface.
@@ -226,12 +225,10 @@ impl OutboxWorker {
             // whose rows failed against the store stops the drain; those
             // rows now wait for their backoff.
             loop {
-                let report = tokio::time::timeout(
-                    CYCLE_TIMEOUT,
-                    self.cycle(&mut client, &statements),
-                )
-                .await
-                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+                let report =
+                    tokio::time::timeout(CYCLE_TIMEOUT, self.cycle(&mut client, &statements))
+                        .await
+                        .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
                 let full = report.claimed >= self.cfg.batch as usize;
                 if !full || report.failed > 0 || *shutdown.borrow() {
                     break;
@@ -283,15 +280,17 @@ impl OutboxWorker {
         let outcomes = self.applier.apply(events).await;
 
         let mut applied = Vec::new();
-        let (mut retry_ids, mut retry_delays, mut retry_errors) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut retry_ids, mut retry_delays, mut retry_errors) =
+            (Vec::new(), Vec::new(), Vec::new());
         let (mut dead_ids, mut dead_reasons) = (Vec::new(), Vec::new());
         for ((id, tries), outcome) in ids.iter().zip(&attempts).zip(&outcomes) {
             match outcome {
                 ApplyOutcome::Applied => applied.push(*id),
                 ApplyOutcome::Failed(e) => {
                     let attempt = u32::try_from(*tries).unwrap_or(0);
-                    let delay = backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
-                        .max(Duration::from_millis(500));
+                    let delay =
+                        backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
+                            .max(Duration::from_millis(500));
                     retry_ids.push(*id);
                     retry_delays.push(delay.as_secs_f64());
                     retry_errors.push(truncate(e.to_string()));
@@ -336,7 +335,9 @@ impl OutboxWorker {
         let row = client.query_one(&st.gauges, &[]).await?;
         self.metrics.outbox_pending.set(row.try_get::<_, i64>(0)?);
         self.metrics.outbox_dead.set(row.try_get::<_, i64>(1)?);
-        self.metrics.outbox_oldest_seconds.set(row.try_get::<_, f64>(2)?);
+        self.metrics
+            .outbox_oldest_seconds
+            .set(row.try_get::<_, f64>(2)?);
         Ok(())
     }
 }
