@@ -401,7 +401,7 @@ async fn invalidate_pipelined(
 ) -> Result<(), RedisError> {
     let mut pipe = redis::pipe();
     for key in gen_keys {
-        pipe.invoke_script(&scripts::INVALIDATE.key(key).arg(nonce).arg(px_ttl))
+        pipe.invoke_script(scripts::INVALIDATE.key(key).arg(nonce).arg(px_ttl))
             .ignore();
     }
     match pipe.query_async::<()>(conn).await {
