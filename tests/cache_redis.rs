@@ -76,17 +76,6 @@ fn only_key(redis: &RedisServer, pattern: &str) -> String {
     found[0].clone()
 }
 
-async fn invalidate(sc: &Sidecache, params: &str) {
-    let r = client::request(
-        "POST",
-        &sc.admin_url("/admin/invalidate"),
-        &[("content-type", "application/json")],
-        format!(r#"{{"route":"app","params":{params}}}"#),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stampede_across_three_instances_calls_origin_once() {
     let redis = RedisServer::start();
