@@ -11,7 +11,7 @@
 //!                                         bumps `version`; 200 (or 201 when created)
 //! GET  /api/tenants/{tenant}/apps         the tenant's apps; `?limit=N&offset=M` pages
 //! GET  /healthz                           200 "ok"
-//! GET  /stats                             requests served, for counting origin fetches
+//! GET  /stats                             `{"api_requests":N}`: /api requests served so far
 //! ```
 //!
 //! `HEAD` is accepted wherever `GET` is (hyper omits the body).
@@ -77,7 +77,8 @@ struct State {
     apps: RwLock<BTreeMap<(String, u64), App>>,
     delay: Duration,
     payload_bytes: usize,
-    requests: AtomicU64,
+    /// `/api/...` requests served, so a demo or test can count origin fetches.
+    api_requests: AtomicU64,
 }
 
 impl State {
@@ -112,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
         apps: RwLock::new(BTreeMap::new()),
         delay: Duration::from_millis(args.delay_ms),
         payload_bytes: args.payload_bytes,
-        requests: AtomicU64::new(0),
+        api_requests: AtomicU64::new(0),
     });
     {
         let mut apps = state.apps.write().unwrap();
@@ -161,21 +162,23 @@ async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    state.requests.fetch_add(1, Ordering::Relaxed);
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_read = method == Method::GET || method == Method::HEAD;
 
-    if path.starts_with("/api/") && !state.delay.is_zero() {
-        tokio::time::sleep(state.delay).await;
+    if path.starts_with("/api/") {
+        state.api_requests.fetch_add(1, Ordering::Relaxed);
+        if !state.delay.is_zero() {
+            tokio::time::sleep(state.delay).await;
+        }
     }
     let resp = match segments.as_slice() {
         ["healthz"] if is_read => text(StatusCode::OK, "ok\n"),
         ["stats"] if is_read => {
-            let n = state.requests.load(Ordering::Relaxed);
-            json_response(StatusCode::OK, &json!({ "requests": n }))
+            let n = state.api_requests.load(Ordering::Relaxed);
+            json_response(StatusCode::OK, &json!({ "api_requests": n }))
         }
         ["api", "tenants", tenant, "apps"] if is_read => list(&state, tenant, &query),
         ["api", "tenants", tenant, "apps", id] => match parse_id(id) {
