@@ -102,8 +102,7 @@ impl State {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -182,7 +181,11 @@ async fn handle(
         }
         ["api", "tenants", tenant, "apps"] if is_read => list(&state, tenant, &query),
         ["api", "tenants", tenant, "apps", id] => match parse_id(id) {
-            None => error(StatusCode::BAD_REQUEST, "bad_id", "id must be an integer >= 1"),
+            None => error(
+                StatusCode::BAD_REQUEST,
+                "bad_id",
+                "id must be an integer >= 1",
+            ),
             Some(id) if is_read => get(&state, tenant, id),
             Some(id) if method == Method::PUT => put(&state, tenant, id, req).await,
             Some(_) => method_not_allowed("GET, HEAD, PUT"),
@@ -216,7 +219,13 @@ fn list(state: &State, tenant: &str, query: &str) -> Response<Full<Bytes>> {
         };
         match v.parse() {
             Ok(n) => *slot = n,
-            Err(_) => return error(StatusCode::BAD_REQUEST, "bad_query", "limit and offset are integers"),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_query",
+                    "limit and offset are integers",
+                )
+            }
         }
     }
     // Concatenate the pre-rendered documents: `{"tenant":..,"apps":[doc,doc]}`.
@@ -236,23 +245,42 @@ fn list(state: &State, tenant: &str, query: &str) -> Response<Full<Bytes>> {
     json_bytes(StatusCode::OK, body.into())
 }
 
-async fn put(state: &State, tenant: &str, id: u64, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn put(
+    state: &State,
+    tenant: &str,
+    id: u64,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if !TENANTS.contains(&tenant) {
         return error(StatusCode::NOT_FOUND, "tenant_not_found", "no such tenant");
     }
     let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "body over 64 KiB")
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "body over 64 KiB",
+            )
         }
         Err(e) => {
             warn!(error = %e, "reading PUT body failed");
-            return error(StatusCode::BAD_REQUEST, "bad_body", "could not read the body");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "could not read the body",
+            );
         }
     };
     let config: Map<String, Value> = match serde_json::from_slice(&bytes) {
         Ok(m) => m,
-        Err(_) => return error(StatusCode::BAD_REQUEST, "bad_json", "body must be a JSON object"),
+        Err(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                "body must be a JSON object",
+            )
+        }
     };
 
     let mut apps = state.apps.write().unwrap();
@@ -305,7 +333,12 @@ fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<Full<Bytes>> {
-    json_bytes(status, serde_json::to_vec(value).expect("JSON value serializes").into())
+    json_bytes(
+        status,
+        serde_json::to_vec(value)
+            .expect("JSON value serializes")
+            .into(),
+    )
 }
 
 fn json_bytes(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
