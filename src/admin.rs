@@ -5,8 +5,8 @@
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
 use crate::config::{Config, QueryMode, Route};
-use crate::metrics::Metrics;
 use crate::invalidation::Event;
+use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::body::{full, Body};
 use crate::proxy::server::{accept_until, builder};
@@ -200,12 +200,20 @@ async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) ->
     };
     match state.pipeline.invalidate(cfg, &valid).await {
         Ok(()) => {
-            state.metrics.invalidations.with_label_values(&["admin", "applied"]).inc();
+            state
+                .metrics
+                .invalidations
+                .with_label_values(&["admin", "applied"])
+                .inc();
             info!(route = %event.route, kind = ?event.kind, revision = ?event.revision, "invalidated via admin");
             json_response(StatusCode::OK, &json!({"ok": true}))
         }
         Err(e) => {
-            state.metrics.invalidations.with_label_values(&["admin", "failed"]).inc();
+            state
+                .metrics
+                .invalidations
+                .with_label_values(&["admin", "failed"])
+                .inc();
             warn!(route = %event.route, error = %e, "admin invalidation failed: store unavailable");
             error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
         }

@@ -226,6 +226,31 @@ impl Pipeline {
             .map(drop)
     }
 
+    /// Write-through: a 2xx answer to a write on a cached object's path
+    /// invalidates the object. Failure is logged and counted only; the
+    /// outbox or stream stays the reliable path.
+    pub async fn write_through(&self, cfg: &Config, route: &Route, params: &[String]) {
+        let identity = key::identity(&route.name, params);
+        let gen_key = key::generation_key(&cfg.store.namespace, &identity);
+        let outcome = match self
+            .shared
+            .store
+            .invalidate(&gen_key, &nonce(), cfg.gen_ttl)
+            .await
+        {
+            Ok(_) => "applied",
+            Err(e) => {
+                tracing::warn!(route = %route.name, object = %identity, error = %e, "write-through invalidation failed");
+                "failed"
+            }
+        };
+        self.shared
+            .metrics
+            .invalidations
+            .with_label_values(&["write_through", outcome])
+            .inc();
+    }
+
     /// Number of fills in progress in this instance.
     pub fn fills_in_flight(&self) -> usize {
         self.flights.len()
