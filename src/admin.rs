@@ -5,8 +5,9 @@
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
 use crate::config::{Config, QueryMode, Route};
+use crate::invalidation::Event;
 use crate::metrics::Metrics;
-use crate::pipeline::{InvalidateError, Pipeline};
+use crate::pipeline::Pipeline;
 use crate::proxy::body::{full, Body};
 use crate::proxy::server::{accept_until, builder};
 use arc_swap::ArcSwap;
@@ -17,7 +18,6 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -181,36 +181,6 @@ fn as_written(anchored: &str) -> &str {
         .unwrap_or(anchored)
 }
 
-/// An invalidation event as posted by an operator (SPEC §7).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventBody {
-    route: String,
-    #[serde(default)]
-    params: BTreeMap<String, ParamValue>,
-    #[serde(default)]
-    kind: EventKind,
-    #[serde(default)]
-    revision: Option<i64>,
-}
-
-/// Param values may be JSON strings or integers (`"id": 42`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum ParamValue {
-    Text(String),
-    Int(i64),
-}
-
-#[derive(Debug, Default, Deserialize, Clone, Copy)]
-#[serde(rename_all = "lowercase")]
-enum EventKind {
-    #[default]
-    Invalidate,
-    Create,
-    Delete,
-}
-
 /// `POST /admin/invalidate`: replace one object's generation.
 async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) -> Response<Body> {
     let body: Bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
@@ -220,61 +190,30 @@ async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) ->
         }
         Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the body"),
     };
-    let event: EventBody = match serde_json::from_slice(&body) {
+    let event = match Event::from_json(&body) {
         Ok(ev) => ev,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad event JSON: {e}")),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad event: {e}")),
     };
-    let params: BTreeMap<String, String> = event
-        .params
-        .into_iter()
-        .map(|(k, v)| match v {
-            ParamValue::Text(s) => (k, s),
-            ParamValue::Int(n) => (k, n.to_string()),
-        })
-        .collect();
-    // Check the event against the route here too, so the operator gets the
-    // precise reason (which param, unknown or missing).
-    let Some(route) = cfg.routes.find(&event.route) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!("unknown route {:?}", event.route),
-        );
+    let valid = match event.validate(cfg) {
+        Ok(v) => v,
+        Err(poison) => return error(StatusCode::BAD_REQUEST, &poison.to_string()),
     };
-    if let Some(extra) = params
-        .keys()
-        .find(|k| !route.params.iter().any(|p| &p.name == *k))
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!("route {:?} has no param {extra:?}", route.name),
-        );
-    }
-    for p in &route.params {
-        match params.get(&p.name) {
-            Some(v) if p.pattern.is_match(v) => {}
-            Some(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("param {:?} does not match its pattern", p.name),
-                )
-            }
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("param {:?} is missing", p.name),
-                )
-            }
-        }
-    }
-    match state.pipeline.invalidate(cfg, &event.route, &params).await {
+    match state.pipeline.invalidate(cfg, &valid).await {
         Ok(()) => {
+            state
+                .metrics
+                .invalidations
+                .with_label_values(&["admin", "applied"])
+                .inc();
             info!(route = %event.route, kind = ?event.kind, revision = ?event.revision, "invalidated via admin");
             json_response(StatusCode::OK, &json!({"ok": true}))
         }
-        Err(e @ (InvalidateError::UnknownRoute(_) | InvalidateError::BadParam(_))) => {
-            error(StatusCode::BAD_REQUEST, &e.to_string())
-        }
-        Err(InvalidateError::Store(e)) => {
+        Err(e) => {
+            state
+                .metrics
+                .invalidations
+                .with_label_values(&["admin", "failed"])
+                .inc();
             warn!(route = %event.route, error = %e, "admin invalidation failed: store unavailable");
             error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
         }

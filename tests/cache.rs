@@ -103,9 +103,16 @@ async fn miss_then_hit(b: Backend) {
     let r = client::get(&sc.url(P)).await;
     assert_eq!((r.status.as_u16(), xcache(&r)), (200, "HIT".into()));
     assert_eq!(r.text(), origin.default_body(P));
-    let age: u64 = r.header("age").expect("Age on a hit").parse().expect("numeric Age");
+    let age: u64 = r
+        .header("age")
+        .expect("Age on a hit")
+        .parse()
+        .expect("numeric Age");
     assert!(age < 60, "age {age}");
-    assert!(r.header("x-origin-version").is_some(), "upstream headers are replayed");
+    assert!(
+        r.header("x-origin-version").is_some(),
+        "upstream headers are replayed"
+    );
 
     let h = client::head(&sc.url(P)).await;
     assert_eq!((h.status.as_u16(), xcache(&h)), (200, "HIT".into()));
@@ -114,8 +121,20 @@ async fn miss_then_hit(b: Backend) {
         h.header("content-length"),
         Some(origin.default_body(P).len().to_string())
     );
-    assert_eq!(origin.hits(P), 1, "one upstream call for miss, hit and HEAD");
-    assert_eq!(metric(&sc, "sidecache_requests_total", &[("route", "app"), ("result", "HIT")]).await, 2.0);
+    assert_eq!(
+        origin.hits(P),
+        1,
+        "one upstream call for miss, hit and HEAD"
+    );
+    assert_eq!(
+        metric(
+            &sc,
+            "sidecache_requests_total",
+            &[("route", "app"), ("result", "HIT")]
+        )
+        .await,
+        2.0
+    );
 }
 
 async fn head_first_fills_from_get(b: Backend) {
@@ -125,7 +144,10 @@ async fn head_first_fills_from_get(b: Backend) {
     assert_eq!((h.status.as_u16(), xcache(&h)), (200, "MISS".into()));
     assert!(h.body.is_empty());
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("HIT".into(), origin.default_body(P))
+    );
     let seen = origin.last_request(P).expect("origin saw the fill");
     assert_eq!(seen.method, "GET", "fills are GETs even for HEAD");
 }
@@ -139,9 +161,15 @@ async fn invalidate_makes_next_read_miss(b: Backend) {
     let inv = invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
     assert_eq!(inv.status, 200, "{}", inv.text());
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P))
+    );
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("HIT".into(), origin.default_body(P))
+    );
     // Invalidations are idempotent and other objects are untouched.
     let other = "/api/tenants/acme/apps/2";
     client::get(&sc.url(other)).await;
@@ -171,16 +199,31 @@ async fn stale_backfill_is_rejected(b: Backend) {
     assert_eq!(inv.status, 200, "{}", inv.text());
     gate.release();
     let r = reader.await.expect("reader task");
-    assert_eq!((xcache(&r), r.text()), ("MISS".into(), old), "the reader still gets its answer");
     assert_eq!(
-        metric(&sc, "sidecache_publish_total", &[("route", "app"), ("outcome", "publish_rejected")]).await,
+        (xcache(&r), r.text()),
+        ("MISS".into(), old),
+        "the reader still gets its answer"
+    );
+    assert_eq!(
+        metric(
+            &sc,
+            "sidecache_publish_total",
+            &[("route", "app"), ("outcome", "publish_rejected")]
+        )
+        .await,
         1.0,
         "the late publish must be refused"
     );
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P))
+    );
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("HIT".into(), origin.default_body(P)));
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("HIT".into(), origin.default_body(P))
+    );
 }
 
 async fn negative_answers_are_cached(b: Backend) {
@@ -192,7 +235,10 @@ async fn negative_answers_are_cached(b: Backend) {
     assert_eq!((r.status.as_u16(), xcache(&r)), (404, "MISS".into()));
     for _ in 0..3 {
         let r = client::get(&sc.url(missing)).await;
-        assert_eq!((r.status.as_u16(), xcache(&r), r.text()), (404, "NEGATIVE".into(), "no such app".into()));
+        assert_eq!(
+            (r.status.as_u16(), xcache(&r), r.text()),
+            (404, "NEGATIVE".into(), "no such app".into())
+        );
     }
     assert_eq!(origin.hits(missing), 1);
     // Other statuses are not cached at all.
@@ -215,7 +261,10 @@ async fn credentials_bypass_unless_varied(b: Backend) {
     }
     assert_eq!(origin.hits(P), 4);
     let last = origin.last_request(P).expect("forwarded");
-    assert_eq!(last.headers.get("cookie").map(|v| v.as_bytes()), Some(&b"s=1"[..]));
+    assert_eq!(
+        last.headers.get("cookie").map(|v| v.as_bytes()),
+        Some(&b"s=1"[..])
+    );
 
     // `varied` lists Authorization in `vary`: cached per credential.
     let v = "/varied/1";
@@ -234,19 +283,36 @@ async fn private_and_no_store_are_never_cached(b: Backend) {
     let cookie = "/api/tenants/acme/apps/11";
     let private = "/api/tenants/acme/apps/12";
     let nostore = "/api/tenants/acme/apps/13";
-    origin.reply(cookie, Reply::ok("mine").header("set-cookie", "session=secret"));
-    origin.reply(private, Reply::ok("mine").header("cache-control", "private, max-age=60"));
-    origin.reply(nostore, Reply::ok("fresh").header("cache-control", "no-store"));
+    origin.reply(
+        cookie,
+        Reply::ok("mine").header("set-cookie", "session=secret"),
+    );
+    origin.reply(
+        private,
+        Reply::ok("mine").header("cache-control", "private, max-age=60"),
+    );
+    origin.reply(
+        nostore,
+        Reply::ok("fresh").header("cache-control", "no-store"),
+    );
     let sc = b.start(&origin).await;
     for path in [cookie, private, nostore] {
         for _ in 0..2 {
             let r = client::get(&sc.url(path)).await;
-            assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()), "{path}");
+            assert_eq!(
+                (r.status.as_u16(), xcache(&r)),
+                (200, "MISS".into()),
+                "{path}"
+            );
         }
         assert_eq!(origin.hits(path), 2, "{path} must not be cached");
     }
     let r = client::get(&sc.url(cookie)).await;
-    assert_eq!(r.header("set-cookie").as_deref(), Some("session=secret"), "the client still gets its cookie");
+    assert_eq!(
+        r.header("set-cookie").as_deref(),
+        Some("session=secret"),
+        "the client still gets its cookie"
+    );
 }
 
 async fn vary_headers_make_isolated_variants(b: Backend) {
@@ -258,14 +324,25 @@ async fn vary_headers_make_isolated_variants(b: Backend) {
         let url = sc.url(v);
         async move { client::request("GET", &url, &[("accept", accept)], "").await }
     };
-    let accept_of = |r: &client::Resp| r.json()["headers"]["accept"][0].as_str().unwrap_or("").to_owned();
+    let accept_of = |r: &client::Resp| {
+        r.json()["headers"]["accept"][0]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
     let a = get("application/json").await;
     let t = get("text/plain").await;
     assert_eq!((xcache(&a), xcache(&t)), ("MISS".into(), "MISS".into()));
     let a2 = get("application/json").await;
     let t2 = get("text/plain").await;
-    assert_eq!((xcache(&a2), accept_of(&a2)), ("HIT".into(), "application/json".into()));
-    assert_eq!((xcache(&t2), accept_of(&t2)), ("HIT".into(), "text/plain".into()));
+    assert_eq!(
+        (xcache(&a2), accept_of(&a2)),
+        ("HIT".into(), "application/json".into())
+    );
+    assert_eq!(
+        (xcache(&t2), accept_of(&t2)),
+        ("HIT".into(), "text/plain".into())
+    );
     assert_eq!(origin.hits(v), 2);
 }
 
@@ -278,17 +355,35 @@ async fn query_modes_shape_key_and_fill(b: Backend) {
     let q = |path: &str, query: &str| format!("{}?{query}", sc.url(path));
 
     assert_eq!(xcache(&client::get(&q(P, "b=2&a=1")).await), "MISS");
-    assert_eq!(origin.last_request(P).and_then(|r| r.query).as_deref(), Some("a=1&b=2"));
+    assert_eq!(
+        origin.last_request(P).and_then(|r| r.query).as_deref(),
+        Some("a=1&b=2")
+    );
     assert_eq!(xcache(&client::get(&q(P, "a=1&b=2")).await), "HIT");
     assert_eq!(xcache(&client::get(&q(P, "a=1")).await), "MISS");
 
     assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=1")).await), "MISS");
-    assert_eq!(origin.last_request("/ignoreq/1").and_then(|r| r.query), None);
+    assert_eq!(
+        origin.last_request("/ignoreq/1").and_then(|r| r.query),
+        None
+    );
     assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=2")).await), "HIT");
 
-    assert_eq!(xcache(&client::get(&q("/allowq/1", "z=9&a=1")).await), "MISS");
-    assert_eq!(origin.last_request("/allowq/1").and_then(|r| r.query).as_deref(), Some("a=1"));
-    assert_eq!(xcache(&client::get(&q("/allowq/1", "a=1&z=5")).await), "HIT");
+    assert_eq!(
+        xcache(&client::get(&q("/allowq/1", "z=9&a=1")).await),
+        "MISS"
+    );
+    assert_eq!(
+        origin
+            .last_request("/allowq/1")
+            .and_then(|r| r.query)
+            .as_deref(),
+        Some("a=1")
+    );
+    assert_eq!(
+        xcache(&client::get(&q("/allowq/1", "a=1&z=5")).await),
+        "HIT"
+    );
 }
 
 async fn fills_drop_poisoning_headers(b: Backend) {
@@ -311,10 +406,22 @@ async fn fills_drop_poisoning_headers(b: Backend) {
     .await;
     assert_eq!(xcache(&r), "MISS");
     let seen = origin.last_request(P).expect("fill seen");
-    for h in ["x-forwarded-host", "x-http-method-override", "forwarded", "if-none-match", "accept-encoding"] {
-        assert!(seen.headers.get(h).is_none(), "{h} reached the origin on a fill");
+    for h in [
+        "x-forwarded-host",
+        "x-http-method-override",
+        "forwarded",
+        "if-none-match",
+        "accept-encoding",
+    ] {
+        assert!(
+            seen.headers.get(h).is_none(),
+            "{h} reached the origin on a fill"
+        );
     }
-    assert_eq!(seen.headers.get("user-agent").map(|v| v.as_bytes()), Some(&b"kept/1"[..]));
+    assert_eq!(
+        seen.headers.get("user-agent").map(|v| v.as_bytes()),
+        Some(&b"kept/1"[..])
+    );
     assert!(seen.headers.get("x-forwarded-for").is_some());
 }
 
@@ -323,7 +430,11 @@ async fn large_bodies_stream_through_uncached(b: Backend) {
     let big = "/api/tenants/acme/apps/77";
     let body = "x".repeat(4096);
     origin.reply(big, Reply::ok(body.clone()));
-    let sc = b.builder(&origin).fill("fill:\n  max_body: 1KiB\n").start().await;
+    let sc = b
+        .builder(&origin)
+        .fill("fill:\n  max_body: 1KiB\n")
+        .start()
+        .await;
     for _ in 0..2 {
         let r = client::get(&sc.url(big)).await;
         assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
@@ -331,14 +442,23 @@ async fn large_bodies_stream_through_uncached(b: Backend) {
     }
     assert_eq!(origin.hits(big), 2);
     assert_eq!(
-        metric(&sc, "sidecache_publish_total", &[("route", "app"), ("outcome", "too_large")]).await,
+        metric(
+            &sc,
+            "sidecache_publish_total",
+            &[("route", "app"), ("outcome", "too_large")]
+        )
+        .await,
         2.0
     );
 }
 
 async fn full_fill_permits_answer_503_at_once(b: Backend) {
     let origin = Origin::start().await;
-    let sc = b.builder(&origin).fill("fill:\n  max_concurrency: 1\n").start().await;
+    let sc = b
+        .builder(&origin)
+        .fill("fill:\n  max_concurrency: 1\n")
+        .start()
+        .await;
     let gate = origin.hold(P);
     let url = sc.url(P);
     let first = tokio::spawn(async move { client::get(&url).await });
@@ -348,7 +468,10 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
     let r = client::get(&sc.url(other)).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.header("retry-after").as_deref(), Some("1"));
-    assert!(started.elapsed() < Duration::from_secs(1), "503 must not wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "503 must not wait"
+    );
     assert_eq!(origin.hits(other), 0);
     gate.release();
     assert_eq!(first.await.expect("first").status, 200);
@@ -371,7 +494,41 @@ async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
         let r = t.await.expect("task");
         assert_eq!((r.status.as_u16(), r.text()), (200, origin.default_body(P)));
     }
-    assert_eq!(origin.hits(P), 1, "50 concurrent misses share one upstream call");
+    assert_eq!(
+        origin.hits(P),
+        1,
+        "50 concurrent misses share one upstream call"
+    );
+}
+
+async fn successful_writes_invalidate_the_object(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    client::get(&sc.url(P)).await;
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    origin.bump(P);
+    let w = client::put(&sc.url(P), "{\"name\":\"new\"}").await;
+    assert_eq!(w.status, 200);
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P)),
+        "fresh right after the write"
+    );
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(
+        metric(
+            &sc,
+            "sidecache_invalidations_total",
+            &[("source", "write_through"), ("outcome", "applied")]
+        )
+        .await,
+        1.0
+    );
+    // A failed write invalidates nothing.
+    origin.reply(P, Reply::status(500));
+    assert_eq!(client::put(&sc.url(P), "x").await.status, 500);
+    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
 }
 
 macro_rules! on_both_stores {
@@ -409,4 +566,5 @@ on_both_stores!(
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,
     coalesces_concurrent_misses_in_one_instance,
+    successful_writes_invalidate_the_object,
 );

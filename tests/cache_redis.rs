@@ -40,7 +40,11 @@ async fn metric(sc: &Sidecache, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = sc.metrics().await;
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -72,19 +76,12 @@ fn get_raw(redis: &RedisServer, key: &str) -> Option<Vec<u8>> {
 
 fn only_key(redis: &RedisServer, pattern: &str) -> String {
     let found = keys(redis, pattern);
-    assert_eq!(found.len(), 1, "expected one key for {pattern}, found {found:?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one key for {pattern}, found {found:?}"
+    );
     found[0].clone()
-}
-
-async fn invalidate(sc: &Sidecache, params: &str) {
-    let r = client::request(
-        "POST",
-        &sc.admin_url("/admin/invalidate"),
-        &[("content-type", "application/json")],
-        format!(r#"{{"route":"app","params":{params}}}"#),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +90,10 @@ async fn stampede_across_three_instances_calls_origin_once() {
     let origin = Origin::start().await;
     // The origin answer takes a while so the requests really overlap; the
     // assertion holds for any timing (later arrivals read the published hit).
-    origin.reply(P, Reply::ok("the one answer").delay(Duration::from_millis(300)));
+    origin.reply(
+        P,
+        Reply::ok("the one answer").delay(Duration::from_millis(300)),
+    );
     let extra = "    lease: 5s\n    wait: 5s\n";
     let instances = [
         builder(&redis, &origin, extra).start().await,
@@ -107,9 +107,16 @@ async fn stampede_across_three_instances_calls_origin_once() {
     }
     for t in tasks {
         let r = t.await.expect("request task");
-        assert_eq!((r.status.as_u16(), r.text()), (200, "the one answer".into()));
+        assert_eq!(
+            (r.status.as_u16(), r.text()),
+            (200, "the one answer".into())
+        );
     }
-    assert_eq!(origin.hits(P), 1, "200 cold requests over 3 instances -> one origin call");
+    assert_eq!(
+        origin.hits(P),
+        1,
+        "200 cold requests over 3 instances -> one origin call"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,8 +148,14 @@ async fn waiters_give_up_after_wait_budget_without_calling_origin() {
         assert_eq!(r.header("retry-after").as_deref(), Some("1"));
     }
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(400), "gave up early: {waited:?}");
-    assert!(waited < Duration::from_secs(3), "waited too long: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(400),
+        "gave up early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "waited too long: {waited:?}"
+    );
     assert_eq!(origin.hits(P), 1, "waiters never call the origin");
     gate.release();
     assert_eq!(filler.await.expect("filler").status, 200);
@@ -162,9 +175,11 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     let first = tokio::spawn(async move { client::get(&url).await });
     first_gate.arrived(1).await;
     let lease_pattern = format!("{OBJECT}:l:*");
-    eventually("the first filler's lease to expire", Duration::from_secs(5), || async {
-        keys(&redis, &lease_pattern).is_empty()
-    })
+    eventually(
+        "the first filler's lease to expire",
+        Duration::from_secs(5),
+        || async { keys(&redis, &lease_pattern).is_empty() },
+    )
     .await;
 
     let second_gate = origin.hold(P);
@@ -180,15 +195,30 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     let r = first.await.expect("first");
     assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
     assert_eq!(
-        metric(&a, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        metric(
+            &a,
+            "sidecache_publish_total",
+            &[("outcome", "publish_rejected")]
+        )
+        .await,
         1.0
     );
-    assert_eq!(get_raw(&redis, &lease_key), Some(second_owner), "second lease survives");
-    assert!(keys(&redis, &format!("{OBJECT}:e:*")).is_empty(), "nothing published yet");
+    assert_eq!(
+        get_raw(&redis, &lease_key),
+        Some(second_owner),
+        "second lease survives"
+    );
+    assert!(
+        keys(&redis, &format!("{OBJECT}:e:*")).is_empty(),
+        "nothing published yet"
+    );
 
     second_gate.release();
     assert_eq!(second.await.expect("second").status, 200);
-    assert_eq!(metric(&b, "sidecache_publish_total", &[("outcome", "published")]).await, 1.0);
+    assert_eq!(
+        metric(&b, "sidecache_publish_total", &[("outcome", "published")]).await,
+        1.0
+    );
     assert_eq!(xcache(&client::get(&a.url(P)).await), "HIT");
     assert_eq!(origin.hits(P), 2);
 }
@@ -208,9 +238,11 @@ async fn negative_entries_are_shared_across_instances() {
     }
     assert_eq!(origin.hits(missing), 1);
     // negative_ttl is 2s: once it passes, exactly one more origin call.
-    eventually("the negative entry to expire", Duration::from_secs(6), || async {
-        xcache(&client::get(&b.url(missing)).await) == "MISS"
-    })
+    eventually(
+        "the negative entry to expire",
+        Duration::from_secs(6),
+        || async { xcache(&client::get(&b.url(missing)).await) == "MISS" },
+    )
     .await;
     assert_eq!(origin.hits(missing), 2);
     assert_eq!(xcache(&client::get(&a.url(missing)).await), "NEGATIVE");
@@ -226,12 +258,20 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     let reader = tokio::spawn(async move { client::get(&url).await });
     gate.arrived(1).await;
     let gen_key = format!("{OBJECT}:g");
-    assert!(get_raw(&redis, &gen_key).is_some(), "the ticket created the generation");
+    assert!(
+        get_raw(&redis, &gen_key).is_some(),
+        "the ticket created the generation"
+    );
     redis.cli(&["DEL", &gen_key]).expect("DEL");
     gate.release();
     assert_eq!(reader.await.expect("reader").status, 200);
     assert_eq!(
-        metric(&sc, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        metric(
+            &sc,
+            "sidecache_publish_total",
+            &[("outcome", "publish_rejected")]
+        )
+        .await,
         1.0
     );
     // ABA: a new ticket recreates the key with a fresh value, never the old one.
@@ -248,7 +288,12 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     gate.release();
     assert_eq!(reader.await.expect("reader").status, 200);
     assert_eq!(
-        metric(&sc, "sidecache_publish_total", &[("outcome", "publish_rejected")]).await,
+        metric(
+            &sc,
+            "sidecache_publish_total",
+            &[("outcome", "publish_rejected")]
+        )
+        .await,
         2.0
     );
     assert_ne!(ticket, b"1.2-someone-else".to_vec());
@@ -269,19 +314,35 @@ async fn corrupt_and_misplaced_entries_are_removed_and_refetched() {
 
     redis.cli(&["SET", &entry, "garbage"]).expect("SET");
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(P)));
-    assert_eq!(metric(&sc, "sidecache_corrupt_entries_total", &[]).await, 1.0);
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P))
+    );
+    assert_eq!(
+        metric(&sc, "sidecache_corrupt_entries_total", &[]).await,
+        1.0
+    );
     assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
 
     // An entry copied under another object's key (its identity does not
     // match) is never served as that object.
     let bytes = get_raw(&redis, &entry).expect("entry");
     redis
-        .cli(&["SET", &other_entry, std::str::from_utf8(&bytes).unwrap_or("x")])
+        .cli(&[
+            "SET",
+            &other_entry,
+            std::str::from_utf8(&bytes).unwrap_or("x"),
+        ])
         .expect("SET");
     let r = client::get(&sc.url(other)).await;
-    assert_eq!((xcache(&r), r.text()), ("MISS".into(), origin.default_body(other)));
-    assert_eq!(metric(&sc, "sidecache_corrupt_entries_total", &[]).await, 2.0);
+    assert_eq!(
+        (xcache(&r), r.text()),
+        ("MISS".into(), origin.default_body(other))
+    );
+    assert_eq!(
+        metric(&sc, "sidecache_corrupt_entries_total", &[]).await,
+        2.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,14 +355,25 @@ async fn failed_publish_returns_the_answer_without_a_second_upstream_call() {
     let reader = tokio::spawn(async move { client::get(&url).await });
     gate.arrived(1).await;
     // Scripts (publish, unlock) block while writes are paused.
-    redis.cli(&["CLIENT", "PAUSE", "2000", "WRITE"]).expect("CLIENT PAUSE");
+    redis
+        .cli(&["CLIENT", "PAUSE", "2000", "WRITE"])
+        .expect("CLIENT PAUSE");
     let released = Instant::now();
     gate.release();
     let r = reader.await.expect("reader");
     assert_eq!((r.status.as_u16(), r.text()), (200, origin.default_body(P)));
-    assert!(released.elapsed() < Duration::from_millis(1500), "took {:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        released.elapsed()
+    );
     assert_eq!(
-        metric(&sc, "sidecache_publish_total", &[("outcome", "write_failure")]).await,
+        metric(
+            &sc,
+            "sidecache_publish_total",
+            &[("outcome", "write_failure")]
+        )
+        .await,
         1.0
     );
     assert_eq!(origin.hits(P), 1);
@@ -311,19 +383,31 @@ async fn failed_publish_returns_the_answer_without_a_second_upstream_call() {
 async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let paths: Vec<String> = (1..=48).map(|i| format!("/api/tenants/acme/apps/{i}")).collect();
+    let paths: Vec<String> = (1..=48)
+        .map(|i| format!("/api/tenants/acme/apps/{i}"))
+        .collect();
     for p in &paths {
-        origin.reply(p, Reply::ok(format!("app {p}")).delay(Duration::from_millis(300)));
+        origin.reply(
+            p,
+            Reply::ok(format!("app {p}")).delay(Duration::from_millis(300)),
+        );
     }
     let sc = builder(&redis, &origin, "")
         .fill("fill:\n  max_concurrency: 8\n")
         .start()
         .await;
     // Warm the connection and the script cache.
-    assert_eq!(client::get(&sc.url("/api/tenants/acme/apps/999")).await.status, 200);
+    assert_eq!(
+        client::get(&sc.url("/api/tenants/acme/apps/999"))
+            .await
+            .status,
+        200
+    );
     origin.reset_counts();
 
-    redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]).expect("CLIENT PAUSE");
+    redis
+        .cli(&["CLIENT", "PAUSE", "3000", "ALL"])
+        .expect("CLIENT PAUSE");
     let mut tasks = Vec::new();
     for p in &paths {
         let url = sc.url(p);
@@ -338,7 +422,10 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
     for t in tasks {
         let (status, cache, took) = t.await.expect("task");
         // command_timeout (300ms) + origin (300ms) + scheduling slack.
-        assert!(took < Duration::from_millis(1500), "a request took {took:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "a request took {took:?}"
+        );
         match status {
             200 => {
                 assert_eq!(cache, "DEGRADED");
@@ -348,15 +435,23 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
             other => panic!("unexpected status {other}"),
         }
     }
-    assert!(origin.max_concurrency() <= 8, "origin saw {} at once", origin.max_concurrency());
+    assert!(
+        origin.max_concurrency() <= 8,
+        "origin saw {} at once",
+        origin.max_concurrency()
+    );
     assert!(ok >= 1 && ok + busy == 48, "ok {ok}, busy {busy}");
     assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 1.0);
 
     // After the pause the breaker's probe closes it and hits come back.
-    eventually("HITs to return after the pause", Duration::from_secs(10), || async {
-        client::get(&sc.url(P)).await;
-        xcache(&client::get(&sc.url(P)).await) == "HIT"
-    })
+    eventually(
+        "HITs to return after the pause",
+        Duration::from_secs(10),
+        || async {
+            client::get(&sc.url(P)).await;
+            xcache(&client::get(&sc.url(P)).await) == "HIT"
+        },
+    )
     .await;
     assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 0.0);
 }
@@ -374,15 +469,23 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
         let t = Instant::now();
         let r = client::get(&sc.url(P)).await;
         assert_eq!((r.status.as_u16(), xcache(&r)), (200, "DEGRADED".into()));
-        assert!(t.elapsed() < Duration::from_secs(1), "degraded answer took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "degraded answer took {:?}",
+            t.elapsed()
+        );
     }
 
     // A restarted server has an empty script cache: EVALSHA gets NOSCRIPT
     // and the scripts are loaded again, transparently.
     redis.restart();
-    eventually("MISS then HIT after the restart", Duration::from_secs(10), || async {
-        client::get(&sc.url(P)).await;
-        xcache(&client::get(&sc.url(P)).await) == "HIT"
-    })
+    eventually(
+        "MISS then HIT after the restart",
+        Duration::from_secs(10),
+        || async {
+            client::get(&sc.url(P)).await;
+            xcache(&client::get(&sc.url(P)).await) == "HIT"
+        },
+    )
     .await;
 }

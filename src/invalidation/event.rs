@@ -35,12 +35,32 @@ impl EventKind {
 #[serde(deny_unknown_fields)]
 pub struct Event {
     pub route: String,
-    #[serde(default)]
+    /// Values may be JSON strings or integers (`"id": 42`).
+    #[serde(default, deserialize_with = "string_or_int_values")]
     pub params: BTreeMap<String, String>,
     #[serde(default)]
     pub kind: EventKind,
     #[serde(default)]
     pub revision: Option<i64>,
+}
+
+fn string_or_int_values<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Text(String),
+        Int(i64),
+    }
+    let raw = BTreeMap::<String, Value>::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| match v {
+            Value::Text(s) => (k, s),
+            Value::Int(n) => (k, n.to_string()),
+        })
+        .collect())
 }
 
 /// An event checked against the route table: ready to apply.
@@ -61,9 +81,9 @@ pub enum Poison {
     UnknownRoute(String),
     #[error("param {0:?} is missing")]
     MissingParam(String),
-    #[error("param {0:?} fails its pattern")]
+    #[error("param {0:?} does not match its pattern")]
     BadParam(String),
-    #[error("param {0:?} is not a param of the route")]
+    #[error("route has no param {0:?}")]
     ExtraParam(String),
     #[error("malformed event: {0}")]
     Malformed(String),

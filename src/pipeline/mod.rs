@@ -27,6 +27,7 @@ pub mod status;
 
 use crate::config::{Config, Route};
 use crate::error::ProxyError;
+use crate::invalidation::Validated;
 use crate::metrics::Metrics;
 use crate::proxy::body::{self, Body};
 use crate::proxy::client::UpstreamClient;
@@ -42,20 +43,8 @@ use key::CacheKey;
 use lease::LeaseOutcome;
 use rand::Rng;
 use status::CacheStatus;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-
-/// Why an invalidation request was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum InvalidateError {
-    #[error("unknown route {0:?}")]
-    UnknownRoute(String),
-    #[error("param {0:?} is missing or fails its pattern")]
-    BadParam(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// What a fill task needs; shared with spawned fills.
 struct Shared {
@@ -229,30 +218,37 @@ impl Pipeline {
     }
 
     /// Replaces the generation of one object (every variant goes stale).
-    pub async fn invalidate(
-        &self,
-        cfg: &Config,
-        route: &str,
-        params: &BTreeMap<String, String>,
-    ) -> Result<(), InvalidateError> {
-        let r = cfg
-            .routes
-            .find(route)
-            .ok_or_else(|| InvalidateError::UnknownRoute(route.to_owned()))?;
-        let mut values = Vec::with_capacity(r.params.len());
-        for p in &r.params {
-            match params.get(&p.name) {
-                Some(v) if p.pattern.is_match(v) => values.push(v.as_str()),
-                _ => return Err(InvalidateError::BadParam(p.name.clone())),
-            }
-        }
-        let identity = key::identity(&r.name, &values);
-        let gen_key = key::generation_key(&cfg.store.namespace, &identity);
+    pub async fn invalidate(&self, cfg: &Config, event: &Validated) -> Result<(), StoreError> {
         self.shared
             .store
+            .invalidate(&event.gen_key, &nonce(), cfg.gen_ttl)
+            .await
+            .map(drop)
+    }
+
+    /// Write-through: a 2xx answer to a write on a cached object's path
+    /// invalidates the object. Failure is logged and counted only; the
+    /// outbox or stream stays the reliable path.
+    pub async fn write_through(&self, cfg: &Config, route: &Route, params: &[String]) {
+        let identity = key::identity(&route.name, params);
+        let gen_key = key::generation_key(&cfg.store.namespace, &identity);
+        let outcome = match self
+            .shared
+            .store
             .invalidate(&gen_key, &nonce(), cfg.gen_ttl)
-            .await?;
-        Ok(())
+            .await
+        {
+            Ok(_) => "applied",
+            Err(e) => {
+                tracing::warn!(route = %route.name, object = %identity, error = %e, "write-through invalidation failed");
+                "failed"
+            }
+        };
+        self.shared
+            .metrics
+            .invalidations
+            .with_label_values(&["write_through", outcome])
+            .inc();
     }
 
     /// Number of fills in progress in this instance.

@@ -184,12 +184,25 @@ async fn handle(
             ))
             .to_response()
         }
+        RouteMatch::Write(route, params) if route.invalidate_on_write => {
+            let params: Vec<String> = params.into_iter().map(str::to_owned).collect();
+            count_forward(&state);
+            let resp = forward(
+                &state.client,
+                req,
+                peer,
+                cfg.upstream.timeout,
+                &state.metrics,
+            )
+            .await;
+            if resp.status().is_success() {
+                // Before the client sees the answer, so its next read is fresh.
+                state.pipeline.write_through(&cfg, &route, &params).await;
+            }
+            resp
+        }
         RouteMatch::Write(..) | RouteMatch::Forward => {
-            state
-                .metrics
-                .requests
-                .with_label_values(&["-", "forward"])
-                .inc();
+            count_forward(&state);
             forward(
                 &state.client,
                 req,
@@ -200,4 +213,12 @@ async fn handle(
             .await
         }
     }
+}
+
+fn count_forward(state: &ProxyState) {
+    state
+        .metrics
+        .requests
+        .with_label_values(&["-", "forward"])
+        .inc();
 }

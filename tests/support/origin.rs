@@ -296,7 +296,7 @@ impl Origin {
         self.state.max_inflight.load(Ordering::SeqCst)
     }
 
-    /// Every received request, in arrival order of completion of its body.
+    /// Every received request, in the order their bodies were read.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.inner.lock().unwrap().requests.clone()
     }
@@ -331,7 +331,7 @@ impl Origin {
         }
     }
 
-    /// Forgets counters, recorded requests and per-path versions (replies stay).
+    /// Forgets counters and recorded requests (replies and versions stay).
     pub fn reset_counts(&self) {
         let mut inner = self.state.inner.lock().unwrap();
         inner.hits.clear();
