@@ -24,3 +24,50 @@ pub mod stream;
 
 pub use apply::{Applier, ApplyOutcome, CreateHook, Source};
 pub use event::{Event, EventKind, Poison, Validated};
+
+use crate::config::{Config, RedisTarget};
+use crate::metrics::Metrics;
+use crate::store::GuardedStore;
+use arc_swap::ArcSwap;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Starts the configured background sources (outbox worker, stream
+/// consumer) on the current runtime. They run until `shutdown` becomes true;
+/// await the handles to let a cycle in progress finish. Settings are taken
+/// from the config at start (changing them needs a restart); events are
+/// validated against the live config.
+pub fn spawn_sources(
+    config: &Arc<ArcSwap<Config>>,
+    store: &Arc<GuardedStore>,
+    metrics: &Metrics,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let cfg = config.load();
+    let mut tasks = Vec::new();
+    if let Some(outbox) = &cfg.invalidation.outbox {
+        let applier = Applier::new(
+            config.clone(),
+            store.clone(),
+            metrics.clone(),
+            Source::Outbox,
+        );
+        let worker = outbox::OutboxWorker::new(outbox.clone(), applier);
+        tasks.push(tokio::spawn(worker.run(shutdown.clone())));
+    }
+    if let Some(stream) = &cfg.invalidation.stream {
+        // Validation only accepts a stream with a single-node store.
+        if let Some(RedisTarget::Single(url)) = cfg.store.redis.as_ref().map(|r| &r.target) {
+            let applier = Applier::new(
+                config.clone(),
+                store.clone(),
+                metrics.clone(),
+                Source::Stream,
+            );
+            let consumer = stream::StreamConsumer::new(stream.clone(), url.clone(), applier);
+            tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
+        }
+    }
+    tasks
+}
