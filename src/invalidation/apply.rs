@@ -16,6 +16,9 @@ use arc_swap::ArcSwap;
 use rand::Rng;
 use std::sync::Arc;
 
+/// Generation keys per store call.
+const CHUNK: usize = 256;
+
 /// Where an event came from, as named in the `source` metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -112,25 +115,36 @@ impl Applier {
             .into_iter()
             .map(|e| e.and_then(|e| e.validate(&cfg)))
             .collect();
+        // One store call per chunk: a pipeline of a few hundred small
+        // scripts stays well inside the store's command timeout, whatever
+        // `batch` is. `stored[i]` is the result for the i-th valid event.
         let gen_keys: Vec<String> = checked
             .iter()
             .filter_map(|c| c.as_ref().ok().map(|v| v.gen_key.clone()))
             .collect();
-        let stored = self
-            .store
-            .invalidate_many(&gen_keys, &nonce(), cfg.gen_ttl)
-            .await;
+        let nonce = nonce();
+        let mut stored: Vec<Result<(), StoreError>> = Vec::with_capacity(gen_keys.len());
+        for chunk in gen_keys.chunks(CHUNK) {
+            let result = self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await;
+            stored.extend(std::iter::repeat_n(result, chunk.len()));
+        }
+        let mut stored = stored.into_iter();
         let mut outcomes = Vec::with_capacity(checked.len());
         for c in checked {
-            let outcome = match (c, &stored) {
-                (Err(poison), _) => ApplyOutcome::Poison(poison),
-                (Ok(_), Err(e)) => ApplyOutcome::Failed(e.clone()),
-                (Ok(v), Ok(())) => match (&self.create_hook, v.kind) {
-                    (Some(hook), EventKind::Create) => match hook.created(&v).await {
-                        Ok(()) => ApplyOutcome::Applied,
-                        Err(e) => ApplyOutcome::Failed(e),
+            let outcome = match c {
+                Err(poison) => ApplyOutcome::Poison(poison),
+                Ok(v) => match stored
+                    .next()
+                    .unwrap_or(Err(StoreError::Protocol("no result".into())))
+                {
+                    Err(e) => ApplyOutcome::Failed(e),
+                    Ok(()) => match (&self.create_hook, v.kind) {
+                        (Some(hook), EventKind::Create) => match hook.created(&v).await {
+                            Ok(()) => ApplyOutcome::Applied,
+                            Err(e) => ApplyOutcome::Failed(e),
+                        },
+                        _ => ApplyOutcome::Applied,
                     },
-                    _ => ApplyOutcome::Applied,
                 },
             };
             self.metrics
@@ -145,4 +159,93 @@ impl Applier {
 
 fn nonce() -> String {
     format!("{:016x}", rand::rng().random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    fn applier(metrics: &Metrics) -> (Applier, Arc<GuardedStore>) {
+        let yaml = r#"
+version: 1
+listen: 127.0.0.1:1
+admin: { listen: 127.0.0.1:2 }
+upstream: { url: "http://127.0.0.1:9" }
+routes:
+  - name: app
+    path: /t/{tenant}/a/{id}
+    params: { tenant: "[a-z]+", id: "[1-9][0-9]*" }
+    ttl: 60s
+"#;
+        let cfg = Config::parse(yaml, &|_| None).expect("config");
+        let store = Arc::new(GuardedStore::new(
+            Arc::new(MemoryStore::new()),
+            None,
+            Duration::from_secs(1),
+            metrics,
+        ));
+        let config = Arc::new(ArcSwap::from_pointee(cfg));
+        (
+            Applier::new(config, store.clone(), metrics.clone(), Source::Outbox),
+            store,
+        )
+    }
+
+    fn event(tenant: &str, id: &str) -> Result<Event, Poison> {
+        Ok(Event {
+            route: "app".into(),
+            params: BTreeMap::from([("tenant".into(), tenant.into()), ("id".into(), id.into())]),
+            kind: EventKind::Invalidate,
+            revision: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn outcomes_line_up_with_inputs_across_chunks() {
+        let metrics = Metrics::new();
+        let (applier, _) = applier(&metrics);
+        let mut events: Vec<_> = (1..=600).map(|i| event("a", &i.to_string())).collect();
+        events.insert(3, event("a", "0"));
+        events.insert(300, Err(Poison::Malformed("x".into())));
+        let outcomes = applier.apply(events).await;
+        assert_eq!(outcomes.len(), 602);
+        assert!(matches!(
+            outcomes[3],
+            ApplyOutcome::Poison(Poison::BadParam(_))
+        ));
+        assert!(matches!(
+            outcomes[300],
+            ApplyOutcome::Poison(Poison::Malformed(_))
+        ));
+        let applied = outcomes
+            .iter()
+            .filter(|o| matches!(o, ApplyOutcome::Applied))
+            .count();
+        assert_eq!(applied, 600);
+        let count = |outcome| {
+            metrics
+                .invalidations
+                .with_label_values(&["outbox", outcome])
+                .get()
+        };
+        assert_eq!((count("applied"), count("poison")), (600, 2));
+    }
+
+    #[tokio::test]
+    async fn applying_twice_replaces_the_generation_again() {
+        let metrics = Metrics::new();
+        let (applier, store) = applier(&metrics);
+        let gen_key = crate::pipeline::key::generation_key(
+            "sc:",
+            &crate::pipeline::key::identity("app", &["a", "7"]),
+        );
+        applier.apply(vec![event("a", "7")]).await;
+        let first = store.ticket(&gen_key, "n", Duration::from_secs(60)).await;
+        applier.apply(vec![event("a", "7")]).await;
+        let second = store.ticket(&gen_key, "n", Duration::from_secs(60)).await;
+        assert_ne!(first.unwrap(), second.unwrap());
+    }
 }
