@@ -175,9 +175,12 @@ async fn worker_killed_between_apply_and_commit_reapplies_after_restart() {
     assert_eq!(fresh.header("x-cache").as_deref(), Some("MISS"));
     assert_eq!(fresh.text(), origin.default_body(PATH));
     assert_eq!(
-        sc.metric("sidecache_invalidations_total{outcome=\"applied\",source=\"outbox\"}")
-            .await,
-        Some(1.0)
+        sc.metric_sum(
+            "sidecache_invalidations_total",
+            &[("source", "outbox"), ("outcome", "applied")]
+        )
+        .await,
+        1.0
     );
 }
 
