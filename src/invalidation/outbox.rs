@@ -217,7 +217,6 @@ impl OutboxWorker {
             .await?;
         let statements = Statements::prepare(&client, &self.cfg.table).await?;
         info!("outbox worker connected; listening");
-        reconnect.reset();
 
         let mut gauges_at = Instant::now();
         loop {
@@ -229,6 +228,10 @@ impl OutboxWorker {
                     tokio::time::timeout(CYCLE_TIMEOUT, self.cycle(&mut client, &statements))
                         .await
                         .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+                // Reset only once a whole cycle worked: a session that
+                // connects but fails every cycle (permissions, a dropped
+                // table) keeps backing off instead of reconnecting in a loop.
+                reconnect.reset();
                 let full = report.claimed >= self.cfg.batch as usize;
                 if !full || report.failed > 0 || *shutdown.borrow() {
                     break;

@@ -128,7 +128,6 @@ impl StreamConsumer {
             .get_multiplexed_async_connection_with_config(&conn_cfg)
             .await?;
         self.ensure_group(&mut conn).await?;
-        reconnect.reset();
         info!("stream consumer connected");
 
         // Own pending first: entries this name was given and never acked.
@@ -162,6 +161,9 @@ impl StreamConsumer {
                 .arg(">")
                 .query_async(&mut conn)
                 .await?;
+            // A full round worked: only now forget earlier failures, so a
+            // session that connects but always fails keeps backing off.
+            reconnect.reset();
             let entries = flatten(reply);
             if !entries.is_empty() && self.process(&mut conn, &entries).await? {
                 retry_own_at.get_or_insert(Instant::now() + RETRY_OWN_AFTER);
