@@ -2,17 +2,35 @@
 # sidecache benchmark: one run, everything on loopback, nothing shared.
 #
 # Starts, on free loopback ports in a temp dir: its own redis-server, the
-# example upstream as the origin, sidecache (Redis store) and nginx, all in
-# front of the same origin. Then measures with wrk:
-#   passthrough  GET of a path no cache rule covers: origin direct, nginx
+# example upstream as the origin (and a second, 20 ms slow one for the
+# stampede), sidecache (Redis store; 3 more instances for the stampede) and
+# nginx, all in front of the same origin. Then measures:
+#   passthrough  wrk GET of a path no cache rule covers: origin direct, nginx
 #                proxy_pass, sidecache forwarding
-#   hit          GET of one cached object: nginx proxy_cache, sidecache HIT
-# Each measurement is preceded by an unrecorded warm-up; every system is
+#   post         wrk POST of a 1 KiB body to /sink: the same three
+#   hit          wrk GET of one cached object: nginx proxy_cache, sidecache HIT
+#   hit_zipf     wrk GETs over 10 000 cached objects, Zipf-like (bench/zipf.lua)
+#   stampede     200 clients at once per cold key (bench/stampede.py), 20 ms
+#                origin: origin requests per key, 3 sidecache instances
+#                sharing one Redis vs nginx with proxy_cache_lock
+#   stream       peak RSS (VmHWM) while 1 GiB streams down and then up
+#   idle         RSS per idle keep-alive connection, 10 000 of them
+#                (bench/idle_conns.py)
+# Each wrk measurement is preceded by an unrecorded warm-up; every system is
 # measured BENCH_ROUNDS times, interleaved (round order alternates). Prints a
 # table and writes the raw numbers to bench/out/<timestamp>.json.
 # See bench/README.md for what is measured and how to read it.
 #
 # Environment (defaults in brackets):
+#   BENCH_SCENARIOS ["idle stream passthrough post hit hit_zipf stampede"]  run in this order
+#   BENCH_HOT_OBJECTS [10000]  objects in hit_zipf (even; origin gets half per tenant)
+#   BENCH_POST_BYTES [1024]  body size of the post scenario
+#   BENCH_STAMPEDE_CLIENTS [200]  concurrent clients per cold key
+#   BENCH_STAMPEDE_KEYS [10]  cold keys per stampede measurement
+#   BENCH_STAMPEDE_DELAY_MS [20]  latency of the stampede origin
+#   BENCH_STAMPEDE_INSTANCES [3]  sidecache instances sharing one Redis
+#   BENCH_STREAM_BYTES [1073741824]  body size of the stream scenario
+#   BENCH_IDLE_CONNECTIONS [10000]  connections held in the idle scenario
 #   BENCH_DURATION [10]      seconds per measurement
 #   BENCH_WARMUP [3]         seconds of warm-up before each measurement
 #   BENCH_ROUNDS [2]         measurements per system and scenario
@@ -40,6 +58,15 @@ connections=${BENCH_CONNECTIONS:-32}
 payload=${BENCH_PAYLOAD_BYTES:-1024}
 read -r -a systems <<<"${BENCH_SYSTEMS:-origin nginx sidecache}"
 store=${BENCH_SIDECACHE_STORE:-redis}
+read -r -a wanted <<<"${BENCH_SCENARIOS:-idle stream passthrough post hit hit_zipf stampede}"
+hot_objects=${BENCH_HOT_OBJECTS:-10000}
+post_bytes=${BENCH_POST_BYTES:-1024}
+stampede_clients=${BENCH_STAMPEDE_CLIENTS:-200}
+stampede_keys=${BENCH_STAMPEDE_KEYS:-10}
+stampede_delay=${BENCH_STAMPEDE_DELAY_MS:-20}
+stampede_instances=${BENCH_STAMPEDE_INSTANCES:-3}
+stream_bytes=${BENCH_STREAM_BYTES:-1073741824}
+idle_connections=${BENCH_IDLE_CONNECTIONS:-10000}
 pin=${BENCH_PIN:-1}
 server_cpus=${BENCH_SERVER_CPUS:-0}
 load_cpus=${BENCH_LOAD_CPUS:-1}
@@ -48,12 +75,16 @@ sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
 passthrough_path='/api/tenants/acme/apps?limit=1'
 hit_path='/api/tenants/acme/apps/1'
+post_path='/sink'
+origin_apps=$((hot_objects / 2 > 100 ? hot_objects / 2 : 100))
 
 die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 note() { printf 'bench: %s\n' "$*" >&2; }
 
 for v in DURATION:duration WARMUP:warmup ROUNDS:rounds THREADS:threads CONNECTIONS:connections \
-    PAYLOAD_BYTES:payload; do
+    PAYLOAD_BYTES:payload HOT_OBJECTS:hot_objects POST_BYTES:post_bytes \
+    STAMPEDE_CLIENTS:stampede_clients STAMPEDE_KEYS:stampede_keys STAMPEDE_DELAY_MS:stampede_delay \
+    STAMPEDE_INSTANCES:stampede_instances STREAM_BYTES:stream_bytes IDLE_CONNECTIONS:idle_connections; do
     name=${v#*:}
     value=${!name}
     [[ $value =~ ^[0-9]+$ && $value -gt 0 ]] || die "BENCH_${v%%:*} must be a positive integer (got '$value')"
@@ -66,6 +97,20 @@ for s in "${systems[@]}"; do
         die "unknown system '$s' in BENCH_SYSTEMS (known: origin nginx sidecache)"
 done
 ((${#systems[@]} > 0)) || die "BENCH_SYSTEMS is empty"
+((hot_objects % 2 == 0)) || die "BENCH_HOT_OBJECTS must be even (two tenants)"
+wants() { local s; for s in "${wanted[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
+for s in "${wanted[@]}"; do
+    case $s in
+    passthrough | post | hit | hit_zipf | stampede | stream | idle) ;;
+    *) die "unknown scenario '$s' in BENCH_SCENARIOS (known: passthrough post hit hit_zipf stampede stream idle)" ;;
+    esac
+done
+((${#wanted[@]} > 0)) || die "BENCH_SCENARIOS is empty"
+# Enough descriptors for 10 000 idle connections in every process started here.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if wants idle && (($(ulimit -n) < idle_connections + 1000)); then
+    die "the idle scenario needs ulimit -n >= $((idle_connections + 1000)) (hard limit is $(ulimit -Hn)); lower BENCH_IDLE_CONNECTIONS"
+fi
 
 # ---------------------------------------------------------------- tools ----
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
@@ -77,6 +122,9 @@ if has nginx && [[ ! -x $nginx_bin ]]; then
 fi
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
+if wants stampede || wants idle; then
+    command -v python3 >/dev/null || missing+=(python3)
+fi
 if ((need_redis)); then
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 fi
@@ -190,9 +238,19 @@ http_ok() { curl -fsS -o /dev/null --max-time 1 "$1"; }
 
 origin_port=$(free_port)
 origin=http://127.0.0.1:$origin_port
-start origin "$upstream_bin" --listen "127.0.0.1:$origin_port" --apps 100 --payload-bytes "$payload"
+start origin "$upstream_bin" --listen "127.0.0.1:$origin_port" --apps "$origin_apps" --payload-bytes "$payload"
 wait_until origin http_ok "$origin/healthz"
 declare -A base=([origin]=$origin)
+# The stampede's origin: the same service and payload, 20 ms per API request.
+slow_origin_port=$origin_port
+if wants stampede; then
+    slow_origin_port=$(free_port)
+    start slow_origin "$upstream_bin" --listen "127.0.0.1:$slow_origin_port" --apps 1000 \
+        --payload-bytes "$payload" --delay-ms "$stampede_delay"
+    wait_until slow_origin http_ok "http://127.0.0.1:$slow_origin_port/healthz"
+fi
+slow_origin=http://127.0.0.1:$slow_origin_port
+declare -A stampede_base=()
 
 if ((need_redis)); then
     redis_port=$(free_port)
@@ -204,6 +262,7 @@ fi
 
 if has nginx; then
     nginx_port=$(free_port)
+    nginx_stampede_port=$(free_port)
     mkdir -p "$work/nginx"
     user_line=''
     # As root, nginx would switch its workers to `nobody`, who cannot enter
@@ -211,33 +270,40 @@ if has nginx; then
     [[ $EUID -eq 0 ]] && user_line="user $(id -un) $(id -gn);"
     sed -e "s|@USER_LINE@|$user_line|" -e "s|@WORKERS@|$server_cpu_count|" \
         -e "s|@DIR@|$work/nginx|g" -e "s|@PORT@|$nginx_port|" \
-        -e "s|@ORIGIN_PORT@|$origin_port|" "$root/bench/nginx.conf.tmpl" >"$work/nginx/nginx.conf"
+        -e "s|@ORIGIN_PORT@|$origin_port|" -e "s|@SLOW_ORIGIN_PORT@|$slow_origin_port|" \
+        -e "s|@STAMPEDE_PORT@|$nginx_stampede_port|" -e "s|@NOFILE@|$(ulimit -n)|" \
+        -e "s|@WORKER_CONNECTIONS@|$(($(ulimit -n) - 100))|" \
+        "$root/bench/nginx.conf.tmpl" >"$work/nginx/nginx.conf"
     "$nginx_bin" -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
         die "nginx rejected the generated config $work/nginx/nginx.conf"
     start nginx "$nginx_bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf"
     base[nginx]=http://127.0.0.1:$nginx_port
+    stampede_base[nginx]=http://127.0.0.1:$nginx_stampede_port
     wait_until nginx http_ok "${base[nginx]}$passthrough_path"
 fi
 
-if has sidecache; then
+# start_sidecache NAME ORIGIN NAMESPACE: one sidecache instance on free
+# ports; sets started_base to its proxy base URL.
+start_sidecache() {
+    local name=$1 upstream=$2 namespace=$3 proxy_port admin_port store_yaml
     proxy_port=$(free_port)
     admin_port=$(free_port)
     if [[ $store == redis ]]; then
         store_yaml="store:
   redis:
     url: redis://127.0.0.1:$redis_port/0
-  namespace: \"bench:\""
+  namespace: \"$namespace\""
     else
         store_yaml="store:
-  namespace: \"bench:\""
+  namespace: \"$namespace\""
     fi
-    cat >"$work/sidecache.yaml" <<EOF
+    cat >"$work/$name.yaml" <<EOF
 version: 1
 listen: 127.0.0.1:$proxy_port
 admin:
   listen: 127.0.0.1:$admin_port
 upstream:
-  url: $origin
+  url: $upstream
   max_idle_per_host: 64
 $store_yaml
 routes:
@@ -246,13 +312,32 @@ routes:
     params:
       tenant: "[A-Za-z0-9_-]{1,64}"
       id: "[1-9][0-9]{0,17}"
-    ttl: 60s
+    ttl: 1h
     negative_ttl: 5s
 EOF
-    start sidecache env SIDECACHE_LOG="${SIDECACHE_LOG:-warn}" \
-        "$sidecache_bin" run --config "$work/sidecache.yaml"
-    wait_until sidecache http_ok "http://127.0.0.1:$admin_port/readyz"
-    base[sidecache]=http://127.0.0.1:$proxy_port
+    start "$name" env SIDECACHE_LOG="${SIDECACHE_LOG:-warn}" \
+        "$sidecache_bin" run --config "$work/$name.yaml"
+    wait_until "$name" http_ok "http://127.0.0.1:$admin_port/readyz"
+    started_base=http://127.0.0.1:$proxy_port
+}
+
+if has sidecache; then
+    start_sidecache sidecache "$origin" "bench:"
+    base[sidecache]=$started_base
+    if wants stampede; then
+        # Instances sharing one Redis (with the embedded store: one cache
+        # each) in front of the slow origin, in their own namespace so every
+        # key starts cold.
+        urls=()
+        for ((i = 1; i <= stampede_instances; i++)); do
+            start_sidecache "sidecache-stampede-$i" "$slow_origin" "stampede:"
+            urls+=("$started_base")
+        done
+        stampede_base[sidecache]=$(
+            IFS=,
+            echo "${urls[*]}"
+        )
+    fi
 fi
 
 # ------------------------------------------------------------ pre-checks ----
@@ -270,50 +355,134 @@ expect_200() {
     fi
 }
 
-scenarios=()
-declare -A scenario_path=([passthrough]=$passthrough_path [hit]=$hit_path)
-declare -A scenario_systems=()
-pt=() hit=()
-for s in "${systems[@]}"; do
-    expect_200 "$s" "${base[$s]}$passthrough_path"
-    pt+=("$s")
-    if [[ $s != origin ]]; then
-        expect_200 "$s" "${base[$s]}$hit_path"           # fill
-        expect_200 "$s" "${base[$s]}$hit_path" HIT       # and now from the cache
-        hit+=("$s")
-    fi
-done
-scenarios+=(passthrough)
-scenario_systems[passthrough]="${pt[*]}"
-if ((${#hit[@]} > 0)); then
-    scenarios+=(hit)
-    scenario_systems[hit]="${hit[*]}"
-fi
+# hot_path I: the path of hit_zipf object I (1-based), as bench/zipf.lua builds it.
+hot_path() {
+    local tenant=globex
+    (($1 % 2 == 1)) && tenant=acme
+    echo "/api/tenants/$tenant/apps/$((($1 + 1) / 2))"
+}
 
+# prime SYSTEM: fetches every hit_zipf object once (so it is cached), then
+# checks that a sample of them answers HIT.
+prime() {
+    local system=$1 i list=$work/prime-$1.curl
+    for ((i = 1; i <= hot_objects; i++)); do
+        printf 'url = "%s%s"\noutput = "/dev/null"\n' "${base[$system]}" "$(hot_path "$i")"
+    done >"$list"
+    curl -sS --fail --parallel --parallel-max 16 --config "$list" ||
+        die "$system failed while priming the $hot_objects hot objects"
+    for i in 1 2 3 $((hot_objects / 2)) $((hot_objects - 1)) "$hot_objects"; do
+        expect_200 "$system" "${base[$system]}$(hot_path "$i")" HIT
+    done
+}
+
+scenarios=()
+declare -A scenario_path=([passthrough]=$passthrough_path [post]=$post_path [hit]=$hit_path [hit_zipf]=/)
+declare -A scenario_script=([post]=$root/bench/post.lua [hit_zipf]=$root/bench/zipf.lua)
+declare -A scenario_systems=()
+proxies=()
+for s in "${systems[@]}"; do
+    [[ $s != origin ]] && proxies+=("$s")
+done
+for scenario in "${wanted[@]}"; do
+    case $scenario in
+    passthrough | post) list=("${systems[@]}") ;;
+    *) list=("${proxies[@]}") ;;
+    esac
+    ((${#list[@]} > 0)) || continue
+    for s in "${list[@]}"; do
+        case $scenario in
+        passthrough) expect_200 "$s" "${base[$s]}$passthrough_path" ;;
+        post)
+            code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 --data-binary 'x' "${base[$s]}$post_path") ||
+                die "$s did not answer POST $post_path"
+            [[ $code == 200 ]] || die "$s answered $code to POST $post_path; the benchmark needs 200"
+            ;;
+        hit)
+            expect_200 "$s" "${base[$s]}$hit_path"     # fill
+            expect_200 "$s" "${base[$s]}$hit_path" HIT # and now from the cache
+            ;;
+        hit_zipf) prime "$s" ;;
+        stampede)
+            IFS=, read -r -a urls <<<"${stampede_base[$s]}"
+            for u in "${urls[@]}"; do expect_200 "$s" "$u/healthz"; done
+            ;;
+        stream) expect_200 "$s" "${base[$s]}/blob/10" ;;
+        idle) expect_200 "$s" "${base[$s]}$hit_path" ;;
+        esac
+    done
+    scenarios+=("$scenario")
+    scenario_systems[$scenario]="${list[*]}"
+done
+((${#scenarios[@]} > 0)) || die "no scenario applies to BENCH_SYSTEMS=${systems[*]}"
+
+# origin_count [BASE]: API requests the origin has served so far.
 origin_count() {
-    curl -fsS --max-time 2 "$origin/stats" | sed -n 's/.*"api_requests":\([0-9]*\).*/\1/p'
+    curl -fsS --max-time 2 "${1:-$origin}/stats" | sed -n 's/.*"api_requests":\([0-9]*\).*/\1/p'
+}
+
+# pids_of SYSTEM: the processes whose memory counts (nginx: its workers).
+pids_of() {
+    if [[ $1 == nginx ]]; then
+        pgrep -P "${pid_of[nginx]}"
+    else
+        echo "${pid_of[$1]}"
+    fi
+}
+
+# mem_kb SYSTEM FIELD: sum of FIELD (VmRSS, VmHWM) over the system's processes, in KiB.
+mem_kb() {
+    local p total=0 v
+    for p in $(pids_of "$1"); do
+        v=$(awk -v f="$2:" '$1 == f { print $2 }' "/proc/$p/status")
+        total=$((total + v))
+    done
+    echo "$total"
+}
+
+# reset_peak SYSTEM: restarts VmHWM from the current RSS (Linux >= 4.0).
+reset_peak() {
+    local p
+    for p in $(pids_of "$1"); do
+        echo 5 >"/proc/$p/clear_refs" 2>/dev/null ||
+            note "warning: cannot reset the peak RSS of $1 (pid $p); VmHWM counts from its start"
+    done
 }
 
 # ------------------------------------------------------------- measuring ----
 results=$work/results.tsv
+stampede_results=$work/stampede.tsv
+memory_results=$work/memory.tsv
 : >"$results"
+: >"$stampede_results"
+: >"$memory_results"
 
-# run_wrk SECONDS URL LOG: one wrk run on the load CPUs.
+# run_wrk SECONDS URL LOG [SCRIPT]: one wrk run on the load CPUs; SCRIPT's
+# request generation, report.lua's done().
 run_wrk() {
-    "${on_load[@]}" wrk -t "$threads" -c "$connections" -d "${1}s" --timeout 5s \
-        -s "$root/bench/report.lua" "$2" >"$3" 2>&1 ||
+    local script=$work/wrk-report.lua
+    if [[ -n ${4:-} ]]; then
+        script=$work/wrk-$(basename "$4")
+        cat "$4" "$root/bench/report.lua" >"$script"
+    else
+        cp "$root/bench/report.lua" "$script"
+    fi
+    BENCH_HOT_OBJECTS=$hot_objects BENCH_POST_BYTES=$post_bytes \
+        "${on_load[@]}" wrk -t "$threads" -c "$connections" -d "${1}s" --timeout 5s \
+        -s "$script" "$2" >"$3" 2>&1 ||
         die "wrk failed on $2 (output: $3)"
 }
 
-# measure SCENARIO SYSTEM ROUND: warm-up, then one recorded run.
+# measure SCENARIO SYSTEM ROUND: warm-up, then one recorded wrk run.
 measure() {
-    local scenario=$1 system=$2 round=$3 url log before after line kv rps socket
+    local scenario=$1 system=$2 round=$3 url log before after line kv rps socket script
     url=${base[$system]}${scenario_path[$scenario]}
+    script=${scenario_script[$scenario]:-}
     log=$work/wrk-$scenario-$system-$round.log
     alive "$system"
-    run_wrk "$warmup" "$url" "$log.warmup"
+    run_wrk "$warmup" "$url" "$log.warmup" "$script"
     before=$(origin_count) || die "origin stopped answering /stats"
-    run_wrk "$duration" "$url" "$log"
+    run_wrk "$duration" "$url" "$log" "$script"
     after=$(origin_count) || die "origin stopped answering /stats"
     alive "$system"
     line=$(grep '^BENCH_RESULT ' "$log") || die "wrk printed no result for $url (output: $log)"
@@ -335,13 +504,96 @@ measure() {
         "$(awk -v u="${r[p99_us]}" 'BEGIN{print u/1000}')" "$((after - before))"
 }
 
+# measure_stampede SYSTEM ROUND: STAMPEDE_CLIENTS clients at once on each of
+# STAMPEDE_KEYS keys nobody has asked for yet; origin requests per key.
+stampede_run=0
+measure_stampede() {
+    local system=$1 round=$2 paths=() i first before after out per_key bad
+    first=$((stampede_run * stampede_keys + 1))
+    stampede_run=$((stampede_run + 1))
+    ((first + stampede_keys - 1 <= 1000)) || die "the stampede origin has 1000 apps; fewer rounds or keys"
+    for ((i = first; i < first + stampede_keys; i++)); do
+        paths+=("/api/tenants/acme/apps/$i")
+    done
+    before=$(origin_count "$slow_origin") || die "the stampede origin stopped answering /stats"
+    out=$("${on_load[@]}" python3 "$root/bench/stampede.py" "$stampede_clients" "${stampede_base[$system]}" "${paths[@]}") ||
+        die "the stampede client failed against $system"
+    after=$(origin_count "$slow_origin") || die "the stampede origin stopped answering /stats"
+    per_key=$(awk -v d="$((after - before))" -v k="$stampede_keys" 'BEGIN { printf "%.2f", d / k }')
+    bad=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1])["statuses"]; print(sum(v for k,v in s.items() if k!="200"))' "$out")
+    ((bad == 0)) || note "warning: $system answered $bad stampede requests with something other than 200: $out"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$round" "$stampede_keys" "$((after - before))" "$per_key" "$out" >>"$stampede_results"
+    printf '  %-12s %-10s round %d: %s origin requests for %d keys (%s per key); %s\n' \
+        stampede "$system" "$round" "$((after - before))" "$stampede_keys" "$per_key" "$out"
+}
+
+# measure_stream SYSTEM ROUND: peak RSS while STREAM_BYTES go down
+# (GET /blob/N) and then up (chunked POST /sink) through the system.
+measure_stream() {
+    local system=$1 round=$2 before down up down_hwm up_hwm
+    alive "$system"
+    before=$(mem_kb "$system" VmRSS)
+    reset_peak "$system"
+    down=$("${on_load[@]}" curl -sS -o /dev/null -w '%{http_code} %{size_download} %{time_total}' \
+        "${base[$system]}/blob/$stream_bytes") || die "$system failed the $stream_bytes-byte download"
+    [[ $down == "200 $stream_bytes "* ]] || die "$system download: got '$down' (code, bytes, seconds)"
+    down_hwm=$(mem_kb "$system" VmHWM)
+    reset_peak "$system"
+    up=$(head -c "$stream_bytes" /dev/zero | "${on_load[@]}" curl -sS -X POST -T - \
+        -H 'Content-Type: application/octet-stream' -w ' %{http_code} %{time_total}' "${base[$system]}/sink") ||
+        die "$system failed the $stream_bytes-byte upload"
+    [[ $up == *"\"received\":$stream_bytes}"*" 200 "* ]] || die "$system upload: got '$up'"
+    up_hwm=$(mem_kb "$system" VmHWM)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' stream "$system" "$round" "$before" "$down_hwm" "$up_hwm" \
+        "${down##* }" "${up##* }" >>"$memory_results"
+    printf '  %-12s %-10s round %d: RSS before %d KiB, peak %d KiB down (%ss), %d KiB up (%ss)\n' \
+        stream "$system" "$round" "$before" "$down_hwm" "${down##* }" "$up_hwm" "${up##* }"
+}
+
+# measure_idle SYSTEM ROUND: RSS growth per idle keep-alive connection.
+measure_idle() {
+    local system=$1 round=$2 before with fifo out client ready per_conn i
+    alive "$system"
+    fifo=$work/idle-$system-$round.fifo
+    out=$work/idle-$system-$round.out
+    mkfifo "$fifo"
+    before=$(mem_kb "$system" VmRSS)
+    "${on_load[@]}" python3 "$root/bench/idle_conns.py" "$idle_connections" 127.0.0.1 \
+        "${base[$system]##*:}" "$hit_path" <"$fifo" >"$out" 2>&1 &
+    client=$!
+    exec 9>"$fifo" # holds the client's stdin open; closing it ends the client
+    for ((i = 0; i < 1200; i++)); do
+        ready=$(grep '^READY' "$out" || true)
+        [[ -n $ready ]] && break
+        kill -0 "$client" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ -n $ready ]] || { exec 9>&-; cat "$out" >&2; die "the idle client did not get ready against $system"; }
+    sleep 1
+    with=$(mem_kb "$system" VmRSS)
+    exec 9>&-
+    wait "$client" || true
+    rm -f "$fifo"
+    read -r _ ok failed <<<"$ready"
+    ((failed == 0)) || note "warning: $failed of $idle_connections idle connections to $system got no 200"
+    per_conn=$(awk -v a="$with" -v b="$before" -v n="$ok" 'BEGIN { printf "%.0f", n ? (a - b) * 1024 / n : 0 }')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' idle "$system" "$round" "$before" "$with" "$ok" "$per_conn" "" >>"$memory_results"
+    printf '  %-12s %-10s round %d: RSS %d -> %d KiB with %d connections: %s bytes each\n' \
+        idle "$system" "$round" "$before" "$with" "$ok" "$per_conn"
+}
+
 total=0
 for scenario in "${scenarios[@]}"; do
     read -r -a list <<<"${scenario_systems[$scenario]}"
-    total=$((total + ${#list[@]}))
+    case $scenario in
+    passthrough | post | hit | hit_zipf) total=$((total + ${#list[@]} * (warmup + duration))) ;;
+    stampede) total=$((total + ${#list[@]} * (stampede_keys + 1))) ;;
+    stream) total=$((total + ${#list[@]} * 10)) ;;
+    idle) total=$((total + ${#list[@]} * 8)) ;;
+    esac
 done
-note "$total measurements x $rounds rounds x $((warmup + duration)) s ~ $((total * rounds * (warmup + duration) / 60 + 1)) min;" \
-    "wrk -t$threads -c$connections; pinning: $( ((pin)) && echo "servers on CPU $server_cpus, wrk on CPU $load_cpus" || echo off)"
+note "${scenarios[*]}: ~$((total * rounds / 60 + 1)) min for $rounds rounds;" \
+    "wrk -t$threads -c$connections; pinning: $( ((pin)) && echo "servers on CPU $server_cpus, load on CPU $load_cpus" || echo off)"
 for ((round = 1; round <= rounds; round++)); do
     echo "round $round/$rounds"
     for scenario in "${scenarios[@]}"; do
@@ -352,7 +604,12 @@ for ((round = 1; round <= rounds; round++)); do
             done
         fi
         for system in "${list[@]}"; do
-            measure "$scenario" "$system" "$round"
+            case $scenario in
+            stampede) measure_stampede "$system" "$round" ;;
+            stream) measure_stream "$system" "$round" ;;
+            idle) measure_idle "$system" "$round" ;;
+            *) measure "$scenario" "$system" "$round" ;;
+            esac
         done
     done
 done
@@ -369,21 +626,87 @@ awk -F'\t' '
     END { for (i = 1; i <= m; i++) { k = order[i]
             printf "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", k, rps[k] / n[k], p50[k] / n[k], p99[k] / n[k], lo[k], hi[k], n[k] } }
 ' "$results" >"$summary"
+# Stampede per system: worst origin requests per key over the rounds.
+stampede_summary=$work/stampede-summary.tsv
+awk -F'\t' '{ if (!($1 in w) || $5 > w[$1]) w[$1] = $5; if (!($1 in o)) order[++m] = $1; o[$1] = 1 }
+    END { for (i = 1; i <= m; i++) printf "%s\t%s\n", order[i], w[order[i]] }' "$stampede_results" >"$stampede_summary"
+# Memory per system: worst over the rounds. stream: peak KiB down, up;
+# idle: bytes per connection.
+memory_summary=$work/memory-summary.tsv
+awk -F'\t' '
+    $1 == "stream" { k = "stream\t" $2; if (!(k in a)) order[++m] = k
+        if ($5 > a[k]) a[k] = $5; if ($6 > b[k]) b[k] = $6 }
+    $1 == "idle" { k = "idle\t" $2; if (!(k in a)) order[++m] = k
+        if (!(k in a) || $7 > a[k]) a[k] = $7; b[k] = "" }
+    END { for (i = 1; i <= m; i++) printf "%s\t%s\t%s\n", order[i], a[order[i]], b[order[i]] }
+' "$memory_results" >"$memory_summary"
 
 echo
-printf '%-12s %-10s %12s %20s %9s %9s\n' scenario system 'req/s' '(min..max)' 'p50 ms' 'p99 ms'
-awk -F'\t' '{ printf "%-12s %-10s %12.0f %9.0f..%-9.0f %9.3f %9.3f\n", $1, $2, $3, $6, $7, $4 / 1000, $5 / 1000 }' "$summary"
-echo
-ratios=$(awk -F'\t' '
-    { rps[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; sc[$1] = 1 }
-    END { for (s in sc) if (((s, "sidecache") in rps) && ((s, "nginx") in rps))
-            printf "%s\t%.3f\t%.3f\t%.3f\n", s, rps[s, "sidecache"] / rps[s, "nginx"],
-                   p50[s, "sidecache"] / p50[s, "nginx"], p99[s, "sidecache"] / p99[s, "nginx"] }
-' "$summary" | sort)
+if [[ -s $summary ]]; then
+    printf '%-12s %-10s %12s %20s %9s %9s\n' scenario system 'req/s' '(min..max)' 'p50 ms' 'p99 ms'
+    awk -F'\t' '{ printf "%-12s %-10s %12.0f %9.0f..%-9.0f %9.3f %9.3f\n", $1, $2, $3, $6, $7, $4 / 1000, $5 / 1000 }' "$summary"
+    echo
+fi
+if [[ -s $stampede_summary ]]; then
+    printf '%-12s %-10s %s\n' stampede system "origin requests per key (worst round; $stampede_clients clients per key)"
+    awk -F'\t' '{ printf "%-12s %-10s %s\n", "stampede", $1, $2 }' "$stampede_summary"
+    echo
+fi
+if [[ -s $memory_summary ]]; then
+    awk -F'\t' '
+        $1 == "stream" { printf "%-12s %-10s peak RSS %.1f MiB streaming down, %.1f MiB up\n", $1, $2, $3 / 1024, $4 / 1024 }
+        $1 == "idle" { printf "%-12s %-10s %s bytes per idle connection\n", $1, $2, $3 }' "$memory_summary"
+    echo
+fi
+# scenario, then metric=ratio pairs; one line per scenario.
+ratios=$(
+    awk -F'\t' '
+        FILENAME == ARGV[1] { rps[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; sc[$1] = 1; next }
+        FILENAME == ARGV[2] { st[$1] = $2; next }
+        $1 == "stream" { down[$2] = $3; up[$2] = $4; has_stream = 1; next }
+        $1 == "idle" { idle[$2] = $3; has_idle = 1 }
+        END {
+            for (s in sc) if (((s, "sidecache") in rps) && ((s, "nginx") in rps))
+                printf "%s\trps=%.3f\tp50=%.3f\tp99=%.3f\n", s, rps[s, "sidecache"] / rps[s, "nginx"],
+                       p50[s, "sidecache"] / p50[s, "nginx"], p99[s, "sidecache"] / p99[s, "nginx"]
+            if (("sidecache" in st) && ("nginx" in st) && st["nginx"] > 0)
+                printf "stampede\torigin_per_key=%.3f\n", st["sidecache"] / st["nginx"]
+            if (("sidecache" in down) && ("nginx" in down))
+                printf "stream\tpeak_down=%.3f\tpeak_up=%.3f\n", down["sidecache"] / down["nginx"], up["sidecache"] / up["nginx"]
+            if (("sidecache" in idle) && ("nginx" in idle) && idle["nginx"] > 0)
+                printf "idle\tper_connection=%.3f\n", idle["sidecache"] / idle["nginx"]
+        }' "$summary" "$stampede_summary" "$memory_summary" | sort
+)
 if [[ -n $ratios ]]; then
-    echo 'sidecache / nginx (req/s above 1 = sidecache faster; latency below 1 = sidecache faster)'
-    printf '%-12s %8s %8s %8s\n' scenario 'req/s' p50 p99
-    awk -F'\t' '{ printf "%-12s %8.2f %8.2f %8.2f\n", $1, $2, $3, $4 }' <<<"$ratios"
+    echo 'sidecache / nginx (req/s above 1 = sidecache faster; latency, origin requests and memory below 1 = sidecache better)'
+    awk -F'\t' '{ line = sprintf("%-12s", $1); for (i = 2; i <= NF; i++) line = line sprintf("  %s", $i); print line }' <<<"$ratios"
+    echo
+fi
+
+# Targets (issue 6): checked on what was measured.
+targets=$(
+    awk -F'\t' '
+        function check(name, ok, value) { printf "%s\t%s\t%s\n", name, ok ? "met" : "MISSED", value }
+        FILENAME == ARGV[1] { for (i = 2; i <= NF; i++) { split($i, kv, "="); r[$1, kv[1]] = kv[2] }; next }
+        FILENAME == ARGV[2] { st[$1] = $2; next }
+        $1 == "stream" { down[$2] = $3; up[$2] = $4; next }
+        $1 == "idle" { idle[$2] = $3 }
+        END {
+            if (("hit", "rps") in r) check("hit req/s >= 0.8x nginx", r["hit", "rps"] >= 0.8, r["hit", "rps"])
+            if (("hit", "p99") in r) check("hit p99 <= 2x nginx", r["hit", "p99"] <= 2, r["hit", "p99"])
+            if (("hit_zipf", "rps") in r) check("hit_zipf req/s >= 0.8x nginx", r["hit_zipf", "rps"] >= 0.8, r["hit_zipf", "rps"])
+            if (("hit_zipf", "p99") in r) check("hit_zipf p99 <= 2x nginx", r["hit_zipf", "p99"] <= 2, r["hit_zipf", "p99"])
+            if (("passthrough", "rps") in r) check("passthrough req/s >= 0.9x nginx", r["passthrough", "rps"] >= 0.9, r["passthrough", "rps"])
+            if (("post", "rps") in r) check("post req/s >= 0.9x nginx", r["post", "rps"] >= 0.9, r["post", "rps"])
+            if ("sidecache" in st) check("stampede 1 origin request per key", st["sidecache"] == 1, st["sidecache"])
+            if ("sidecache" in down) check("stream peak RSS <= 64 MiB", down["sidecache"] <= 65536 && up["sidecache"] <= 65536,
+                                           sprintf("%.1f/%.1f MiB", down["sidecache"] / 1024, up["sidecache"] / 1024))
+            if ("sidecache" in idle) check("idle <= 2 KiB per connection", idle["sidecache"] <= 2048, idle["sidecache"] " B")
+        }' <(printf '%s\n' "$ratios") "$stampede_summary" "$memory_summary"
+)
+if [[ -n $targets ]]; then
+    echo 'targets'
+    awk -F'\t' '{ printf "  %-36s %-7s %s\n", $1, $2, $3 }' <<<"$targets"
 fi
 
 mkdir -p "$root/bench/out"
@@ -393,26 +716,46 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
 {
     printf '{\n  "timestamp": %s,\n' "$(json_str "$stamp")"
     printf '  "git_commit": %s,\n' "$(json_str "$(git rev-parse HEAD 2>/dev/null || echo unknown)")"
-    printf '  "host": {"cpus": %d, "cpu_model": %s, "kernel": %s},\n' "$(nproc)" \
-        "$(json_str "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)")" "$(json_str "$(uname -r)")"
+    printf '  "host": {"cpus": %d, "cpu_model": %s, "kernel": %s, "loadavg": %s},\n' "$(nproc)" \
+        "$(json_str "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)")" "$(json_str "$(uname -r)")" \
+        "$(json_str "$(cut -d' ' -f1-3 /proc/loadavg)")"
     printf '  "tools": {"wrk": %s, "nginx": %s, "redis": %s},\n' \
         "$(json_str "$(wrk -v 2>&1 | head -n 1 || true)")" \
         "$(json_str "$({ "$nginx_bin" -v 2>&1 || true; } | head -n 1)")" \
         "$(json_str "$({ redis-server --version 2>/dev/null || true; } | head -n 1)")"
-    printf '  "settings": {"duration_s": %d, "warmup_s": %d, "rounds": %d, "threads": %d, "connections": %d, ' \
-        "$duration" "$warmup" "$rounds" "$threads" "$connections"
-    printf '"payload_bytes": %d, "sidecache_store": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
-        "$payload" "$(json_str "$store")" "$( ((pin)) && echo true || echo false)" \
+    printf '  "settings": {"scenarios": %s, "duration_s": %d, "warmup_s": %d, "rounds": %d, "threads": %d, "connections": %d, ' \
+        "$(json_str "${scenarios[*]}")" "$duration" "$warmup" "$rounds" "$threads" "$connections"
+    printf '"payload_bytes": %d, "hot_objects": %d, "post_bytes": %d, "stampede_clients": %d, "stampede_keys": %d, ' \
+        "$payload" "$hot_objects" "$post_bytes" "$stampede_clients" "$stampede_keys"
+    printf '"stampede_delay_ms": %d, "stampede_instances": %d, "stream_bytes": %d, "idle_connections": %d, ' \
+        "$stampede_delay" "$stampede_instances" "$stream_bytes" "$idle_connections"
+    printf '"sidecache_store": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
+        "$(json_str "$store")" "$( ((pin)) && echo true || echo false)" \
         "$(json_str "$server_cpus")" "$(json_str "$load_cpus")"
-    printf '  "paths": {"passthrough": %s, "hit": %s},\n' "$(json_str "$passthrough_path")" "$(json_str "$hit_path")"
+    printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s},\n' "$(json_str "$passthrough_path")" \
+        "$(json_str "$post_path")" "$(json_str "$hit_path")"
     printf '  "runs": [\n'
     awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"round\": %d, \"rps\": %s, \"p50_us\": %s, \"p99_us\": %s, \"requests\": %s, \"bytes\": %s, \"socket_errors\": %s, \"origin_requests\": %s}",
                   (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 } END { print "" }' "$results"
     printf '  ],\n  "summary": [\n'
     awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"rps_mean\": %s, \"p50_us_mean\": %s, \"p99_us_mean\": %s, \"rps_min\": %s, \"rps_max\": %s, \"rounds\": %s}",
                   (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8 } END { print "" }' "$summary"
+    printf '  ],\n  "stampede_runs": [\n'
+    awk -F'\t' '{ printf "%s    {\"system\": \"%s\", \"round\": %d, \"keys\": %d, \"origin_requests\": %d, \"origin_requests_per_key\": %s, \"client\": %s}",
+                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6 } END { print "" }' "$stampede_results"
+    printf '  ],\n  "memory_runs": [\n'
+    awk -F'\t' '
+        $1 == "stream" { printf "%s    {\"scenario\": \"stream\", \"system\": \"%s\", \"round\": %d, \"rss_before_kib\": %d, \"peak_download_kib\": %d, \"peak_upload_kib\": %d, \"download_s\": %s, \"upload_s\": %s}",
+                         (NR > 1 ? ",\n" : ""), $2, $3, $4, $5, $6, $7, $8 }
+        $1 == "idle" { printf "%s    {\"scenario\": \"idle\", \"system\": \"%s\", \"round\": %d, \"rss_before_kib\": %d, \"rss_with_kib\": %d, \"connections\": %d, \"bytes_per_connection\": %d}",
+                       (NR > 1 ? ",\n" : ""), $2, $3, $4, $5, $6, $7 }
+        END { print "" }' "$memory_results"
     printf '  ],\n  "sidecache_over_nginx": {'
-    [[ -z $ratios ]] || awk -F'\t' '{ printf "%s\"%s\": {\"rps\": %s, \"p50\": %s, \"p99\": %s}", (NR > 1 ? ", " : ""), $1, $2, $3, $4 }' <<<"$ratios"
+    [[ -z $ratios ]] || awk -F'\t' '{ printf "%s\"%s\": {", (NR > 1 ? ", " : ""), $1
+        for (i = 2; i <= NF; i++) { split($i, kv, "="); printf "%s\"%s\": %s", (i > 2 ? ", " : ""), kv[1], kv[2] }
+        printf "}" }' <<<"$ratios"
+    printf '},\n  "targets": {'
+    [[ -z $targets ]] || awk -F'\t' '{ printf "%s\"%s\": {\"status\": \"%s\", \"value\": \"%s\"}", (NR > 1 ? ", " : ""), $1, $2, $3 }' <<<"$targets"
     printf '}\n}\n'
 } >"$out"
 echo

@@ -12,6 +12,8 @@
 //! GET  /api/tenants/{tenant}/apps         the tenant's apps; `?limit=N&offset=M` pages
 //! GET  /healthz                           200 "ok"
 //! GET  /stats                             `{"api_requests":N}`: /api requests served so far
+//! GET  /blob/{bytes}                      streams `bytes` bytes of `x` (for memory benchmarks)
+//! POST /sink                              reads and drops the body; 200 `{"received":N}`
 //! ```
 //!
 //! `HEAD` is accepted wherever `GET` is (hyper omits the body).
@@ -30,6 +32,7 @@
 use bytes::Bytes;
 use clap::Parser;
 use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -160,7 +163,17 @@ async fn main() -> anyhow::Result<()> {
 async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+) -> Result<Response<BoxBody<Bytes, std::convert::Infallible>>, std::convert::Infallible> {
+    if let Some(resp) = bench_endpoint(&req) {
+        return Ok(resp);
+    }
+    if req.method() == Method::POST && req.uri().path() == "/sink" {
+        return Ok(sink(req).await.map(BodyExt::boxed));
+    }
+    Ok(handle_api(state, req).await.map(BodyExt::boxed))
+}
+
+async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
@@ -194,7 +207,55 @@ async fn handle(
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
     };
     debug!(%method, %path, status = resp.status().as_u16(), "request");
-    Ok(resp)
+    resp
+}
+
+/// `GET /blob/{bytes}`: a streamed body of that many bytes with a
+/// `Content-Length`, produced 64 KiB at a time, so a 1 GiB download costs
+/// the origin no memory.
+fn bench_endpoint(
+    req: &Request<Incoming>,
+) -> Option<Response<BoxBody<Bytes, std::convert::Infallible>>> {
+    let len: u64 = req.uri().path().strip_prefix("/blob/")?.parse().ok()?;
+    if req.method() != Method::GET {
+        return None;
+    }
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    let body = http_body_util::StreamBody::new(futures_util::stream::unfold(len, move |left| {
+        let chunk = chunk.clone();
+        async move {
+            (left > 0).then(|| {
+                let n = left.min(chunk.len() as u64);
+                let frame = hyper::body::Frame::data(chunk.slice(..n as usize));
+                (Ok::<_, std::convert::Infallible>(frame), left - n)
+            })
+        }
+    }));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, len)
+        .body(BodyExt::boxed(body))
+        .ok()
+}
+
+/// `POST /sink`: reads the body frame by frame, keeping only the count.
+async fn sink(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let mut body = req.into_body();
+    let mut received = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => received += frame.data_ref().map_or(0, |d| d.len() as u64),
+            Err(e) => {
+                warn!(error = %e, "reading /sink body failed");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    "could not read the body",
+                );
+            }
+        }
+    }
+    json_response(StatusCode::OK, &json!({ "received": received }))
 }
 
 fn get(state: &State, tenant: &str, id: u64) -> Response<Full<Bytes>> {

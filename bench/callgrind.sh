@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Instructions per request of sidecache's hit path (or any path), with
+# valgrind's callgrind: repeatable on a noisy machine, unlike req/s, so it is
+# the tool for before/after comparisons of one change.
+#
+# Starts its own redis-server, the example upstream and sidecache under
+# callgrind (pinned to one CPU, so tokio runs one worker), sends
+# CALLGRIND_WARMUP requests, zeroes the counters, sends CALLGRIND_REQUESTS
+# requests on one keep-alive connection, dumps, and prints instructions per
+# request and the top functions (inclusive). Uses the release binaries
+# (build them first: cargo build --release --bin sidecache --example upstream).
+#
+#   CALLGRIND_PATH [/api/tenants/acme/apps/1]  path to request (cached route: a HIT)
+#   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
+#   CALLGRIND_STORE [redis]    redis | embedded
+#   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+path=${CALLGRIND_PATH:-/api/tenants/acme/apps/1}
+requests=${CALLGRIND_REQUESTS:-2000}
+warmup=${CALLGRIND_WARMUP:-200}
+store=${CALLGRIND_STORE:-redis}
+sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
+upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
+command -v valgrind >/dev/null || { echo "callgrind: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-callgrind.XXXXXX")
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+        curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "callgrind: $1 did not answer" >&2
+    exit 1
+}
+
+origin_port=$(port)
+"$upstream_bin" --listen "127.0.0.1:$origin_port" --apps 100 --payload-bytes 1024 >"$work/origin.log" 2>&1 &
+pids+=($!)
+store_yaml="store: { namespace: \"cg:\" }"
+if [[ $store == redis ]]; then
+    redis_port=$(port)
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+        >"$work/redis.log" 2>&1 &
+    pids+=($!)
+    store_yaml="store: { namespace: \"cg:\", redis: { url: \"redis://127.0.0.1:$redis_port/0\" } }"
+fi
+proxy_port=$(port)
+admin_port=$(port)
+cat >"$work/sidecache.yaml" <<YAML
+version: 1
+listen: 127.0.0.1:$proxy_port
+admin: { listen: 127.0.0.1:$admin_port }
+upstream: { url: "http://127.0.0.1:$origin_port" }
+$store_yaml
+routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    params: { tenant: "[A-Za-z0-9_-]{1,64}", id: "[1-9][0-9]{0,17}" }
+    ttl: 1h
+YAML
+wait_http "http://127.0.0.1:$origin_port/healthz"
+out=${CALLGRIND_OUT:-$work/callgrind.out}
+SIDECACHE_LOG=warn taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "$sidecache_bin" run --config "$work/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
+vg=$!
+pids+=("$vg")
+wait_http "http://127.0.0.1:$admin_port/readyz"
+
+send() {
+    python3 - "$proxy_port" "$path" "$1" <<'PY'
+import http.client, sys
+port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+for _ in range(n):
+    c.request("GET", path)
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200, r.status
+print(r.getheader("X-Cache"))
+PY
+}
+send "$warmup" >/dev/null
+callgrind_control -z "$vg" >/dev/null
+cache=$(send "$requests")
+callgrind_control -d "$vg" >/dev/null
+sleep 1
+# shellcheck disable=SC2012 # our own file names
+dump=$(ls -t "$out"* | head -n 1)
+total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+echo "X-Cache of the last answer: $cache"
+echo "instructions per request: $((total / requests)) ($total for $requests requests, store $store)"
+callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/^Ir/,$p' | head -n 60
