@@ -218,11 +218,18 @@ impl<IO> FramingGuard<IO> {
 /// End (exclusive) of the first empty line at or after `from`: a head ends
 /// with `\n\r\n` or, as hyper also accepts, a bare `\n\n`.
 fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    (from..buf.len()).find_map(|i| match &buf[i..] {
-        [b'\n', b'\n', ..] => Some(i + 2),
-        [b'\n', b'\r', b'\n', ..] => Some(i + 3),
-        _ => None,
-    })
+    // Jump from one `\n` to the next instead of matching a pattern at every
+    // byte: this runs over every request head.
+    let mut i = from;
+    while let Some(offset) = buf.get(i..)?.iter().position(|&b| b == b'\n') {
+        let nl = i + offset;
+        match &buf[nl..] {
+            [b'\n', b'\n', ..] => return Some(nl + 2),
+            [b'\n', b'\r', b'\n', ..] => return Some(nl + 3),
+            _ => i = nl + 1,
+        }
+    }
+    None
 }
 
 /// Parses a chunk-size line (`1a;ext=1\r`) into the next phase.

@@ -24,7 +24,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -117,7 +119,15 @@ pub async fn run(
             let state = state.clone();
             let svc = service_fn(move |req| {
                 let (state, framing) = (state.clone(), framing.clone());
-                async move { Ok::<_, Infallible>(handle(state, framing, req, peer).await) }
+                // Boxed: hyper keeps one slot of the service future's size
+                // per connection for the connection's lifetime, so an
+                // unboxed `handle` future (several KiB) would stay resident
+                // in every idle keep-alive connection. Boxed, the slot is a
+                // pointer and the request's future is freed when it ends.
+                let fut: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
+                    Ok::<_, Infallible>(handle(state, framing, req, peer).await)
+                });
+                fut
             });
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
             let conn = graceful.watch(conn.into_owned());
