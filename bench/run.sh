@@ -441,6 +441,18 @@ mem_kb() {
     echo "$total"
 }
 
+# cpu_ticks SYSTEM: user + system CPU time of the system's processes so far,
+# in clock ticks (nginx: master and workers).
+clk_tck=$(getconf CLK_TCK)
+cpu_ticks() {
+    local p total=0 t
+    for p in ${pid_of[$1]} $([[ $1 == nginx ]] && pids_of nginx); do
+        t=$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0)
+        total=$((total + t))
+    done
+    echo "$total"
+}
+
 # reset_peak SYSTEM: restarts VmHWM from the current RSS (Linux >= 4.0).
 reset_peak() {
     local p
@@ -477,13 +489,20 @@ run_wrk() {
 # measure SCENARIO SYSTEM ROUND: warm-up, then one recorded wrk run.
 measure() {
     local scenario=$1 system=$2 round=$3 url log before after line kv rps socket script
+    local cpu_before cpu_after redis_before redis_after cpu_us redis_us
     url=${base[$system]}${scenario_path[$scenario]}
     script=${scenario_script[$scenario]:-}
     log=$work/wrk-$scenario-$system-$round.log
     alive "$system"
     run_wrk "$warmup" "$url" "$log.warmup" "$script"
     before=$(origin_count) || die "origin stopped answering /stats"
+    cpu_before=$(cpu_ticks "$system")
+    redis_before=0
+    [[ $system == sidecache && -n ${pid_of[redis]:-} ]] && redis_before=$(cpu_ticks redis)
     run_wrk "$duration" "$url" "$log" "$script"
+    cpu_after=$(cpu_ticks "$system")
+    redis_after=0
+    [[ $system == sidecache && -n ${pid_of[redis]:-} ]] && redis_after=$(cpu_ticks redis)
     after=$(origin_count) || die "origin stopped answering /stats"
     alive "$system"
     line=$(grep '^BENCH_RESULT ' "$log") || die "wrk printed no result for $url (output: $log)"
@@ -498,11 +517,17 @@ measure() {
     socket=$((r[err_connect] + r[err_read] + r[err_write] + r[err_timeout]))
     ((socket == 0)) || note "warning: $system had $socket socket errors/timeouts during $scenario round $round"
     rps=$(awk -v n="${r[requests]}" -v us="${r[duration_us]}" 'BEGIN { printf "%.1f", n / (us / 1e6) }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$system" "$round" "$rps" \
-        "${r[p50_us]}" "${r[p99_us]}" "${r[requests]}" "${r[bytes]}" "$socket" "$((after - before))" >>"$results"
-    printf '  %-12s %-10s round %d: %10s req/s  p50 %6.2f ms  p99 %6.2f ms  origin requests %d\n' \
+    # CPU microseconds per request: the system's own processes, and (for
+    # sidecache) Redis's share. Clock-tick resolution (10 ms) over the run.
+    cpu_us=$(awk -v t="$((cpu_after - cpu_before))" -v hz="$clk_tck" -v n="${r[requests]}" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }')
+    redis_us=$(awk -v t="$((redis_after - redis_before))" -v hz="$clk_tck" -v n="${r[requests]}" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$system" "$round" "$rps" \
+        "${r[p50_us]}" "${r[p99_us]}" "${r[requests]}" "${r[bytes]}" "$socket" "$((after - before))" \
+        "$cpu_us" "$redis_us" >>"$results"
+    printf '  %-12s %-10s round %d: %10s req/s  p50 %6.2f ms  p99 %6.2f ms  origin requests %d  cpu %s us/req%s\n' \
         "$scenario" "$system" "$round" "$rps" "$(awk -v u="${r[p50_us]}" 'BEGIN{print u/1000}')" \
-        "$(awk -v u="${r[p99_us]}" 'BEGIN{print u/1000}')" "$((after - before))"
+        "$(awk -v u="${r[p99_us]}" 'BEGIN{print u/1000}')" "$((after - before))" "$cpu_us" \
+        "$([[ $system == sidecache && -n ${pid_of[redis]:-} ]] && echo " (+ redis $redis_us)")"
 }
 
 # measure_stampede SYSTEM ROUND: STAMPEDE_CLIENTS clients at once on each of
@@ -621,11 +646,11 @@ done
 summary=$work/summary.tsv
 awk -F'\t' '
     { k = $1 "\t" $2; if (!(k in n)) order[++m] = k
-      n[k]++; rps[k] += $4; p50[k] += $5; p99[k] += $6
+      n[k]++; rps[k] += $4; p50[k] += $5; p99[k] += $6; cpu[k] += $11; rcpu[k] += $12
       if (!(k in lo) || $4 < lo[k]) lo[k] = $4
       if (!(k in hi) || $4 > hi[k]) hi[k] = $4 }
     END { for (i = 1; i <= m; i++) { k = order[i]
-            printf "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", k, rps[k] / n[k], p50[k] / n[k], p99[k] / n[k], lo[k], hi[k], n[k] } }
+            printf "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.2f\t%.2f\n", k, rps[k] / n[k], p50[k] / n[k], p99[k] / n[k], lo[k], hi[k], n[k], cpu[k] / n[k], rcpu[k] / n[k] } }
 ' "$results" >"$summary"
 # Stampede per system: worst origin requests per key over the rounds.
 stampede_summary=$work/stampede-summary.tsv
@@ -645,8 +670,10 @@ awk -F'\t' '
 
 echo
 if [[ -s $summary ]]; then
-    printf '%-12s %-10s %12s %20s %9s %9s\n' scenario system 'req/s' '(min..max)' 'p50 ms' 'p99 ms'
-    awk -F'\t' '{ printf "%-12s %-10s %12.0f %9.0f..%-9.0f %9.3f %9.3f\n", $1, $2, $3, $6, $7, $4 / 1000, $5 / 1000 }' "$summary"
+    printf '%-12s %-10s %12s %20s %9s %9s %11s %13s\n' scenario system 'req/s' '(min..max)' 'p50 ms' 'p99 ms' \
+        'cpu us/req' '+redis us/req'
+    awk -F'\t' '{ printf "%-12s %-10s %12.0f %9.0f..%-9.0f %9.3f %9.3f %11.1f %13s\n", $1, $2, $3, $6, $7, $4 / 1000, $5 / 1000,
+                   $9, ($10 > 0 ? sprintf("%.1f", $10) : "") }' "$summary"
     echo
 fi
 if [[ -s $stampede_summary ]]; then
@@ -739,11 +766,11 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
     printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s},\n' "$(json_str "$passthrough_path")" \
         "$(json_str "$post_path")" "$(json_str "$hit_path")"
     printf '  "runs": [\n'
-    awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"round\": %d, \"rps\": %s, \"p50_us\": %s, \"p99_us\": %s, \"requests\": %s, \"bytes\": %s, \"socket_errors\": %s, \"origin_requests\": %s}",
-                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 } END { print "" }' "$results"
+    awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"round\": %d, \"rps\": %s, \"p50_us\": %s, \"p99_us\": %s, \"requests\": %s, \"bytes\": %s, \"socket_errors\": %s, \"origin_requests\": %s, \"cpu_us_per_request\": %s, \"redis_cpu_us_per_request\": %s}",
+                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 } END { print "" }' "$results"
     printf '  ],\n  "summary": [\n'
-    awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"rps_mean\": %s, \"p50_us_mean\": %s, \"p99_us_mean\": %s, \"rps_min\": %s, \"rps_max\": %s, \"rounds\": %s}",
-                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8 } END { print "" }' "$summary"
+    awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"rps_mean\": %s, \"p50_us_mean\": %s, \"p99_us_mean\": %s, \"rps_min\": %s, \"rps_max\": %s, \"rounds\": %s, \"cpu_us_per_request\": %s, \"redis_cpu_us_per_request\": %s}",
+                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 } END { print "" }' "$summary"
     printf '  ],\n  "stampede_runs": [\n'
     awk -F'\t' '{ printf "%s    {\"system\": \"%s\", \"round\": %d, \"keys\": %d, \"origin_requests\": %d, \"origin_requests_per_key\": %s, \"client\": %s}",
                   (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6 } END { print "" }' "$stampede_results"
