@@ -8,15 +8,16 @@ use std::net::SocketAddr;
 /// Headers that describe one connection, not the message. `Trailer` is not
 /// here on purpose: RFC 9110 treats it as end-to-end, and hyper only emits
 /// chunked trailers that a `Trailer` header announces.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authenticate",
-    "proxy-authorization",
+/// As `HeaderName`s: removing by `&str` parses the name again on every call.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
 ];
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -34,13 +35,19 @@ pub fn tokens<'h>(h: &'h HeaderMap, name: &HeaderName) -> impl Iterator<Item = &
 
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages carry none of them (headers named in `Connection` only
+    // count when `Connection` is there): one pass over the names decides,
+    // instead of eight removals that each hash and probe.
+    if !h.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = tokens(h, &header::CONNECTION)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in named {
         h.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         h.remove(name);
     }
 }
@@ -48,7 +55,14 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto`.
 /// Several `X-Forwarded-For` lines are folded into one list, in order.
 pub fn append_forwarded(h: &mut HeaderMap, peer: SocketAddr, proto: &str) {
-    let ip = peer.ip().to_canonical().to_string();
+    let ip = ip_text(peer.ip());
+    if !h.contains_key(&X_FORWARDED_FOR) {
+        // The usual case: we are the first hop. An IP literal is a valid value.
+        let value = HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"));
+        h.insert(X_FORWARDED_FOR.clone(), value);
+        h.insert(X_FORWARDED_PROTO.clone(), proto_value(proto));
+        return;
+    }
     let mut chain: Vec<&str> = tokens(h, &X_FORWARDED_FOR).collect();
     chain.push(&ip);
     let joined = chain.join(", ");
@@ -58,8 +72,39 @@ pub fn append_forwarded(h: &mut HeaderMap, peer: SocketAddr, proto: &str) {
         HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"))
     });
     h.insert(X_FORWARDED_FOR.clone(), value);
-    if let Ok(proto) = HeaderValue::from_str(proto) {
-        h.insert(X_FORWARDED_PROTO.clone(), proto);
+    h.insert(X_FORWARDED_PROTO.clone(), proto_value(proto));
+}
+
+fn proto_value(proto: &str) -> HeaderValue {
+    match proto {
+        "http" => HeaderValue::from_static("http"),
+        "https" => HeaderValue::from_static("https"),
+        other => HeaderValue::from_str(other).unwrap_or(HeaderValue::from_static("unknown")),
+    }
+}
+
+/// The peer's address as text (IPv4-mapped IPv6 shown as IPv4). IPv4 by
+/// hand: `to_string` goes through the formatting machinery, which was a
+/// third of `append_forwarded` per forwarded request (callgrind).
+fn ip_text(ip: std::net::IpAddr) -> String {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => {
+            let mut s = String::with_capacity(15);
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    s.push('.');
+                }
+                if octet >= 100 {
+                    s.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    s.push(char::from(b'0' + octet / 10 % 10));
+                }
+                s.push(char::from(b'0' + octet % 10));
+            }
+            s
+        }
+        v6 => v6.to_string(),
     }
 }
 
@@ -138,6 +183,33 @@ mod tests {
         append_forwarded(&mut h, "[::ffff:10.0.0.1]:5".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn xff_first_hop_and_ip_text() {
+        let mut h = map(&[("x-kept", "yes")]);
+        append_forwarded(&mut h, "10.20.0.255:5".parse().unwrap(), "http");
+        assert_eq!(h["x-forwarded-for"], "10.20.0.255");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        for ip in ["0.0.0.0", "1.2.3.4", "9.99.100.255", "::1", "2001:db8::7"] {
+            let parsed: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(parsed), ip);
+        }
+        assert_eq!(
+            ip_text("::ffff:192.168.1.10".parse().unwrap()),
+            "192.168.1.10"
+        );
+    }
+
+    #[test]
+    fn no_hop_by_hop_leaves_the_map_alone() {
+        let mut h = map(&[("host", "a"), ("x-kept", "yes"), ("accept", "*/*")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 3);
+        let mut h = map(&[("proxy-connection", "keep-alive"), ("x-kept", "yes")]);
+        strip_hop_by_hop(&mut h);
+        let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-kept"]);
     }
 
     #[test]
