@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod bloom;
 pub mod config;
 pub mod error;
 pub mod invalidation;

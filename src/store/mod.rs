@@ -12,8 +12,11 @@
 //! - `publish`: write the entry only if the lease is still ours and the
 //!   generation still equals the ticket;
 //! - `invalidate`: replace the generation with a fresh unique value;
-//! - `delete_if_equals`: remove a corrupt entry only if it is unchanged.
+//! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
+//! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
+//!   growth (SPEC §6).
 
+pub mod bloom;
 pub mod breaker;
 pub mod guarded;
 pub mod memory;
@@ -68,7 +71,9 @@ pub enum PublishOutcome {
     GenerationChanged,
 }
 
-pub trait Store: Send + Sync + 'static {
+/// The Bloom operations are a supertrait ([`bloom::BloomStore`]) so they
+/// live in their own files.
+pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
     fn kind(&self) -> &'static str;
 
