@@ -51,6 +51,7 @@ impl App {
         let pipeline = Arc::new(Pipeline::new(store, client.clone(), metrics.clone(), &cfg));
         let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
         let config = Arc::new(ArcSwap::from_pointee(cfg));
+        pipeline.blooms().spawn_maintenance(config.clone());
         let ready = Arc::new(AtomicBool::new(false));
         let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
         let (stop_admin, admin_stopped) = signal_watch::channel(false);

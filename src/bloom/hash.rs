@@ -72,7 +72,15 @@ mod tests {
     /// purpose.
     #[test]
     fn test_vectors() {
-        let cases: &[(&str, &str, &str, u64, u32, &[u64])] = &[
+        type Vector = (
+            &'static str,
+            &'static str,
+            &'static str,
+            u64,
+            u32,
+            &'static [u64],
+        );
+        let cases: &[Vector] = &[
             (
                 "app",
                 "t1",

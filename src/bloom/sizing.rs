@@ -55,7 +55,8 @@ impl Sizing {
         let n = capacity as f64;
         let ln2 = std::f64::consts::LN_2;
         let bits = (-n * fp_rate.ln() / (ln2 * ln2)).ceil();
-        if !(bits <= MAX_BITS as f64) {
+        // `bits` is finite and positive here (n ≥ 1, 0 < p < 1).
+        if bits > MAX_BITS as f64 {
             return Err(SizingError::TooLarge {
                 capacity,
                 fp_rate,
