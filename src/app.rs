@@ -5,6 +5,7 @@
 
 use crate::admin::{self, AdminState};
 use crate::config::{watch, Config};
+use crate::invalidation;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
@@ -36,6 +37,9 @@ pub struct App {
     stop_admin: signal_watch::Sender<bool>,
     proxy_task: tokio::task::JoinHandle<()>,
     admin_task: tokio::task::JoinHandle<()>,
+    /// Stops the outbox worker and stream consumer (after the proxy drained).
+    stop_invalidation: signal_watch::Sender<bool>,
+    invalidation_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl App {
@@ -48,13 +52,29 @@ impl App {
             .await
             .context("cannot open the cache store")?;
         let client = UpstreamClient::new(&cfg.upstream);
-        let pipeline = Arc::new(Pipeline::new(store, client.clone(), metrics.clone(), &cfg));
+        let pipeline = Arc::new(Pipeline::new(
+            store.clone(),
+            client.clone(),
+            metrics.clone(),
+            &cfg,
+        ));
         let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
         let config = Arc::new(ArcSwap::from_pointee(cfg));
         pipeline.blooms().spawn_maintenance(config.clone());
         let ready = Arc::new(AtomicBool::new(false));
         let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
         let (stop_admin, admin_stopped) = signal_watch::channel(false);
+        let (stop_invalidation, invalidation_stopped) = signal_watch::channel(false);
+        let invalidation_tasks = invalidation::spawn_sources(
+            &config,
+            &store,
+            &metrics,
+            &invalidation_stopped,
+            Some(crate::bloom::BloomGrowth::hook(
+                config.clone(),
+                pipeline.blooms().clone(),
+            )),
+        );
 
         watch::spawn(
             config_path,
@@ -107,6 +127,8 @@ impl App {
             stop_admin,
             proxy_task,
             admin_task,
+            stop_invalidation,
+            invalidation_tasks,
         })
     }
 
@@ -119,6 +141,12 @@ impl App {
         let _ = self.stop_proxy.send(true);
         if let Err(e) = self.proxy_task.await {
             warn!(error = %e, "proxy listener task failed");
+        }
+        let _ = self.stop_invalidation.send(true);
+        for task in self.invalidation_tasks {
+            if tokio::time::timeout(DRAIN, task).await.is_err() {
+                warn!("invalidation source did not stop in time");
+            }
         }
         let _ = self.stop_admin.send(true);
         if let Err(e) = self.admin_task.await {

@@ -30,12 +30,24 @@ enum Command {
     Run,
     /// Validate the config, print the route table, exit 0; invalid: exit 2.
     Check,
-    // `outbox-ddl [--table NAME]` (SPEC §2) is added with the outbox worker.
+    /// Print the SQL that installs the outbox table and its NOTIFY trigger.
+    OutboxDdl {
+        /// Table name (`name` or `schema.name`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_TABLE)]
+        table: String,
+        /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
+        channel: String,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Run);
+    // Needs no config: prints SQL for the operator to install.
+    if let Command::OutboxDdl { table, channel } = &command {
+        return print_outbox_ddl(table, channel);
+    }
     let Some(path) = cli.config else {
         eprintln!("sidecache: --config PATH (or SIDECACHE_CONFIG) is required");
         return ExitCode::from(EXIT_CONFIG);
@@ -53,6 +65,20 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => run(path, cfg),
+        Command::OutboxDdl { table, channel } => print_outbox_ddl(&table, &channel),
+    }
+}
+
+fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
+    match sidecache::invalidation::ddl::outbox_ddl(table, channel) {
+        Ok(sql) => {
+            print!("{sql}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sidecache outbox-ddl: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
     }
 }
 

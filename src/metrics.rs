@@ -3,8 +3,8 @@
 //! looked up once per request, never formatted.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub mod names {
@@ -26,6 +26,11 @@ pub mod names {
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
+    pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
+    pub const OUTBOX_OLDEST: &str = "sidecache_outbox_oldest_seconds";
+    pub const OUTBOX_DEAD: &str = "sidecache_outbox_dead";
+    pub const STREAM_PENDING: &str = "sidecache_stream_pending";
+    pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
 }
 
 /// All metrics of one process.
@@ -52,6 +57,16 @@ pub struct Metrics {
     pub invalidations: IntCounterVec,
     /// `{outcome}`: `applied`, `unchanged`, `rejected`.
     pub config_reloads: IntCounterVec,
+    /// Outbox rows not dead-lettered (due or backing off), as last measured.
+    pub outbox_pending: IntGauge,
+    /// Age of the oldest such row; 0 when none.
+    pub outbox_oldest_seconds: Gauge,
+    /// Dead-lettered outbox rows still in the table.
+    pub outbox_dead: IntGauge,
+    /// Entries delivered to the consumer group and not yet acked.
+    pub stream_pending: IntGauge,
+    /// `{source}`: events dead-lettered (poison), by source.
+    pub dead_letters: IntCounterVec,
 }
 
 impl Metrics {
@@ -137,6 +152,37 @@ impl Metrics {
                 &["source", "outcome"],
             ),
             config_reloads: counter(CONFIG_RELOADS, "Config reloads by outcome.", &["outcome"]),
+            outbox_pending: reg(
+                &registry,
+                IntGauge::new(OUTBOX_PENDING, "Outbox rows waiting to be applied.")
+                    .expect("valid metric"),
+            ),
+            outbox_oldest_seconds: reg(
+                &registry,
+                Gauge::new(
+                    OUTBOX_OLDEST,
+                    "Age of the oldest outbox row waiting to be applied.",
+                )
+                .expect("valid metric"),
+            ),
+            outbox_dead: reg(
+                &registry,
+                IntGauge::new(OUTBOX_DEAD, "Dead-lettered outbox rows in the table.")
+                    .expect("valid metric"),
+            ),
+            stream_pending: reg(
+                &registry,
+                IntGauge::new(
+                    STREAM_PENDING,
+                    "Stream entries delivered to the group, not acked.",
+                )
+                .expect("valid metric"),
+            ),
+            dead_letters: counter(
+                DEAD_LETTERS,
+                "Invalidation events dead-lettered as poison, by source.",
+                &["source"],
+            ),
             registry,
         }
     }

@@ -109,15 +109,15 @@ async fn invalidate_rejects_bad_input_with_400() {
     let inv = sc.admin_url("/admin/invalidate");
 
     let cases = [
-        ("not json", "bad event JSON"),
-        (r#"{"route": 5}"#, "bad event JSON"),
+        ("not json", "malformed event"),
+        (r#"{"route": 5}"#, "malformed event"),
         (
             r#"{"route":"app","params":{"tenant":"t","id":"1"},"bogus":1}"#,
-            "bad event JSON",
+            "malformed event",
         ),
         (
             r#"{"route":"app","params":{"tenant":"t","id":"1"},"kind":"explode"}"#,
-            "bad event JSON",
+            "malformed event",
         ),
         (r#"{"route":"nope","params":{}}"#, "unknown route"),
         (r#"{"route":"app","params":{"tenant":"t"}}"#, "missing"),

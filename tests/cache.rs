@@ -6,6 +6,7 @@
 mod support;
 
 use std::time::Duration;
+use support::client::x_cache;
 use support::redis::RedisServer;
 use support::{client, Origin, Reply, Sidecache, SidecacheBuilder};
 
@@ -64,24 +65,6 @@ impl Backend {
     }
 }
 
-/// One sample of `name` whose labels include all of `labels`, in any order.
-pub async fn metric(sc: &Sidecache, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = sc.metrics().await;
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn xcache(r: &client::Resp) -> String {
-    r.header("x-cache").unwrap_or_default()
-}
-
 pub async fn invalidate(sc: &Sidecache, route: &str, params: &str) -> client::Resp {
     client::request(
         "POST",
@@ -96,12 +79,12 @@ async fn miss_then_hit(b: Backend) {
     let origin = Origin::start().await;
     let sc = b.start(&origin).await;
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "MISS".into()));
     assert_eq!(r.text(), origin.default_body(P));
     assert!(r.header("age").is_none(), "a miss has no Age");
 
     let r = client::get(&sc.url(P)).await;
-    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "HIT".into()));
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "HIT".into()));
     assert_eq!(r.text(), origin.default_body(P));
     let age: u64 = r
         .header("age")
@@ -115,7 +98,7 @@ async fn miss_then_hit(b: Backend) {
     );
 
     let h = client::head(&sc.url(P)).await;
-    assert_eq!((h.status.as_u16(), xcache(&h)), (200, "HIT".into()));
+    assert_eq!((h.status.as_u16(), x_cache(&h)), (200, "HIT".into()));
     assert!(h.body.is_empty());
     assert_eq!(
         h.header("content-length"),
@@ -127,8 +110,7 @@ async fn miss_then_hit(b: Backend) {
         "one upstream call for miss, hit and HEAD"
     );
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_requests_total",
             &[("route", "app"), ("result", "HIT")]
         )
@@ -141,11 +123,11 @@ async fn head_first_fills_from_get(b: Backend) {
     let origin = Origin::start().await;
     let sc = b.start(&origin).await;
     let h = client::head(&sc.url(P)).await;
-    assert_eq!((h.status.as_u16(), xcache(&h)), (200, "MISS".into()));
+    assert_eq!((h.status.as_u16(), x_cache(&h)), (200, "MISS".into()));
     assert!(h.body.is_empty());
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("HIT".into(), origin.default_body(P))
     );
     let seen = origin.last_request(P).expect("origin saw the fill");
@@ -156,18 +138,18 @@ async fn invalidate_makes_next_read_miss(b: Backend) {
     let origin = Origin::start().await;
     let sc = b.start(&origin).await;
     client::get(&sc.url(P)).await;
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
     origin.bump(P);
     let inv = invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
     assert_eq!(inv.status, 200, "{}", inv.text());
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), origin.default_body(P))
     );
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("HIT".into(), origin.default_body(P))
     );
     // Invalidations are idempotent and other objects are untouched.
@@ -176,8 +158,8 @@ async fn invalidate_makes_next_read_miss(b: Backend) {
     for _ in 0..2 {
         invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
     }
-    assert_eq!(xcache(&client::get(&sc.url(other)).await), "HIT");
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(x_cache(&client::get(&sc.url(other)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
     // Bad invalidations are refused with a reason.
     let bad = invalidate(&sc, "nope", r#"{"id":"1"}"#).await;
     assert_eq!(bad.status, 400);
@@ -200,13 +182,12 @@ async fn stale_backfill_is_rejected(b: Backend) {
     gate.release();
     let r = reader.await.expect("reader task");
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), old),
         "the reader still gets its answer"
     );
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_publish_total",
             &[("route", "app"), ("outcome", "publish_rejected")]
         )
@@ -216,12 +197,12 @@ async fn stale_backfill_is_rejected(b: Backend) {
     );
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), origin.default_body(P))
     );
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("HIT".into(), origin.default_body(P))
     );
 }
@@ -232,11 +213,11 @@ async fn negative_answers_are_cached(b: Backend) {
     origin.reply(missing, Reply::status(404).body("no such app"));
     let sc = b.start(&origin).await;
     let r = client::get(&sc.url(missing)).await;
-    assert_eq!((r.status.as_u16(), xcache(&r)), (404, "MISS".into()));
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (404, "MISS".into()));
     for _ in 0..3 {
         let r = client::get(&sc.url(missing)).await;
         assert_eq!(
-            (r.status.as_u16(), xcache(&r), r.text()),
+            (r.status.as_u16(), x_cache(&r), r.text()),
             (404, "NEGATIVE".into(), "no such app".into())
         );
     }
@@ -256,7 +237,7 @@ async fn credentials_bypass_unless_varied(b: Backend) {
     for h in [("authorization", "Bearer a"), ("cookie", "s=1")] {
         for _ in 0..2 {
             let r = client::request("GET", &sc.url(P), &[h], "").await;
-            assert_eq!((r.status.as_u16(), xcache(&r)), (200, "BYPASS".into()));
+            assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "BYPASS".into()));
         }
     }
     assert_eq!(origin.hits(P), 4);
@@ -272,9 +253,9 @@ async fn credentials_bypass_unless_varied(b: Backend) {
         let url = sc.url(v);
         async move { client::request("GET", &url, &[("authorization", tok)], "").await }
     };
-    assert_eq!(xcache(&get("Bearer a").await), "MISS");
-    assert_eq!(xcache(&get("Bearer a").await), "HIT");
-    assert_eq!(xcache(&get("Bearer b").await), "MISS");
+    assert_eq!(x_cache(&get("Bearer a").await), "MISS");
+    assert_eq!(x_cache(&get("Bearer a").await), "HIT");
+    assert_eq!(x_cache(&get("Bearer b").await), "MISS");
     assert_eq!(origin.hits(v), 2);
 }
 
@@ -300,7 +281,7 @@ async fn private_and_no_store_are_never_cached(b: Backend) {
         for _ in 0..2 {
             let r = client::get(&sc.url(path)).await;
             assert_eq!(
-                (r.status.as_u16(), xcache(&r)),
+                (r.status.as_u16(), x_cache(&r)),
                 (200, "MISS".into()),
                 "{path}"
             );
@@ -332,15 +313,15 @@ async fn vary_headers_make_isolated_variants(b: Backend) {
     };
     let a = get("application/json").await;
     let t = get("text/plain").await;
-    assert_eq!((xcache(&a), xcache(&t)), ("MISS".into(), "MISS".into()));
+    assert_eq!((x_cache(&a), x_cache(&t)), ("MISS".into(), "MISS".into()));
     let a2 = get("application/json").await;
     let t2 = get("text/plain").await;
     assert_eq!(
-        (xcache(&a2), accept_of(&a2)),
+        (x_cache(&a2), accept_of(&a2)),
         ("HIT".into(), "application/json".into())
     );
     assert_eq!(
-        (xcache(&t2), accept_of(&t2)),
+        (x_cache(&t2), accept_of(&t2)),
         ("HIT".into(), "text/plain".into())
     );
     assert_eq!(origin.hits(v), 2);
@@ -354,23 +335,23 @@ async fn query_modes_shape_key_and_fill(b: Backend) {
     let sc = b.start(&origin).await;
     let q = |path: &str, query: &str| format!("{}?{query}", sc.url(path));
 
-    assert_eq!(xcache(&client::get(&q(P, "b=2&a=1")).await), "MISS");
+    assert_eq!(x_cache(&client::get(&q(P, "b=2&a=1")).await), "MISS");
     assert_eq!(
         origin.last_request(P).and_then(|r| r.query).as_deref(),
         Some("a=1&b=2")
     );
-    assert_eq!(xcache(&client::get(&q(P, "a=1&b=2")).await), "HIT");
-    assert_eq!(xcache(&client::get(&q(P, "a=1")).await), "MISS");
+    assert_eq!(x_cache(&client::get(&q(P, "a=1&b=2")).await), "HIT");
+    assert_eq!(x_cache(&client::get(&q(P, "a=1")).await), "MISS");
 
-    assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=1")).await), "MISS");
+    assert_eq!(x_cache(&client::get(&q("/ignoreq/1", "x=1")).await), "MISS");
     assert_eq!(
         origin.last_request("/ignoreq/1").and_then(|r| r.query),
         None
     );
-    assert_eq!(xcache(&client::get(&q("/ignoreq/1", "x=2")).await), "HIT");
+    assert_eq!(x_cache(&client::get(&q("/ignoreq/1", "x=2")).await), "HIT");
 
     assert_eq!(
-        xcache(&client::get(&q("/allowq/1", "z=9&a=1")).await),
+        x_cache(&client::get(&q("/allowq/1", "z=9&a=1")).await),
         "MISS"
     );
     assert_eq!(
@@ -381,7 +362,7 @@ async fn query_modes_shape_key_and_fill(b: Backend) {
         Some("a=1")
     );
     assert_eq!(
-        xcache(&client::get(&q("/allowq/1", "a=1&z=5")).await),
+        x_cache(&client::get(&q("/allowq/1", "a=1&z=5")).await),
         "HIT"
     );
 }
@@ -404,7 +385,7 @@ async fn fills_drop_poisoning_headers(b: Backend) {
         "",
     )
     .await;
-    assert_eq!(xcache(&r), "MISS");
+    assert_eq!(x_cache(&r), "MISS");
     let seen = origin.last_request(P).expect("fill seen");
     for h in [
         "x-forwarded-host",
@@ -437,13 +418,12 @@ async fn large_bodies_stream_through_uncached(b: Backend) {
         .await;
     for _ in 0..2 {
         let r = client::get(&sc.url(big)).await;
-        assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+        assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "MISS".into()));
         assert_eq!(r.text(), body);
     }
     assert_eq!(origin.hits(big), 2);
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_publish_total",
             &[("route", "app"), ("outcome", "too_large")]
         )
@@ -505,20 +485,19 @@ async fn successful_writes_invalidate_the_object(b: Backend) {
     let origin = Origin::start().await;
     let sc = b.start(&origin).await;
     client::get(&sc.url(P)).await;
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
     origin.bump(P);
     let w = client::put(&sc.url(P), "{\"name\":\"new\"}").await;
     assert_eq!(w.status, 200);
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), origin.default_body(P)),
         "fresh right after the write"
     );
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_invalidations_total",
             &[("source", "write_through"), ("outcome", "applied")]
         )
@@ -528,7 +507,7 @@ async fn successful_writes_invalidate_the_object(b: Backend) {
     // A failed write invalidates nothing.
     origin.reply(P, Reply::status(500));
     assert_eq!(client::put(&sc.url(P), "x").await.status, 500);
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 }
 
 macro_rules! on_both_stores {

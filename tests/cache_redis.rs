@@ -7,8 +7,9 @@ mod support;
 
 use redis::Value;
 use std::time::{Duration, Instant};
+use support::client::x_cache;
 use support::redis::RedisServer;
-use support::{client, eventually, Origin, Reply, Sidecache, SidecacheBuilder};
+use support::{client, eventually, Origin, Reply, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const OBJECT: &str = "sc:o:{app:acme:1}";
@@ -34,23 +35,6 @@ fn builder(redis: &RedisServer, origin: &Origin, route_extra: &str) -> Sidecache
             "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
             redis.url()
         ))
-}
-
-async fn metric(sc: &Sidecache, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = sc.metrics().await;
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn xcache(r: &client::Resp) -> String {
-    r.header("x-cache").unwrap_or_default()
 }
 
 fn keys(redis: &RedisServer, pattern: &str) -> Vec<String> {
@@ -159,7 +143,7 @@ async fn waiters_give_up_after_wait_budget_without_calling_origin() {
     assert_eq!(origin.hits(P), 1, "waiters never call the origin");
     gate.release();
     assert_eq!(filler.await.expect("filler").status, 200);
-    assert_eq!(xcache(&client::get(&b.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&b.url(P)).await), "HIT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,10 +177,9 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     // and its unlock must leave the second filler's lease alone.
     first_gate.release();
     let r = first.await.expect("first");
-    assert_eq!((r.status.as_u16(), xcache(&r)), (200, "MISS".into()));
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "MISS".into()));
     assert_eq!(
-        metric(
-            &a,
+        a.metric_sum(
             "sidecache_publish_total",
             &[("outcome", "publish_rejected")]
         )
@@ -216,10 +199,11 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     second_gate.release();
     assert_eq!(second.await.expect("second").status, 200);
     assert_eq!(
-        metric(&b, "sidecache_publish_total", &[("outcome", "published")]).await,
+        b.metric_sum("sidecache_publish_total", &[("outcome", "published")])
+            .await,
         1.0
     );
-    assert_eq!(xcache(&client::get(&a.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&a.url(P)).await), "HIT");
     assert_eq!(origin.hits(P), 2);
 }
 
@@ -231,21 +215,21 @@ async fn negative_entries_are_shared_across_instances() {
     origin.reply(missing, Reply::status(404));
     let a = builder(&redis, &origin, "").start().await;
     let b = builder(&redis, &origin, "").start().await;
-    assert_eq!(xcache(&client::get(&a.url(missing)).await), "MISS");
+    assert_eq!(x_cache(&client::get(&a.url(missing)).await), "MISS");
     for sc in [&a, &b, &a, &b] {
         let r = client::get(&sc.url(missing)).await;
-        assert_eq!((r.status.as_u16(), xcache(&r)), (404, "NEGATIVE".into()));
+        assert_eq!((r.status.as_u16(), x_cache(&r)), (404, "NEGATIVE".into()));
     }
     assert_eq!(origin.hits(missing), 1);
     // negative_ttl is 2s: once it passes, exactly one more origin call.
     eventually(
         "the negative entry to expire",
         Duration::from_secs(6),
-        || async { xcache(&client::get(&b.url(missing)).await) == "MISS" },
+        || async { x_cache(&client::get(&b.url(missing)).await) == "MISS" },
     )
     .await;
     assert_eq!(origin.hits(missing), 2);
-    assert_eq!(xcache(&client::get(&a.url(missing)).await), "NEGATIVE");
+    assert_eq!(x_cache(&client::get(&a.url(missing)).await), "NEGATIVE");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,8 +250,7 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     gate.release();
     assert_eq!(reader.await.expect("reader").status, 200);
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_publish_total",
             &[("outcome", "publish_rejected")]
         )
@@ -288,8 +271,7 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     gate.release();
     assert_eq!(reader.await.expect("reader").status, 200);
     assert_eq!(
-        metric(
-            &sc,
+        sc.metric_sum(
             "sidecache_publish_total",
             &[("outcome", "publish_rejected")]
         )
@@ -297,8 +279,8 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
         2.0
     );
     assert_ne!(ticket, b"1.2-someone-else".to_vec());
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "MISS");
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,14 +297,14 @@ async fn corrupt_and_misplaced_entries_are_removed_and_refetched() {
     redis.cli(&["SET", &entry, "garbage"]).expect("SET");
     let r = client::get(&sc.url(P)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), origin.default_body(P))
     );
     assert_eq!(
-        metric(&sc, "sidecache_corrupt_entries_total", &[]).await,
+        sc.metric_sum("sidecache_corrupt_entries_total", &[]).await,
         1.0
     );
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 
     // An entry copied under another object's key (its identity does not
     // match) is never served as that object.
@@ -336,11 +318,11 @@ async fn corrupt_and_misplaced_entries_are_removed_and_refetched() {
         .expect("SET");
     let r = client::get(&sc.url(other)).await;
     assert_eq!(
-        (xcache(&r), r.text()),
+        (x_cache(&r), r.text()),
         ("MISS".into(), origin.default_body(other))
     );
     assert_eq!(
-        metric(&sc, "sidecache_corrupt_entries_total", &[]).await,
+        sc.metric_sum("sidecache_corrupt_entries_total", &[]).await,
         2.0
     );
 }
@@ -368,12 +350,8 @@ async fn failed_publish_returns_the_answer_without_a_second_upstream_call() {
         released.elapsed()
     );
     assert_eq!(
-        metric(
-            &sc,
-            "sidecache_publish_total",
-            &[("outcome", "write_failure")]
-        )
-        .await,
+        sc.metric_sum("sidecache_publish_total", &[("outcome", "write_failure")])
+            .await,
         1.0
     );
     assert_eq!(origin.hits(P), 1);
@@ -414,7 +392,7 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let r = client::get(&url).await;
-            (r.status.as_u16(), xcache(&r), t.elapsed())
+            (r.status.as_u16(), x_cache(&r), t.elapsed())
         }));
     }
     let mut ok = 0;
@@ -441,7 +419,7 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
         origin.max_concurrency()
     );
     assert!(ok >= 1 && ok + busy == 48, "ok {ok}, busy {busy}");
-    assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 1.0);
+    assert_eq!(sc.metric_sum("sidecache_breaker_open", &[]).await, 1.0);
 
     // After the pause the breaker's probe closes it and hits come back.
     eventually(
@@ -449,11 +427,11 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
         Duration::from_secs(10),
         || async {
             client::get(&sc.url(P)).await;
-            xcache(&client::get(&sc.url(P)).await) == "HIT"
+            x_cache(&client::get(&sc.url(P)).await) == "HIT"
         },
     )
     .await;
-    assert_eq!(metric(&sc, "sidecache_breaker_open", &[]).await, 0.0);
+    assert_eq!(sc.metric_sum("sidecache_breaker_open", &[]).await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,13 +440,13 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
     let origin = Origin::start().await;
     let sc = builder(&redis, &origin, "").start().await;
     client::get(&sc.url(P)).await;
-    assert_eq!(xcache(&client::get(&sc.url(P)).await), "HIT");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 
     redis.kill();
     for _ in 0..3 {
         let t = Instant::now();
         let r = client::get(&sc.url(P)).await;
-        assert_eq!((r.status.as_u16(), xcache(&r)), (200, "DEGRADED".into()));
+        assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "DEGRADED".into()));
         assert!(
             t.elapsed() < Duration::from_secs(1),
             "degraded answer took {:?}",
@@ -484,7 +462,7 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
         Duration::from_secs(10),
         || async {
             client::get(&sc.url(P)).await;
-            xcache(&client::get(&sc.url(P)).await) == "HIT"
+            x_cache(&client::get(&sc.url(P)).await) == "HIT"
         },
     )
     .await;

@@ -331,6 +331,38 @@ async fn concurrent_lease_attempts_have_exactly_one_winner(s: &dyn Store) {
     assert_eq!(winners, 1);
 }
 
+async fn invalidate_many_replaces_every_generation_in_one_call(s: &dyn Store) {
+    let ids: Vec<String> = (0..50).map(|i| format!("many{i}")).collect();
+    let gen_keys: Vec<String> = ids.iter().map(|id| keys(id).generation).collect();
+    // Half the objects have a generation already, half have none.
+    let mut before = Vec::new();
+    for k in &gen_keys[..25] {
+        before.push(s.ticket(k, "t", GEN_TTL).await.unwrap());
+    }
+    s.invalidate_many(&gen_keys, "batch", GEN_TTL)
+        .await
+        .unwrap();
+    let mut after = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let generation = s.read(&keys(id)).await.unwrap().generation;
+        let generation = generation.unwrap_or_else(|| panic!("{id} has no generation"));
+        if i < 25 {
+            assert_ne!(generation, before[i], "{id} not replaced");
+        }
+        after.push(generation);
+    }
+    // Idempotent in effect: applying the same batch again replaces again.
+    s.invalidate_many(&gen_keys, "batch", GEN_TTL)
+        .await
+        .unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let generation = s.read(&keys(id)).await.unwrap().generation.unwrap();
+        assert_ne!(generation, after[i]);
+    }
+    // An empty batch is a no-op.
+    s.invalidate_many(&[], "batch", GEN_TTL).await.unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Bloom filter operations (SPEC §6).
 // ---------------------------------------------------------------------------
@@ -598,6 +630,7 @@ suite!(
     generation_expires_after_gen_ttl_and_is_recreated_fresh,
     lease_is_set_if_absent,
     concurrent_lease_attempts_have_exactly_one_winner,
+    invalidate_many_replaces_every_generation_in_one_call,
     bloom_is_unknown_until_activated_then_answers,
     bloom_signature_mismatch_short_bitmap_and_disable_are_unknown,
     bloom_build_lock_is_exclusive_and_activation_needs_the_owner,
@@ -658,6 +691,26 @@ async fn scripts_survive_script_flush() {
         s.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap(),
         ticket
     );
+}
+
+/// The pipelined batch cannot fall back per command: after `SCRIPT FLUSH` it
+/// loads the script and resends, and every key ends up replaced.
+#[tokio::test]
+async fn invalidate_many_survives_script_flush() {
+    let server = RedisServer::start();
+    let s = redis_store(&server);
+    let gen_keys: Vec<String> = (0..10)
+        .map(|i| keys(&format!("mf{i}")).generation)
+        .collect();
+    let mut before = Vec::new();
+    for k in &gen_keys {
+        before.push(s.ticket(k, "n", GEN_TTL).await.unwrap());
+    }
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    s.invalidate_many(&gen_keys, "m", GEN_TTL).await.unwrap();
+    for (i, k) in gen_keys.iter().enumerate() {
+        assert_ne!(s.ticket(k, "n", GEN_TTL).await.unwrap(), before[i]);
+    }
 }
 
 /// The store is built while Redis is down (sidecache starts degraded) and

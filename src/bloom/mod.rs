@@ -440,6 +440,35 @@ impl Blooms {
     }
 }
 
+/// The growth seam of the invalidation sources: a `create` event adds its
+/// object to the route's filter ([`Blooms::created`]) under the live config.
+pub struct BloomGrowth {
+    config: Arc<ArcSwap<Config>>,
+    blooms: Arc<Blooms>,
+}
+
+impl BloomGrowth {
+    /// The hook to hand to the appliers.
+    pub fn hook(
+        config: Arc<ArcSwap<Config>>,
+        blooms: Arc<Blooms>,
+    ) -> Arc<dyn crate::invalidation::CreateHook> {
+        Arc::new(BloomGrowth { config, blooms })
+    }
+}
+
+impl crate::invalidation::CreateHook for BloomGrowth {
+    fn created<'a>(
+        &'a self,
+        event: &'a crate::invalidation::Validated,
+    ) -> crate::store::BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let cfg = self.config.load_full();
+            self.blooms.created(&cfg, event).await
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

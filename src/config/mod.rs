@@ -32,6 +32,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub fill: FillConfig,
     pub routes: RouteTable,
+    pub invalidation: InvalidationConfig,
     /// TTL of generation keys: max(ttl + jitter) + max(lease) + 60 s (SPEC §5.1).
     pub gen_ttl: Duration,
     /// SHA-256 of the file text, to skip reloads that change nothing.
@@ -78,6 +79,50 @@ pub struct StoreConfig {
 pub struct FillConfig {
     pub max_concurrency: usize,
     pub max_body: u64,
+}
+
+/// Change feeds that invalidate cached objects (SPEC §7). Both optional,
+/// both may run at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InvalidationConfig {
+    pub outbox: Option<OutboxConfig>,
+    pub stream: Option<StreamConfig>,
+}
+
+/// `invalidation.outbox`: the Postgres outbox worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxConfig {
+    /// A `postgres://` URL or key=value connection string (may hold a
+    /// password: never logged).
+    pub url: String,
+    /// A plain SQL identifier (validated), used unquoted in queries.
+    pub table: String,
+    /// Fallback poll period when no NOTIFY arrives.
+    pub poll_interval: Duration,
+    /// Rows claimed per transaction.
+    pub batch: u32,
+    /// A plain SQL identifier (validated); the `outbox-ddl` trigger notifies it.
+    pub notify_channel: String,
+}
+
+/// Where a new consumer group starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamStart {
+    /// `$`: only entries added after the group was created.
+    Latest,
+    /// `0`: every entry still in the stream.
+    Earliest,
+}
+
+/// `invalidation.redis_stream`: the Redis Stream consumer. It reads from the
+/// store's Redis (`store.redis`), on a connection of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    pub stream: String,
+    pub group: String,
+    pub start: StreamStart,
+    /// Entries pending longer than this on any consumer are claimed.
+    pub claim_idle: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +227,14 @@ impl Config {
         }
         if self.upstream.max_idle_per_host != next.upstream.max_idle_per_host {
             changed.push("upstream.max_idle_per_host");
+        }
+        // The worker and the consumer hold connections and a consumer group
+        // made from these settings; they are started once.
+        if self.invalidation.outbox != next.invalidation.outbox {
+            changed.push("invalidation.outbox");
+        }
+        if self.invalidation.stream != next.invalidation.stream {
+            changed.push("invalidation.redis_stream");
         }
         if self.log_format != next.log_format {
             changed.push("log_format");

@@ -137,3 +137,70 @@ fn restart_only_changes_are_named() {
         .restart_only_changes(&parse(APP).expect("valid"))
         .is_empty());
 }
+
+#[test]
+fn invalidation_sources_are_typed_and_validated() {
+    let cfg = parse(&format!(
+        r#"
+store: {{ redis: {{ url: "redis://127.0.0.1:6379/0" }} }}
+invalidation:
+  outbox: {{ url: "postgres://u@127.0.0.1/db", batch: 50, poll_interval: 250ms }}
+  redis_stream: {{ start: earliest, claim_idle: 10s }}
+{APP}"#
+    ))
+    .expect("valid");
+    let outbox = cfg.invalidation.outbox.as_ref().expect("outbox");
+    assert_eq!(outbox.table, "sidecache_outbox");
+    assert_eq!(outbox.notify_channel, "sidecache_outbox");
+    assert_eq!(outbox.batch, 50);
+    assert_eq!(outbox.poll_interval, std::time::Duration::from_millis(250));
+    let stream = cfg.invalidation.stream.as_ref().expect("stream");
+    assert_eq!(stream.stream, "sidecache:invalidations");
+    assert_eq!(stream.group, "sidecache");
+    assert_eq!(stream.start, StreamStart::Earliest);
+    assert_eq!(stream.claim_idle, std::time::Duration::from_secs(10));
+
+    let cases = [
+        (
+            "invalidation: { outbox: { url: 'postgres://h/d', table: 'x; drop' } }",
+            "invalidation.outbox.table",
+        ),
+        (
+            "invalidation: { outbox: { url: 'postgres://h/d', notify_channel: 'A' } }",
+            "invalidation.outbox.notify_channel",
+        ),
+        (
+            "invalidation: { outbox: { url: 'postgres://h/d', batch: 0 } }",
+            "invalidation.outbox.batch",
+        ),
+        (
+            "invalidation: { outbox: { url: '' } }",
+            "invalidation.outbox.url",
+        ),
+        (
+            "invalidation: { outbox: { url: 'postgres://h/d', tabel: x } }",
+            "invalidation.outbox",
+        ),
+        (
+            "invalidation: { redis_stream: {} }",
+            "invalidation.redis_stream",
+        ),
+    ];
+    for (yaml, path) in cases {
+        let e = err(&format!("{yaml}\n{APP}"));
+        assert!(e.contains(path), "{yaml}: {e}");
+    }
+}
+
+#[test]
+fn invalidation_changes_need_a_restart() {
+    let a = parse(&format!(
+        "invalidation: {{ outbox: {{ url: 'postgres://h/d' }} }}\n{APP}"
+    ))
+    .unwrap();
+    let b = parse(&format!(
+        "invalidation: {{ outbox: {{ url: 'postgres://h/d', batch: 7 }} }}\n{APP}"
+    ))
+    .unwrap();
+    assert_eq!(a.restart_only_changes(&b), vec!["invalidation.outbox"]);
+}

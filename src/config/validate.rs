@@ -2,11 +2,12 @@
 //! templates and anchored param patterns, and the cross-route checks
 //! (unique names, no two routes that could match one request).
 
+use super::file::FileStreamStart;
 use super::file::{FileConfig, FileQuery, FileQueryMode, FileRoute};
 use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
 use super::{
-    AdminConfig, Config, ConfigError, FillConfig, RedisConfig, RedisTarget, StoreConfig,
-    UpstreamConfig,
+    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, OutboxConfig, RedisConfig,
+    RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -44,20 +45,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         max_concurrency: raw.fill.max_concurrency,
         max_body: raw.fill.max_body.0,
     };
-    // Later releases wire these up; accepting them silently would let an
-    // operator believe invalidation or Bloom filtering is running.
-    if raw.invalidation.outbox.is_some() {
-        return err(
-            "invalidation.outbox",
-            "not supported by this build of sidecache yet",
-        );
-    }
-    if raw.invalidation.redis_stream.is_some() {
-        return err(
-            "invalidation.redis_stream",
-            "not supported by this build of sidecache yet",
-        );
-    }
+    let invalidation = invalidation(&raw, &store)?;
 
     let mut routes: Vec<Arc<Route>> = Vec::with_capacity(raw.routes.len());
     for (i, r) in raw.routes.into_iter().enumerate() {
@@ -97,6 +85,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         store,
         fill,
         routes: RouteTable { routes },
+        invalidation,
         gen_ttl,
         digest,
     })
@@ -176,6 +165,89 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
         namespace: s.namespace.clone(),
         breaker_cooldown: s.breaker.cooldown.0,
     })
+}
+
+fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationConfig> {
+    let outbox = match &raw.invalidation.outbox {
+        None => None,
+        Some(o) => {
+            let at = "invalidation.outbox";
+            if o.url.trim().is_empty() {
+                return err(
+                    format!("{at}.url"),
+                    "must not be empty (is the variable set?)",
+                );
+            }
+            if let Err(e) = o.url.parse::<tokio_postgres::Config>() {
+                // The URL may hold a password: name the problem, not the text.
+                return err(
+                    format!("{at}.url"),
+                    format!("not a Postgres connection string: {e}"),
+                );
+            }
+            crate::invalidation::ddl::check_identifier(&o.table)
+                .or_else(|m| err(format!("{at}.table"), m))?;
+            crate::invalidation::ddl::check_identifier(&o.notify_channel)
+                .or_else(|m| err(format!("{at}.notify_channel"), m))?;
+            if o.poll_interval.0 < Duration::from_millis(10) {
+                return err(format!("{at}.poll_interval"), "must be at least 10ms");
+            }
+            if !(1..=10_000).contains(&o.batch) {
+                return err(format!("{at}.batch"), "must be between 1 and 10000");
+            }
+            Some(OutboxConfig {
+                url: o.url.clone(),
+                table: o.table.clone(),
+                poll_interval: o.poll_interval.0,
+                batch: o.batch,
+                notify_channel: o.notify_channel.clone(),
+            })
+        }
+    };
+    let stream = match &raw.invalidation.redis_stream {
+        None => None,
+        Some(r) => {
+            let at = "invalidation.redis_stream";
+            match &store.redis {
+                Some(RedisConfig {
+                    target: RedisTarget::Single(_),
+                    ..
+                }) => {}
+                Some(_) => {
+                    return err(
+                        at,
+                        "not supported with store.redis.cluster yet (needs store.redis.url)",
+                    )
+                }
+                None => return err(at, "needs store.redis: the stream lives in that Redis"),
+            }
+            if r.stream.is_empty() || r.stream.chars().any(|c| c.is_whitespace()) {
+                return err(
+                    format!("{at}.stream"),
+                    "must be a non-empty key without whitespace",
+                );
+            }
+            if r.group.is_empty() || r.group.chars().any(|c| c.is_whitespace()) {
+                return err(
+                    format!("{at}.group"),
+                    "must be a non-empty name without whitespace",
+                );
+            }
+            if r.claim_idle.0 < Duration::from_secs(1) {
+                return err(format!("{at}.claim_idle"), "must be at least 1s");
+            }
+            Some(StreamConfig {
+                stream: r.stream.clone(),
+                group: r.group.clone(),
+                start: match r.start {
+                    FileStreamStart::Latest => StreamStart::Latest,
+                    FileStreamStart::Earliest => StreamStart::Earliest,
+                },
+                claim_idle: r.claim_idle.0,
+            })
+        }
+    };
+    Ok(InvalidationConfig { outbox, stream })
 }
 
 fn redis_url(path: &str, url: &str) -> Result<()> {

@@ -94,6 +94,42 @@ impl Event {
         serde_json::from_slice(bytes).map_err(|e| Poison::Malformed(e.to_string()))
     }
 
+    /// Builds an event from separately stored parts (an outbox row, stream
+    /// fields). `params` must be a JSON object whose values are strings or
+    /// integers (`jsonb_build_object('id', id)` with a bigint id is common);
+    /// anything else is poison. `kind` empty means `invalidate`.
+    pub fn from_parts(
+        route: &str,
+        params: &serde_json::Value,
+        kind: &str,
+        revision: Option<i64>,
+    ) -> Result<Event, Poison> {
+        let serde_json::Value::Object(map) = params else {
+            return Err(Poison::Malformed("params is not a JSON object".into()));
+        };
+        let mut out = BTreeMap::new();
+        for (name, value) in map {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+                _ => {
+                    return Err(Poison::Malformed(format!(
+                        "param {name:?} is not a string or an integer"
+                    )))
+                }
+            };
+            out.insert(name.clone(), text);
+        }
+        let kind = EventKind::parse(kind)
+            .ok_or_else(|| Poison::Malformed(format!("unknown kind {kind:?}")))?;
+        Ok(Event {
+            route: route.to_owned(),
+            params: out,
+            kind,
+            revision,
+        })
+    }
+
     pub fn validate(&self, cfg: &Config) -> Result<Validated, Poison> {
         let route = cfg
             .routes

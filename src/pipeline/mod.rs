@@ -278,13 +278,13 @@ impl Pipeline {
 }
 
 /// The membership source of Bloom builds. SPEC §6: `source` runs on
-/// `invalidation.outbox.url`.
-// INTEGRATION: this branch predates the typed `invalidation.outbox` config;
-// once it is on main this becomes
-// `cfg.invalidation.outbox.as_ref().map(|o| PgSource::new(&o.url) as _)`.
+/// `invalidation.outbox.url`; without an outbox this instance builds no
+/// filters (it still uses those other instances build).
 fn bloom_source(cfg: &Config) -> Option<Arc<dyn crate::bloom::source::IdSource>> {
-    let _ = cfg;
-    None
+    cfg.invalidation.outbox.as_ref().map(|o| {
+        crate::bloom::source::PgSource::new(o.url.clone())
+            as Arc<dyn crate::bloom::source::IdSource>
+    })
 }
 
 /// Stage 0: a request carrying credentials is cached only if the route

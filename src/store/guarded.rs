@@ -185,6 +185,23 @@ impl GuardedStore {
         self.call(Op::Invalidate, |s| s.invalidate(gen_key, nonce, gen_ttl))
             .await
     }
+
+    /// Invalidates every key in one call (one round trip on a single Redis
+    /// node). Counted and timed as one `invalidate` call.
+    pub async fn invalidate_many(
+        &self,
+        gen_keys: &[String],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if gen_keys.is_empty() {
+            return Ok(());
+        }
+        self.call(Op::Invalidate, |s| {
+            s.invalidate_many(gen_keys, nonce, gen_ttl)
+        })
+        .await
+    }
 }
 
 /// Builds the configured backend wrapped in a `GuardedStore`. Must not fail

@@ -12,6 +12,8 @@
 //! - `publish`: write the entry only if the lease is still ours and the
 //!   generation still equals the ticket;
 //! - `invalidate`: replace the generation with a fresh unique value;
+//! - `invalidate_many`: the same for many objects in one round trip where
+//!   the backend can (invalidation sources apply events in batches);
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
@@ -128,5 +130,25 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
+
+    /// [`Store::invalidate`] for every key in `gen_keys`, all with the same
+    /// `nonce` (each value is still unique: it embeds the key's own server
+    /// time and is never equal to the value it replaces). All or nothing for
+    /// the caller: an error means "retry the whole batch", which is safe
+    /// because invalidation is idempotent. The default calls `invalidate`
+    /// once per key; backends override it to save round trips.
+    fn invalidate_many<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            for key in gen_keys {
+                self.invalidate(key, nonce, gen_ttl).await?;
+            }
+            Ok(())
+        })
+    }
 }
 pub use guarded::{open, GuardedStore};

@@ -350,6 +350,73 @@ impl Store for RedisStore {
             Ok(Bytes::from(generation))
         })
     }
+
+    fn invalidate_many<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            // Redis refuses an empty pipeline.
+            if gen_keys.is_empty() {
+                return Ok(());
+            }
+            let mut conn = self.conn.clone();
+            match &mut conn {
+                Conn::Single(_) => invalidate_pipelined(&mut conn, gen_keys, nonce, px(gen_ttl))
+                    .await
+                    .map_err(map_error),
+                // A cluster pipeline is routed by its first key: keys of
+                // other slots would be refused. Concurrent single calls keep
+                // the latency at about one round trip instead.
+                Conn::Cluster(_) => {
+                    let calls = gen_keys.iter().map(|key| {
+                        let mut conn = conn.clone();
+                        async move {
+                            scripts::INVALIDATE
+                                .key(key)
+                                .arg(nonce)
+                                .arg(px(gen_ttl))
+                                .invoke_async::<Vec<u8>>(&mut conn)
+                                .await
+                        }
+                    });
+                    for result in futures_util::future::join_all(calls).await {
+                        result.map_err(map_error)?;
+                    }
+                    Ok(())
+                }
+            }
+        })
+    }
+}
+
+/// One pipeline of `EVALSHA invalidate` per key. A pipeline cannot fall back
+/// to `EVAL` per command, so on `NOSCRIPT` (Redis restarted or `SCRIPT
+/// FLUSH`) the script is loaded and the whole pipeline sent again; commands
+/// that did run the first time simply invalidate twice (idempotent).
+async fn invalidate_pipelined(
+    conn: &mut Conn,
+    gen_keys: &[String],
+    nonce: &str,
+    px_ttl: u64,
+) -> Result<(), RedisError> {
+    let mut pipe = redis::pipe();
+    for key in gen_keys {
+        pipe.invoke_script(scripts::INVALIDATE.key(key).arg(nonce).arg(px_ttl))
+            .ignore();
+    }
+    match pipe.query_async::<()>(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            scripts::INVALIDATE
+                .prepare_invoke()
+                .load_async(conn)
+                .await?;
+            pipe.query_async::<()>(conn).await
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]

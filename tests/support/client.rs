@@ -44,6 +44,11 @@ impl Resp {
     }
 }
 
+/// The `X-Cache` value of a response, or "" when absent.
+pub fn x_cache(r: &Resp) -> String {
+    r.header("x-cache").unwrap_or_default()
+}
+
 pub fn full(body: impl Into<Bytes>) -> ClientBody {
     Full::new(body.into())
         .map_err(|never| match never {})

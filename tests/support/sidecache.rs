@@ -358,6 +358,20 @@ impl Sidecache {
         assert_eq!(resp.status, 200, "/metrics answered {}", resp.status);
         resp.text()
     }
+    /// The sum of the samples of `name` whose labels include all of
+    /// `labels` (in any order); 0 when there is none.
+    pub async fn metric_sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = self.metrics().await;
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| {
+                labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
     /// The value of one sample, e.g.
     /// `metric("sidecache_config_reloads_total{outcome=\"rejected\"}")`;
     /// `None` if absent. Labels must be written in exposition order.

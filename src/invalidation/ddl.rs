@@ -1,0 +1,128 @@
+//! The SQL that installs the outbox (`sidecache outbox-ddl`): the table with
+//! the SPEC §7 columns, a partial index over the rows a worker may claim, and
+//! a statement-level `AFTER INSERT` trigger that wakes `LISTEN`ing workers.
+//! Also the identifier check shared with config validation: table and
+//! channel names are spliced into SQL, so only plain identifiers pass.
+
+/// The default table and notification channel (same as the config defaults).
+pub const DEFAULT_TABLE: &str = "sidecache_outbox";
+pub const DEFAULT_CHANNEL: &str = "sidecache_outbox";
+
+/// Accepts `name` or `schema.name`, each part `[a-z_][a-z0-9_]*` and at most
+/// 63 bytes (Postgres' limit). Lower case only: unquoted identifiers fold to
+/// lower case, so `Outbox` would silently name `outbox`.
+pub fn check_identifier(name: &str) -> Result<(), String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 {
+        return Err(format!("{name:?}: at most one '.' (schema.name)"));
+    }
+    for part in parts {
+        let mut chars = part.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !first_ok || !rest_ok || part.len() > 63 {
+            return Err(format!(
+                "{name:?} is not a plain SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The DDL for `table` whose trigger notifies `channel`. Idempotent (`IF NOT
+/// EXISTS`, `CREATE OR REPLACE`), so it can be re-run. Errors name the bad
+/// identifier.
+pub fn outbox_ddl(table: &str, channel: &str) -> Result<String, String> {
+    check_identifier(table)?;
+    check_identifier(channel)?;
+    if channel.contains('.') {
+        return Err(format!("{channel:?}: a channel name has no schema"));
+    }
+    // Names derived from the table; schema-qualified tables keep the index
+    // and function in the same schema.
+    let (schema, base) = match table.split_once('.') {
+        Some((s, b)) => (format!("{s}."), b),
+        None => (String::new(), table),
+    };
+    let short = |suffix: &str| {
+        let mut name = format!("{base}_{suffix}");
+        name.truncate(63);
+        name
+    };
+    let due_index = short("due");
+    let function = format!("{schema}{}", short("notify"));
+    let trigger = short("notify");
+    Ok(format!(
+        r#"-- sidecache outbox: write one row per change, in the same transaction as
+-- the change. sidecache deletes applied rows; dead rows (dead_at set) stay
+-- for inspection.
+CREATE TABLE IF NOT EXISTS {table} (
+    id          bigserial PRIMARY KEY,
+    route       text        NOT NULL,
+    params      jsonb       NOT NULL,
+    kind        text        NOT NULL DEFAULT 'invalidate',
+    revision    bigint,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    attempts    int         NOT NULL DEFAULT 0,
+    next_at     timestamptz NOT NULL DEFAULT now(),
+    last_error  text,
+    dead_at     timestamptz
+);
+
+-- Rows a worker may claim: not dead-lettered, in claim order.
+CREATE INDEX IF NOT EXISTS {due_index} ON {table} (next_at, id) WHERE dead_at IS NULL;
+
+-- One wake-up per inserting statement; workers poll as a fallback.
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+CREATE TRIGGER {trigger}
+    AFTER INSERT ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+"#
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        for ok in ["sidecache_outbox", "_x", "app.outbox", "a1"] {
+            assert!(check_identifier(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "Outbox",
+            "a-b",
+            "a;drop table x",
+            "a.b.c",
+            "a.",
+            "x y",
+            &"a".repeat(64),
+        ] {
+            assert!(check_identifier(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ddl_names_table_and_channel() {
+        let sql = outbox_ddl("app.events", "wake").unwrap();
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
+        assert!(sql.contains("pg_notify('wake', '')"));
+        assert!(sql.contains("FUNCTION app.events_notify()"));
+        assert!(sql.contains("WHERE dead_at IS NULL"));
+        assert!(outbox_ddl("x", "a.b").is_err());
+        assert!(outbox_ddl("x'; --", "c").is_err());
+    }
+}

@@ -1,0 +1,370 @@
+//! The Postgres outbox worker (SPEC §7, seed 001): the service writes one
+//! row per change in the same transaction as the change; this worker turns
+//! rows into invalidations, at least once, with nothing lost.
+//!
+//! One cycle is one transaction: claim due rows `ORDER BY id LIMIT batch FOR
+//! UPDATE SKIP LOCKED` (several sidecars can share a table; a row is in at
+//! most one claim at a time), apply them to the store in one batch, delete
+//! the applied rows, give failed rows `attempts+1`, a backoff (`next_at`,
+//! 1 s doubling to 60 s, jittered) and `last_error`, mark poison rows
+//! `dead_at`, then commit. A crash anywhere before the commit leaves every
+//! claimed row in place to be applied again (harmless: idempotent).
+//!
+//! Wake-ups: the worker's own connection `LISTEN`s on `notify_channel` (the
+//! `outbox-ddl` trigger notifies per inserting statement). Notifications
+//! only arrive on a connection whose `Connection` future we poll ourselves
+//! (`poll_message`), so the worker drives it and forwards notifications over
+//! a channel. Polling every `poll_interval` stays as the fallback, and the
+//! table is always polled after (re)connecting, because notifications sent
+//! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
+//! to Postgres is not supported yet.
+
+use super::apply::{Applier, ApplyOutcome};
+use super::backoff::{self, Backoff};
+use super::event::{Event, Poison};
+use crate::config::OutboxConfig;
+use crate::metrics::Metrics;
+use std::future::poll_fn;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tracing::{debug, info, warn};
+
+/// Retry schedule of a failed row: 1 s doubling to 60 s, jittered.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+/// Reconnect schedule after losing Postgres.
+const RECONNECT_BASE: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one claim-apply-commit cycle; a hung server or network then
+/// costs a reconnect, not a stuck worker.
+const CYCLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the pending/oldest gauges are refreshed (one aggregate query).
+const GAUGE_EVERY: Duration = Duration::from_secs(2);
+/// `last_error` is for humans; keep rows small.
+const MAX_ERROR_TEXT: usize = 500;
+
+/// Why a worker session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("cannot connect within {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("a claim cycle took longer than {0:?}")]
+    CycleTimeout(Duration),
+    #[error("connection closed")]
+    Closed,
+}
+
+/// What one cycle did, for draining decisions and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CycleReport {
+    pub claimed: usize,
+    pub applied: usize,
+    pub failed: usize,
+    pub dead: usize,
+}
+
+/// The outbox worker. Build one per process with [`OutboxWorker::new`] and
+/// spawn [`OutboxWorker::run`].
+pub struct OutboxWorker {
+    cfg: OutboxConfig,
+    applier: Applier,
+    metrics: Metrics,
+}
+
+/// The SQL of one table, prepared once per connection.
+struct Statements {
+    claim: Statement,
+    delete: Statement,
+    retry: Statement,
+    dead: Statement,
+    gauges: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
+        // `table` is a validated identifier (config), safe to splice.
+        Ok(Statements {
+            claim: client
+                .prepare(&format!(
+                    "SELECT id, route, params::text, kind, revision, attempts FROM {table} \
+                     WHERE dead_at IS NULL AND next_at <= now() \
+                     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                ))
+                .await?,
+            delete: client
+                .prepare(&format!("DELETE FROM {table} WHERE id = ANY($1::bigint[])"))
+                .await?,
+            retry: client
+                .prepare(&format!(
+                    "UPDATE {table} AS o SET attempts = o.attempts + 1, \
+                     next_at = now() + make_interval(secs => u.delay), last_error = u.err \
+                     FROM unnest($1::bigint[], $2::float8[], $3::text[]) AS u(id, delay, err) \
+                     WHERE o.id = u.id"
+                ))
+                .await?,
+            dead: client
+                .prepare(&format!(
+                    "UPDATE {table} AS o SET dead_at = now(), last_error = u.err \
+                     FROM unnest($1::bigint[], $2::text[]) AS u(id, err) WHERE o.id = u.id"
+                ))
+                .await?,
+            gauges: client
+                .prepare(&format!(
+                    "SELECT count(*) FILTER (WHERE dead_at IS NULL), \
+                     count(*) FILTER (WHERE dead_at IS NOT NULL), \
+                     COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) \
+                     FILTER (WHERE dead_at IS NULL)), 0)::float8 FROM {table}"
+                ))
+                .await?,
+        })
+    }
+}
+
+/// Aborts the connection driver when the session ends, however it ends.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl OutboxWorker {
+    pub fn new(cfg: OutboxConfig, applier: Applier) -> OutboxWorker {
+        let metrics = applier.metrics().clone();
+        OutboxWorker {
+            cfg,
+            applier,
+            metrics,
+        }
+    }
+
+    /// Runs until `shutdown` becomes true (or its sender is dropped),
+    /// reconnecting with jittered exponential backoff whenever the session
+    /// fails. A cycle in progress when shutdown arrives is finished or, if
+    /// it cannot finish, rolled back by Postgres (rows stay, nothing lost).
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        info!(
+            table = %self.cfg.table,
+            channel = %self.cfg.notify_channel,
+            "outbox worker starting"
+        );
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            match self.session(&mut shutdown, &mut reconnect).await {
+                Ok(()) => break,
+                Err(e) => warn!(error = %e, "outbox worker lost Postgres; reconnecting"),
+            }
+            let delay = reconnect.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+        info!("outbox worker stopped");
+    }
+
+    /// One connection's life: connect, LISTEN, poll, then wait for NOTIFY
+    /// or the poll interval, forever. `Ok` only on shutdown.
+    async fn session(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        reconnect: &mut Backoff,
+    ) -> Result<(), OutboxError> {
+        let mut pg: tokio_postgres::Config = self.cfg.url.parse()?;
+        pg.connect_timeout(CONNECT_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(15))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .application_name("sidecache-outbox");
+        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+            .await
+            .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
+        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
+        // The driver owns the connection: it must be polled for queries to
+        // make progress at all, and it is where notifications surface.
+        let driver = tokio::spawn(async move {
+            loop {
+                match poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(_))) => {
+                        let _ = wake_tx.send(());
+                    }
+                    Some(Ok(AsyncMessage::Notice(notice))) => {
+                        debug!(%notice, "postgres notice");
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        debug!(error = %e, "outbox connection failed");
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        let _driver = AbortOnDrop(driver.abort_handle());
+
+        client
+            .batch_execute(&format!("LISTEN {}", self.cfg.notify_channel))
+            .await?;
+        let statements = Statements::prepare(&client, &self.cfg.table).await?;
+        info!("outbox worker connected; listening");
+
+        let mut gauges_at = Instant::now();
+        loop {
+            // Drain: keep claiming while full batches come back. A batch
+            // whose rows failed against the store stops the drain; those
+            // rows now wait for their backoff.
+            loop {
+                let report =
+                    tokio::time::timeout(CYCLE_TIMEOUT, self.cycle(&mut client, &statements))
+                        .await
+                        .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+                // Reset only once a whole cycle worked: a session that
+                // connects but fails every cycle (permissions, a dropped
+                // table) keeps backing off instead of reconnecting in a loop.
+                reconnect.reset();
+                let full = report.claimed >= self.cfg.batch as usize;
+                if !full || report.failed > 0 || *shutdown.borrow() {
+                    break;
+                }
+            }
+            if Instant::now() >= gauges_at {
+                self.refresh_gauges(&client, &statements).await?;
+                gauges_at = Instant::now() + GAUGE_EVERY;
+            }
+            tokio::select! {
+                biased;
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        return Ok(());
+                    }
+                }
+                wake = wake_rx.recv() => {
+                    if wake.is_none() {
+                        return Err(OutboxError::Closed);
+                    }
+                    // Many inserts, one cycle.
+                    while wake_rx.try_recv().is_ok() {}
+                }
+                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One claim-apply-commit transaction.
+    async fn cycle(
+        &self,
+        client: &mut Client,
+        st: &Statements,
+    ) -> Result<CycleReport, OutboxError> {
+        let tx = client.transaction().await?;
+        let rows = tx.query(&st.claim, &[&i64::from(self.cfg.batch)]).await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(CycleReport::default());
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut attempts = Vec::with_capacity(rows.len());
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            ids.push(row.try_get::<_, i64>(0)?);
+            attempts.push(row.try_get::<_, i32>(5)?);
+            events.push(row_event(row));
+        }
+        let outcomes = self.applier.apply(events).await;
+
+        let mut applied = Vec::new();
+        let (mut retry_ids, mut retry_delays, mut retry_errors) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut dead_ids, mut dead_reasons) = (Vec::new(), Vec::new());
+        for ((id, tries), outcome) in ids.iter().zip(&attempts).zip(&outcomes) {
+            match outcome {
+                ApplyOutcome::Applied => applied.push(*id),
+                ApplyOutcome::Failed(e) => {
+                    let attempt = u32::try_from(*tries).unwrap_or(0);
+                    let delay =
+                        backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
+                            .max(Duration::from_millis(500));
+                    retry_ids.push(*id);
+                    retry_delays.push(delay.as_secs_f64());
+                    retry_errors.push(truncate(e.to_string()));
+                }
+                ApplyOutcome::Poison(p) => {
+                    dead_ids.push(*id);
+                    dead_reasons.push(truncate(p.to_string()));
+                }
+            }
+        }
+        if !applied.is_empty() {
+            tx.execute(&st.delete, &[&applied]).await?;
+        }
+        if !retry_ids.is_empty() {
+            tx.execute(&st.retry, &[&retry_ids, &retry_delays, &retry_errors])
+                .await?;
+        }
+        if !dead_ids.is_empty() {
+            tx.execute(&st.dead, &[&dead_ids, &dead_reasons]).await?;
+        }
+        tx.commit().await?;
+
+        for (id, reason) in dead_ids.iter().zip(&dead_reasons) {
+            warn!(id, %reason, table = %self.cfg.table, "outbox row dead-lettered (dead_at set)");
+        }
+        self.metrics
+            .dead_letters
+            .with_label_values(&[self.applier.source().as_str()])
+            .inc_by(dead_ids.len() as u64);
+        if let Some(e) = retry_errors.first() {
+            warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");
+        }
+        Ok(CycleReport {
+            claimed: rows.len(),
+            applied: applied.len(),
+            failed: retry_ids.len(),
+            dead: dead_ids.len(),
+        })
+    }
+
+    async fn refresh_gauges(&self, client: &Client, st: &Statements) -> Result<(), OutboxError> {
+        let row = client.query_one(&st.gauges, &[]).await?;
+        self.metrics.outbox_pending.set(row.try_get::<_, i64>(0)?);
+        self.metrics.outbox_dead.set(row.try_get::<_, i64>(1)?);
+        self.metrics
+            .outbox_oldest_seconds
+            .set(row.try_get::<_, f64>(2)?);
+        Ok(())
+    }
+}
+
+/// A claimed row as an event; anything unreadable is poison for this row
+/// only (the rows behind it still apply).
+fn row_event(row: &tokio_postgres::Row) -> Result<Event, Poison> {
+    let bad = |e: tokio_postgres::Error| Poison::Malformed(e.to_string());
+    let route: String = row.try_get(1).map_err(bad)?;
+    let params: String = row.try_get(2).map_err(bad)?;
+    let kind: String = row.try_get(3).map_err(bad)?;
+    let revision: Option<i64> = row.try_get(4).map_err(bad)?;
+    let params: serde_json::Value =
+        serde_json::from_str(&params).map_err(|e| Poison::Malformed(e.to_string()))?;
+    Event::from_parts(&route, &params, &kind, revision)
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_ERROR_TEXT {
+        let mut cut = MAX_ERROR_TEXT;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

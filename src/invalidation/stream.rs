@@ -1,0 +1,445 @@
+//! The Redis Stream consumer (SPEC §7, seed 002): services append events to
+//! a stream; every sidecache instance joins one consumer group, so each
+//! entry is applied by one instance, at least once.
+//!
+//! Entry format: fields `route` (route name), `params` (a JSON object of
+//! param values, strings or integers), optional `kind` (`invalidate`,
+//! `create`, `delete`; default `invalidate`) and optional `revision` (an
+//! integer, informational). Anything else is poison: copied to
+//! `<stream>:dead` with the original fields plus `reason` and `source_id`,
+//! then acked, so it never blocks the entries behind it.
+//!
+//! Delivery: an entry is `XACK`ed only after its invalidation is applied; on
+//! a store failure it stays pending in this consumer and is retried. At
+//! start the consumer re-reads its own pending entries (a previous run with
+//! the same name) and periodically `XAUTOCLAIM`s entries that any consumer
+//! left pending longer than `claim_idle` (a dead instance). Names are unique
+//! per process (host, pid, random), so a restarted process is a new
+//! consumer and its predecessor's entries come back through the claim.
+//!
+//! The consumer has its own connection: a blocking `XREADGROUP` on the
+//! store's multiplexed connection would stall every request behind it. Its
+//! response timeout exceeds `BLOCK`.
+
+use super::apply::{Applier, ApplyOutcome};
+use super::backoff::Backoff;
+use super::event::{Event, Poison};
+use crate::config::{StreamConfig, StreamStart};
+use crate::metrics::Metrics;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::{AsyncConnectionConfig, RedisError, Value};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// Entries read per call.
+const COUNT: usize = 100;
+/// Longest `BLOCK`; shorter when the claim period is shorter.
+const MAX_BLOCK: Duration = Duration::from_secs(5);
+/// Response timeout beyond `BLOCK`, for the round trip itself.
+const BLOCK_MARGIN: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const RECONNECT_BASE: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Own pending entries that failed are retried after this long.
+const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
+/// Dead-letter stream length bound (approximate trim).
+const DEAD_MAXLEN: usize = 100_000;
+
+/// The consumer. Build with [`StreamConsumer::new`], spawn [`StreamConsumer::run`].
+pub struct StreamConsumer {
+    cfg: StreamConfig,
+    redis_url: String,
+    consumer: String,
+    applier: Applier,
+    metrics: Metrics,
+}
+
+impl StreamConsumer {
+    /// `redis_url` is the store's single-node URL; the consumer opens its own
+    /// connection to it.
+    pub fn new(cfg: StreamConfig, redis_url: String, applier: Applier) -> StreamConsumer {
+        let metrics = applier.metrics().clone();
+        StreamConsumer {
+            cfg,
+            redis_url,
+            consumer: consumer_name(),
+            applier,
+            metrics,
+        }
+    }
+
+    /// This process's consumer name in the group.
+    pub fn consumer_name(&self) -> &str {
+        &self.consumer
+    }
+
+    fn dead_stream(&self) -> String {
+        format!("{}:dead", self.cfg.stream)
+    }
+
+    /// How often to `XAUTOCLAIM` and refresh the pending gauge.
+    fn claim_every(&self) -> Duration {
+        (self.cfg.claim_idle / 2).clamp(Duration::from_millis(100), MAX_BLOCK)
+    }
+
+    /// Runs until `shutdown` becomes true (or its sender is dropped),
+    /// reconnecting with jittered exponential backoff.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        info!(
+            stream = %self.cfg.stream,
+            group = %self.cfg.group,
+            consumer = %self.consumer,
+            "stream consumer starting"
+        );
+        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let session = self.session(&mut reconnect);
+            tokio::select! {
+                result = session => {
+                    if let Err(e) = result {
+                        warn!(error = %e, "stream consumer lost Redis; reconnecting");
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+            let delay = reconnect.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+        info!("stream consumer stopped");
+    }
+
+    /// One connection's life; returns only on a Redis error.
+    async fn session(&self, reconnect: &mut Backoff) -> Result<(), RedisError> {
+        let block = self.claim_every();
+        let client = redis::Client::open(self.redis_url.as_str())?;
+        let conn_cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(block + BLOCK_MARGIN));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&conn_cfg)
+            .await?;
+        self.ensure_group(&mut conn).await?;
+        info!("stream consumer connected");
+
+        // Own pending first: entries this name was given and never acked.
+        let mut retry_own_at = Some(Instant::now());
+        let mut claim_at = Instant::now();
+        let mut claim_cursor = "0-0".to_owned();
+        loop {
+            if retry_own_at.is_some_and(|at| Instant::now() >= at) {
+                let failed = self.process_own_pending(&mut conn).await?;
+                retry_own_at = failed.then(|| Instant::now() + RETRY_OWN_AFTER);
+            }
+            if Instant::now() >= claim_at {
+                let (next, failed) = self.claim(&mut conn, &claim_cursor).await?;
+                claim_cursor = next;
+                if failed {
+                    retry_own_at.get_or_insert(Instant::now() + RETRY_OWN_AFTER);
+                }
+                self.refresh_pending(&mut conn).await?;
+                claim_at = Instant::now() + self.claim_every();
+            }
+            let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&self.cfg.group)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(COUNT)
+                .arg("BLOCK")
+                .arg(block.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&self.cfg.stream)
+                .arg(">")
+                .query_async(&mut conn)
+                .await?;
+            // A full round worked: only now forget earlier failures, so a
+            // session that connects but always fails keeps backing off.
+            reconnect.reset();
+            let entries = flatten(reply);
+            if !entries.is_empty() && self.process(&mut conn, &entries).await? {
+                retry_own_at.get_or_insert(Instant::now() + RETRY_OWN_AFTER);
+            }
+        }
+    }
+
+    /// `XGROUP CREATE ... MKSTREAM`; an existing group (`BUSYGROUP`) is fine.
+    async fn ensure_group(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+        let start = match self.cfg.start {
+            StreamStart::Latest => "$",
+            StreamStart::Earliest => "0",
+        };
+        let created: Result<(), RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.cfg.stream)
+            .arg(&self.cfg.group)
+            .arg(start)
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match created {
+            Ok(()) => {
+                info!(group = %self.cfg.group, start, "consumer group created");
+                Ok(())
+            }
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Re-reads every entry pending on this consumer, page by page. True if
+    /// some still failed (store down): retry later.
+    async fn process_own_pending(
+        &self,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<bool, RedisError> {
+        let mut after = "0-0".to_owned();
+        loop {
+            let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&self.cfg.group)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(COUNT)
+                .arg("STREAMS")
+                .arg(&self.cfg.stream)
+                .arg(&after)
+                .query_async(conn)
+                .await?;
+            let entries = flatten(reply);
+            let Some(last) = entries.last() else {
+                return Ok(false);
+            };
+            after = last.id.clone();
+            if self.process(conn, &entries).await? {
+                // The store is failing: the rest can wait for the retry.
+                return Ok(true);
+            }
+        }
+    }
+
+    /// One `XAUTOCLAIM` page of entries idle longer than `claim_idle`,
+    /// processed at once. Returns the next cursor and whether some failed.
+    async fn claim(
+        &self,
+        conn: &mut MultiplexedConnection,
+        cursor: &str,
+    ) -> Result<(String, bool), RedisError> {
+        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            .arg(&self.cfg.stream)
+            .arg(&self.cfg.group)
+            .arg(&self.consumer)
+            .arg(self.cfg.claim_idle.as_millis() as u64)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(COUNT)
+            .query_async(conn)
+            .await?;
+        if !reply.claimed.is_empty() {
+            info!(
+                entries = reply.claimed.len(),
+                "claimed stream entries left pending by another consumer"
+            );
+        }
+        let failed = if reply.claimed.is_empty() {
+            false
+        } else {
+            self.process(conn, &reply.claimed).await?
+        };
+        Ok((reply.next_stream_id, failed))
+    }
+
+    async fn refresh_pending(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+        // XPENDING summary: [count, min-id, max-id, [[consumer, count]...]]
+        let summary: Value = redis::cmd("XPENDING")
+            .arg(&self.cfg.stream)
+            .arg(&self.cfg.group)
+            .query_async(conn)
+            .await?;
+        if let Value::Array(items) = summary {
+            if let Some(Value::Int(n)) = items.first() {
+                self.metrics.stream_pending.set(*n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies entries, dead-letters poison ones, acks all but the failed.
+    /// True if some failed against the store (left pending for a retry).
+    async fn process(
+        &self,
+        conn: &mut MultiplexedConnection,
+        entries: &[StreamId],
+    ) -> Result<bool, RedisError> {
+        let events = entries.iter().map(entry_event).collect();
+        let outcomes = self.applier.apply(events).await;
+        let mut pipe = redis::pipe();
+        let mut ack = Vec::new();
+        let mut dead = 0u64;
+        let mut failed = false;
+        for (entry, outcome) in entries.iter().zip(&outcomes) {
+            match outcome {
+                ApplyOutcome::Applied => ack.push(entry.id.as_str()),
+                ApplyOutcome::Failed(_) => failed = true,
+                ApplyOutcome::Poison(reason) => {
+                    let mut xadd = redis::cmd("XADD");
+                    xadd.arg(self.dead_stream())
+                        .arg("MAXLEN")
+                        .arg("~")
+                        .arg(DEAD_MAXLEN)
+                        .arg("*");
+                    let mut fields: Vec<(&String, &Value)> = entry.map.iter().collect();
+                    fields.sort_by(|a, b| a.0.cmp(b.0));
+                    for (name, value) in fields {
+                        xadd.arg(name).arg(value_bytes(value));
+                    }
+                    xadd.arg("reason")
+                        .arg(reason.to_string())
+                        .arg("source_id")
+                        .arg(&entry.id);
+                    pipe.add_command(xadd).ignore();
+                    ack.push(entry.id.as_str());
+                    dead += 1;
+                    warn!(id = %entry.id, %reason, stream = %self.cfg.stream, "stream entry dead-lettered");
+                }
+            }
+        }
+        if !ack.is_empty() {
+            // After the dead-letter copies in the same pipeline: an entry is
+            // never acked before its copy exists (the pipeline stops at
+            // nothing, but XADD of a poison copy cannot fail for content).
+            pipe.cmd("XACK")
+                .arg(&self.cfg.stream)
+                .arg(&self.cfg.group)
+                .arg(&ack)
+                .ignore();
+            pipe.query_async::<()>(conn).await?;
+        }
+        self.metrics
+            .dead_letters
+            .with_label_values(&[self.applier.source().as_str()])
+            .inc_by(dead);
+        if failed {
+            warn!("stream entries not applied (store unavailable); left pending for a retry");
+        }
+        Ok(failed)
+    }
+}
+
+fn flatten(reply: Option<StreamReadReply>) -> Vec<StreamId> {
+    reply
+        .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+        .unwrap_or_default()
+}
+
+/// An entry as an event (format in the module doc).
+fn entry_event(entry: &StreamId) -> Result<Event, Poison> {
+    if entry.map.is_empty() {
+        return Err(Poison::Malformed("entry has no fields (deleted?)".into()));
+    }
+    let text = |name: &str| -> Result<Option<String>, Poison> {
+        match entry.map.get(name) {
+            None => Ok(None),
+            Some(v) => String::from_utf8(value_bytes(v))
+                .map(Some)
+                .map_err(|_| Poison::Malformed(format!("field {name:?} is not UTF-8"))),
+        }
+    };
+    if let Some(extra) = entry
+        .map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "route" | "params" | "kind" | "revision"))
+    {
+        return Err(Poison::Malformed(format!("unknown field {extra:?}")));
+    }
+    let route = text("route")?.ok_or_else(|| Poison::Malformed("no route field".into()))?;
+    let params = match text("params")? {
+        Some(p) => serde_json::from_str(&p)
+            .map_err(|e| Poison::Malformed(format!("params is not JSON: {e}")))?,
+        None => serde_json::Value::Object(Default::default()),
+    };
+    let kind = text("kind")?.unwrap_or_default();
+    let revision = match text("revision")? {
+        None => None,
+        Some(r) if r.is_empty() => None,
+        Some(r) => Some(
+            r.parse::<i64>()
+                .map_err(|_| Poison::Malformed(format!("revision {r:?} is not an integer")))?,
+        ),
+    };
+    Event::from_parts(&route, &params, &kind, revision)
+}
+
+fn value_bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.clone().into_bytes(),
+        Value::Int(i) => i.to_string().into_bytes(),
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+/// `host-pid-random`: unique per process, stable for its life.
+fn consumer_name() -> String {
+    use rand::Rng;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::rng().random::<u32>()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn entry(fields: &[(&str, &str)]) -> StreamId {
+        StreamId {
+            id: "1-0".into(),
+            map: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::BulkString(v.as_bytes().to_vec())))
+                .collect::<HashMap<_, _>>(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn entry_format() {
+        let e = entry_event(&entry(&[
+            ("route", "app"),
+            ("params", r#"{"tenant":"t","id":7}"#),
+            ("kind", "create"),
+            ("revision", "12"),
+        ]))
+        .unwrap();
+        assert_eq!(e.route, "app");
+        assert_eq!(e.params.get("id").map(String::as_str), Some("7"));
+        assert_eq!(e.revision, Some(12));
+        assert!(entry_event(&entry(&[("route", "app"), ("params", "[1]")])).is_err());
+        assert!(entry_event(&entry(&[("params", "{}")])).is_err());
+        assert!(entry_event(&entry(&[("route", "a"), ("x", "1")])).is_err());
+        assert!(entry_event(&entry(&[("route", "a"), ("kind", "upsert")])).is_err());
+        assert!(entry_event(&entry(&[])).is_err());
+    }
+
+    #[test]
+    fn consumer_names_are_unique() {
+        assert_ne!(consumer_name(), consumer_name());
+    }
+}

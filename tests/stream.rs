@@ -1,0 +1,326 @@
+//! The Redis Stream consumer against real redis-servers from the harness,
+//! running in-process over a `RedisStore` (issue 4 acceptance: each entry
+//! applied once by one consumer of a group, entries of a dead consumer
+//! claimed after `claim_idle`, poison entries dead-lettered and acked,
+//! store failures leave entries pending until they apply).
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use arc_swap::ArcSwap;
+use redis_support::RedisServer;
+use sidecache::config::Config;
+use sidecache::invalidation::stream::StreamConsumer;
+use sidecache::invalidation::{Applier, Source};
+use sidecache::metrics::Metrics;
+use sidecache::pipeline::key;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const STREAM: &str = "sc:inv";
+const GROUP: &str = "sidecache";
+
+/// The store in `store_redis`, the stream in the consumer's `stream_redis`.
+fn config(store_redis: &RedisServer, claim_idle: &str) -> Config {
+    let yaml = format!(
+        r#"
+version: 1
+listen: 127.0.0.1:1
+admin: {{ listen: 127.0.0.1:2 }}
+upstream: {{ url: "http://127.0.0.1:9" }}
+store:
+  redis: {{ url: "{redis}", command_timeout: 500ms }}
+  breaker: {{ cooldown: 200ms }}
+invalidation:
+  redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: {claim_idle} }}
+routes:
+  - name: app
+    path: /api/tenants/{{tenant}}/apps/{{id}}
+    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
+    ttl: 60s
+"#,
+        redis = store_redis.url(),
+    );
+    Config::parse(&yaml, &|_| None).expect("test config")
+}
+
+struct Consumer {
+    metrics: Metrics,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Consumer {
+    async fn start(cfg: Config, stream_redis: &RedisServer) -> Consumer {
+        let metrics = Metrics::new();
+        let store = sidecache::store::open(&cfg.store, &metrics)
+            .await
+            .expect("store");
+        let stream = cfg.invalidation.stream.clone().expect("stream configured");
+        let config = Arc::new(ArcSwap::from_pointee(cfg));
+        let applier = Applier::new(config, store, metrics.clone(), Source::Stream);
+        let (stop, stopped) = watch::channel(false);
+        let consumer = StreamConsumer::new(stream, stream_redis.url(), applier);
+        let task = tokio::spawn(consumer.run(stopped));
+        Consumer {
+            metrics,
+            stop,
+            task,
+        }
+    }
+
+    fn applied(&self) -> u64 {
+        self.metrics
+            .invalidations
+            .with_label_values(&["stream", "applied"])
+            .get()
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("consumer stops on shutdown")
+            .expect("consumer task");
+    }
+}
+
+fn gen_key(tenant: &str, id: u64) -> String {
+    let id = id.to_string();
+    key::generation_key("sc:", &key::identity("app", &[tenant, id.as_str()]))
+}
+
+fn has_generation(redis: &RedisServer, tenant: &str, id: u64) -> bool {
+    matches!(
+        redis.cli(&["GET", &gen_key(tenant, id)]),
+        Ok(redis::Value::BulkString(_))
+    )
+}
+
+fn xadd(redis: &RedisServer, fields: &[(&str, &str)]) {
+    let mut args = vec!["XADD", STREAM, "*"];
+    for (k, v) in fields {
+        args.push(k);
+        args.push(v);
+    }
+    redis.cli(&args).expect("XADD");
+}
+
+fn add_event(redis: &RedisServer, tenant: &str, id: u64) {
+    let params = format!(r#"{{"tenant":"{tenant}","id":{id}}}"#);
+    xadd(redis, &[("route", "app"), ("params", &params)]);
+}
+
+fn int(v: redis::RedisResult<redis::Value>) -> i64 {
+    match v {
+        Ok(redis::Value::Int(n)) => n,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
+
+/// `XPENDING` summary count for the group.
+fn pending(redis: &RedisServer) -> i64 {
+    match redis.cli(&["XPENDING", STREAM, GROUP]) {
+        Ok(redis::Value::Array(items)) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING: {other:?}"),
+        },
+        other => panic!("XPENDING: {other:?}"),
+    }
+}
+
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_entry_applied_once_by_one_of_several_consumers() {
+    let redis = RedisServer::start();
+    let mut consumers = Vec::new();
+    for _ in 0..3 {
+        consumers.push(Consumer::start(config(&redis, "30s"), &redis).await);
+    }
+    const N: u64 = 300;
+    for id in 1..=N {
+        add_event(&redis, "grp", id);
+    }
+    eventually(
+        "every entry applied and acked",
+        Duration::from_secs(15),
+        || async { (1..=N).all(|id| has_generation(&redis, "grp", id)) && pending(&redis) == 0 },
+    )
+    .await;
+    let counts: Vec<u64> = consumers.iter().map(Consumer::applied).collect();
+    println!("applied per consumer: {counts:?}");
+    assert_eq!(
+        counts.iter().sum::<u64>(),
+        N,
+        "{counts:?}: each entry applied once"
+    );
+    for c in consumers {
+        c.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_left_pending_by_a_dead_consumer_are_claimed_after_claim_idle() {
+    let redis = RedisServer::start();
+    redis
+        .cli(&["XGROUP", "CREATE", STREAM, GROUP, "0", "MKSTREAM"])
+        .expect("group");
+    for id in 1..=5 {
+        add_event(&redis, "claim", id);
+    }
+    // A consumer takes the entries and dies without acking them.
+    redis
+        .cli(&[
+            "XREADGROUP",
+            "GROUP",
+            GROUP,
+            "dead-one",
+            "COUNT",
+            "10",
+            "STREAMS",
+            STREAM,
+            ">",
+        ])
+        .expect("read as the dead consumer");
+    let delivered = Instant::now();
+    assert_eq!(pending(&redis), 5);
+
+    let survivor = Consumer::start(config(&redis, "1s"), &redis).await;
+    eventually("claimed and applied", Duration::from_secs(10), || async {
+        (1..=5).all(|id| has_generation(&redis, "claim", id)) && pending(&redis) == 0
+    })
+    .await;
+    assert!(
+        delivered.elapsed() >= Duration::from_millis(900),
+        "claimed before claim_idle: {:?}",
+        delivered.elapsed()
+    );
+    assert_eq!(survivor.applied(), 5);
+    survivor.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_entries_are_copied_to_the_dead_stream_and_acked() {
+    let redis = RedisServer::start();
+    let consumer = Consumer::start(config(&redis, "30s"), &redis).await;
+    // The group is created by the consumer (earliest): entries added before
+    // it is ready are still read.
+    add_event(&redis, "poison", 1);
+    xadd(
+        &redis,
+        &[("route", "nope"), ("params", r#"{"tenant":"a","id":"2"}"#)],
+    );
+    xadd(
+        &redis,
+        &[("route", "app"), ("params", r#"{"tenant":"a","id":"0x3"}"#)],
+    );
+    xadd(&redis, &[("route", "app"), ("params", "not json")]);
+    xadd(
+        &redis,
+        &[
+            ("route", "app"),
+            ("params", r#"{"tenant":"a","id":"5"}"#),
+            ("colour", "red"),
+        ],
+    );
+    add_event(&redis, "poison", 6);
+    eventually(
+        "good entries applied, all acked",
+        Duration::from_secs(10),
+        || async {
+            has_generation(&redis, "poison", 1) && has_generation(&redis, "poison", 6) && {
+                let exists = int(redis.cli(&["EXISTS", STREAM]));
+                exists == 1
+                    && pending(&redis) == 0
+                    && int(redis.cli(&["XLEN", &format!("{STREAM}:dead")])) == 4
+            }
+        },
+    )
+    .await;
+    let dead = redis
+        .cli(&["XRANGE", &format!("{STREAM}:dead"), "-", "+"])
+        .expect("XRANGE dead");
+    let text = format!("{dead:?}");
+    for needle in [
+        "reason",
+        "source_id",
+        "unknown route",
+        "nope",
+        "not json",
+        "colour",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    assert_eq!(
+        consumer
+            .metrics
+            .dead_letters
+            .with_label_values(&["stream"])
+            .get(),
+        4
+    );
+    consumer.stop().await;
+}
+
+/// The store (one Redis) fails while the stream (another Redis) works: the
+/// entries stay pending, then apply and are acked once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_failure_leaves_entries_pending_until_they_apply() {
+    let store_redis = RedisServer::start();
+    let stream_redis = RedisServer::start();
+    let consumer = Consumer::start(config(&store_redis, "30s"), &stream_redis).await;
+    add_event(&stream_redis, "warm", 1);
+    eventually("consumer running", Duration::from_secs(10), || async {
+        has_generation(&store_redis, "warm", 1)
+    })
+    .await;
+
+    store_redis.kill();
+    for id in 1..=3 {
+        add_event(&stream_redis, "later", id);
+    }
+    eventually(
+        "entries delivered but not acked",
+        Duration::from_secs(10),
+        || async {
+            pending(&stream_redis) == 3
+                && consumer
+                    .metrics
+                    .invalidations
+                    .with_label_values(&["stream", "failed"])
+                    .get()
+                    >= 3
+        },
+    )
+    .await;
+    eventually("pending gauge", Duration::from_secs(15), || async {
+        consumer.metrics.stream_pending.get() == 3
+    })
+    .await;
+
+    store_redis.restart();
+    eventually(
+        "retried, applied and acked",
+        Duration::from_secs(15),
+        || async {
+            (1..=3).all(|id| has_generation(&store_redis, "later", id))
+                && pending(&stream_redis) == 0
+        },
+    )
+    .await;
+    consumer.stop().await;
+}
