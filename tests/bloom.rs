@@ -525,3 +525,28 @@ async fn http_redis_restart_makes_filters_unknown_never_rejecting() {
         (200, "MISS")
     );
 }
+
+/// `POST /admin/bloom/{route}/rebuild`: input checks, and without a
+/// membership source (no `invalidation.outbox`) the build fails with 503
+/// and leaves the filter unknown.
+#[tokio::test]
+async fn admin_rebuild_endpoint() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = start(&redis, &origin, 1000).await;
+    let post = |p: &str| {
+        let url = sc.admin_url(p);
+        async move { client::post(&url, "").await }
+    };
+    assert_eq!(post("/admin/bloom/nope/rebuild?scope=a").await.status, 404);
+    assert_eq!(post("/admin/bloom/app/rebuild").await.status, 400);
+    let resp = post("/admin/bloom/app/rebuild?scope=acme").await;
+    assert_eq!(resp.status, 503);
+    assert!(
+        resp.text().contains("no membership source"),
+        "{}",
+        resp.text()
+    );
+    let resp = client::get(&sc.url(&path("acme", "1"))).await;
+    assert_eq!(xcache(&resp), "MISS");
+}
