@@ -7,6 +7,7 @@
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
 //! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
 
+pub mod bloom;
 pub mod file;
 pub mod interpolate;
 pub mod route;

@@ -30,6 +30,9 @@ use redis::io::tcp::TcpSettings;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
 use std::time::Duration;
 
+#[path = "redis_bloom.rs"]
+mod bloom;
+
 /// Reconnect attempts after the first one fails, before a reconnect gives up
 /// (the next command starts a new one). Small, so a dead server does not
 /// hold calls in backoff for seconds.
