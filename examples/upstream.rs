@@ -228,8 +228,12 @@ async fn handle(
             tenant_not_found()
         }
         ["api", "tenants", tenant, "apps"] if is_read => match parse_page(&query) {
-            Err(resp) => resp,
-            Ok(page) => match &state.db {
+            None => error(
+                StatusCode::BAD_REQUEST,
+                "bad_query",
+                "limit and offset are integers",
+            ),
+            Some(page) => match &state.db {
                 Some(db) => or_500(pg::list(&state, db, tenant, page).await),
                 None => list(&state, tenant, page),
             },
@@ -280,27 +284,21 @@ struct Page {
     offset: u64,
 }
 
-fn parse_page(query: &str) -> Result<Page, Response<Full<Bytes>>> {
+/// `None` when `limit` or `offset` is not an integer.
+fn parse_page(query: &str) -> Option<Page> {
     let mut page = Page {
         limit: None,
         offset: 0,
     };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let parsed = match k {
-            "limit" => v.parse().map(|n| page.limit = Some(n)),
-            "offset" => v.parse().map(|n| page.offset = n),
-            _ => continue,
-        };
-        if parsed.is_err() {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "bad_query",
-                "limit and offset are integers",
-            ));
+        match k {
+            "limit" => page.limit = Some(v.parse().ok()?),
+            "offset" => page.offset = v.parse().ok()?,
+            _ => {}
         }
     }
-    Ok(page)
+    Some(page)
 }
 
 /// Reads a PUT/POST body that must be a JSON object (the app's `config`).

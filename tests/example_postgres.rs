@@ -213,6 +213,9 @@ async fn changes_made_on_the_postgres_upstream_reach_the_cache_through_the_outbo
     // create: a 404 sidecache cached for the next id is replaced.
     let new_app = sc.url("/api/tenants/acme/apps/4");
     assert_eq!(client::get(&new_app).await.status, 404);
+    let negative = client::get(&new_app).await;
+    assert_eq!(negative.status, 404);
+    assert_eq!(x_cache(&negative), "NEGATIVE", "the 404 is cached");
     let post = client::post(&upstream.url("/api/tenants/acme/apps"), r#"{"plan":"pro"}"#).await;
     assert_eq!(post.status, 201, "{}", post.text());
     assert_eq!(
