@@ -4,8 +4,8 @@
 //! with an in-process builder (stage 4: `X-Cache: BLOOM`, no origin call).
 //!
 //! The membership database is replaced by `IdSource` implementations here;
-//! the Postgres source itself runs against the outbox harness once both
-//! branches are merged.
+//! the Postgres source, growth through the outbox and a build killed
+//! mid-way run against a private Postgres in `tests/bloom_postgres.rs`.
 
 mod support;
 
