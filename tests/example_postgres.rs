@@ -11,14 +11,11 @@
 
 mod support;
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
-
-use postgres_support::PostgresServer;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::client::{self, Resp};
+use support::postgres::PostgresServer;
 use support::redis::RedisServer;
 use support::sidecache::free_addr;
 use support::{eventually, SidecacheBuilder};
