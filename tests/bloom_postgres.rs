@@ -394,7 +394,7 @@ async fn build_killed_midway_keeps_the_old_filter_and_the_next_build_activates()
     let resp = rebuild(&second, "acme").await;
     assert_eq!(resp.status, 409, "{}", resp.text());
     assert_eq!(resp.json()["outcome"], "busy");
-    // The lease (LOCK_TTL, 120 s) running out, without waiting for it:
+    // The lease (LOCK_TTL; a dead builder no longer renews it) running out, without waiting for it:
     // the remaining TTL is cut short, exactly what time would do.
     redis.cli(&["PEXPIRE", LOCK, "1"]).expect("PEXPIRE");
     eventually("dead build lock expired", WITHIN, || async {

@@ -488,6 +488,49 @@ async fn bloom_build_lock_is_exclusive_and_activation_needs_the_owner(s: &dyn St
     assert!(s.unlock(&k.lock, "a").await.unwrap());
 }
 
+async fn bloom_renew_keeps_only_the_owners_build_alive(s: &dyn Store) {
+    let k = bloom_keys("renew1");
+    let sig = signature(BLOOM_SIZE);
+    let short = Duration::from_millis(200);
+    assert!(s
+        .bloom_begin(&k, "a", short, BLOOM_SIZE.m, short)
+        .await
+        .unwrap());
+    assert!(!s
+        .bloom_renew(&k, "b", BLOOM_LOCK, BLOOM_CANDIDATE)
+        .await
+        .unwrap());
+    assert!(s
+        .bloom_renew(&k, "a", BLOOM_LOCK, BLOOM_CANDIDATE)
+        .await
+        .unwrap());
+    // Time has to pass here: past the first 200 ms lease, the renewed lock
+    // and candidate (60 s / 600 s now) are still there.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(s.bloom_activate(&k, "a", &sig, BLOOM_SIZE.m).await.unwrap());
+
+    // Without renewal the lease runs out and renewing can no longer revive it.
+    let k = bloom_keys("renew2");
+    assert!(s
+        .bloom_begin(&k, "c", short, BLOOM_SIZE.m, BLOOM_CANDIDATE)
+        .await
+        .unwrap());
+    eventually(
+        "the unrenewed build lock expires and d can build",
+        || async {
+            s.bloom_begin(&k, "d", BLOOM_LOCK, BLOOM_SIZE.m, BLOOM_CANDIDATE)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    assert!(!s
+        .bloom_renew(&k, "c", BLOOM_LOCK, BLOOM_CANDIDATE)
+        .await
+        .unwrap());
+    assert!(!s.bloom_activate(&k, "c", &sig, BLOOM_SIZE.m).await.unwrap());
+}
+
 async fn bloom_add_reaches_active_filter_and_running_build(s: &dyn Store) {
     let k = bloom_keys("b4");
     let sig = signature(BLOOM_SIZE);
@@ -634,6 +677,7 @@ suite!(
     bloom_is_unknown_until_activated_then_answers,
     bloom_signature_mismatch_short_bitmap_and_disable_are_unknown,
     bloom_build_lock_is_exclusive_and_activation_needs_the_owner,
+    bloom_renew_keeps_only_the_owners_build_alive,
     bloom_add_reaches_active_filter_and_running_build,
     bloom_crashed_build_leaves_the_old_filter_and_its_candidate_expires,
 );

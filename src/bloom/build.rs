@@ -12,8 +12,9 @@
 //!   so the query returns it.
 //! - A member created while the lock is held is added by `bloom_add` to the
 //!   candidate as well as to the active bitmap, so activation keeps it.
-//! - A builder that lost its lock (slow, paused) cannot activate; its
-//!   candidate expires after [`CANDIDATE_TTL`].
+//! - A builder that lost its lock (paused past the lease, or the store was
+//!   unreachable for its renewals) cannot activate; its candidate expires
+//!   after [`CANDIDATE_TTL`].
 //! - More members than `capacity`: the filter would exceed its false-
 //!   positive target, so `ready` is deleted and the filter answers unknown.
 
@@ -26,9 +27,11 @@ use futures_util::StreamExt;
 use rand::Rng;
 use std::time::Duration;
 
-/// Build lock lease. A build that outlives it is refused at activation, so
-/// it must exceed the slowest expected build (a million ids take seconds).
-pub const LOCK_TTL: Duration = Duration::from_secs(120);
+/// Build lock lease, renewed every [`RENEW_EVERY`] while the build runs: a
+/// crashed builder blocks the next build for at most this long.
+pub const LOCK_TTL: Duration = Duration::from_secs(15);
+/// How often a running build renews its lock and candidate.
+pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// A crashed build's candidate disappears after this.
 pub const CANDIDATE_TTL: Duration = Duration::from_secs(600);
 /// Ids per `SETBIT` pipeline: with k ≤ 32 at most 8192 commands, well
@@ -91,13 +94,43 @@ pub async fn build(
     {
         return Ok(BuildOutcome::Busy);
     }
-    let result = fill_and_activate(store, source, keys, route_name, bloom, scope, &owner).await;
+    let result = renewing(
+        store,
+        keys,
+        &owner,
+        fill_and_activate(store, source, keys, route_name, bloom, scope, &owner),
+    )
+    .await;
     // Release whatever happened; a failed release only delays the next
     // build until the lease expires.
     if let Err(e) = store.unlock(&keys.lock, &owner).await {
         tracing::debug!(route = route_name, error = %e, "bloom build lock release failed");
     }
     result
+}
+
+/// Runs the build while renewing its lock; stops early once the lock is
+/// known to be lost (activation would be refused anyway).
+async fn renewing(
+    store: &GuardedStore,
+    keys: &BloomKeys,
+    owner: &str,
+    work: impl std::future::Future<Output = Result<BuildOutcome, BuildError>>,
+) -> Result<BuildOutcome, BuildError> {
+    tokio::pin!(work);
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + RENEW_EVERY, RENEW_EVERY);
+    loop {
+        tokio::select! {
+            result = &mut work => return result,
+            _ = ticks.tick() => match store.bloom_renew(keys, owner, LOCK_TTL, CANDIDATE_TTL).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(BuildOutcome::LockLost),
+                // Transient: the next tick retries; the lease covers two misses.
+                Err(e) => tracing::debug!(error = %e, "bloom build lock renewal failed"),
+            },
+        }
+    }
 }
 
 async fn fill_and_activate(

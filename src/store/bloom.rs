@@ -110,6 +110,16 @@ pub trait BloomStore {
         m: u64,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Keeps a running build alive: if `owner` still holds the lock,
+    /// extends the lock to `lock_ttl` and its candidate to `candidate_ttl`.
+    fn bloom_renew<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// Growth: sets a member's bits in the active bitmap (if any) and in the
     /// candidate of the running build (if any), atomically with respect to
     /// `bloom_begin` and `bloom_activate`.
@@ -172,6 +182,19 @@ impl GuardedStore {
         }
         self.call(Op::BloomBuild, |s| s.bloom_set_bits(candidate, positions))
             .await
+    }
+
+    pub async fn bloom_renew(
+        &self,
+        keys: &BloomKeys,
+        owner: &str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::BloomBuild, |s| {
+            s.bloom_renew(keys, owner, lock_ttl, candidate_ttl)
+        })
+        .await
     }
 
     pub async fn bloom_activate(

@@ -355,6 +355,15 @@ mod tests {
         ) -> BoxFuture<'a, Result<bool, StoreError>> {
             self.gate(self.inner.bloom_activate(k, o, sig, m))
         }
+        fn bloom_renew<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            o: &'a str,
+            lt: Duration,
+            ct: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_renew(k, o, lt, ct))
+        }
         fn bloom_add<'a>(
             &'a self,
             k: &'a crate::store::bloom::BloomKeys,

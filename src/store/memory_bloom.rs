@@ -183,6 +183,32 @@ impl BloomStore for MemoryStore {
         })
     }
 
+    fn bloom_renew<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(&keys.lock, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(false);
+            }
+            inner.set(
+                &keys.lock,
+                Bytes::copy_from_slice(owner.as_bytes()),
+                lock_ttl,
+                now,
+            );
+            if let Some(candidate) = inner.bitmaps.get_mut(&keys.candidate(owner)) {
+                candidate.expires = Some(deadline(now, candidate_ttl));
+            }
+            Ok(true)
+        })
+    }
+
     fn bloom_add<'a>(
         &'a self,
         keys: &'a BloomKeys,

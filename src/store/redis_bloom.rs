@@ -101,6 +101,28 @@ impl BloomStore for RedisStore {
         })
     }
 
+    fn bloom_renew<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let code: i64 = scripts::BLOOM_RENEW
+                .key(&keys.lock)
+                .key(keys.candidate(owner))
+                .arg(owner)
+                .arg(px(lock_ttl))
+                .arg(px(candidate_ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(code == 1)
+        })
+    }
+
     fn bloom_add<'a>(
         &'a self,
         keys: &'a BloomKeys,

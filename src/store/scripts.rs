@@ -43,6 +43,10 @@ pub static BLOOM_BEGIN: LazyLock<Script> =
 pub static BLOOM_ACTIVATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/bloom_activate.lua")));
 
+/// `bloom_renew.lua`: 1 lock and candidate TTLs extended, 0 not the owner.
+pub static BLOOM_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_renew.lua")));
+
 /// `bloom_add.lua`: 1 member's bits set, -1 lock owner changed (retry).
 pub static BLOOM_ADD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/bloom_add.lua")));
@@ -89,12 +93,13 @@ mod tests {
             &BLOOM_BEGIN,
             &BLOOM_ACTIVATE,
             &BLOOM_ADD,
+            &BLOOM_RENEW,
         ]
         .iter()
         .map(|s| s.get_hash())
         .collect();
         hashes.sort_unstable();
         hashes.dedup();
-        assert_eq!(hashes.len(), 9);
+        assert_eq!(hashes.len(), 10);
     }
 }
