@@ -11,6 +11,13 @@
 # default config; mount your own over /etc/sidecache/sidecache.yaml. The
 # HEALTHCHECK calls the admin listener on 127.0.0.1:9090 from inside the
 # container, so keep `admin.listen` on port 9090 (127.0.0.1 or 0.0.0.0).
+#
+# The same build also produces the example upstream service
+# (examples/upstream.rs) as a separate target, used by examples/compose.yaml:
+#
+#   docker build --target upstream -t sidecache-example-upstream .
+#
+# The default (last) stage is sidecache; it does not contain the example.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -19,10 +26,12 @@ COPY . .
 # the binary is copied out of the cached target dir in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin sidecache \
-    && install -D -m 0755 target/release/sidecache /out/sidecache
+    cargo build --release --locked --bin sidecache --example upstream \
+    && install -D -m 0755 target/release/sidecache /out/sidecache \
+    && install -D -m 0755 target/release/examples/upstream /out/upstream
 
-FROM debian:bookworm-slim
+# The runtime base shared by both images.
+FROM debian:bookworm-slim AS runtime
 # ca-certificates for rediss:// and TLS to Postgres; curl only for HEALTHCHECK.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
@@ -30,6 +39,20 @@ RUN apt-get update \
     && groupadd --system --gid 10001 sidecache \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin sidecache
+
+# The example upstream (`--target upstream`). In-memory unless DATABASE_URL
+# is set; then Postgres with an outbox row per change.
+FROM runtime AS upstream
+COPY --from=build /out/upstream /usr/local/bin/upstream
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["curl", "-fsS", "-o", "/dev/null", "http://127.0.0.1:8000/healthz"]
+ENTRYPOINT ["upstream"]
+CMD ["--listen", "0.0.0.0:8000"]
+
+# sidecache (the default target).
+FROM runtime AS sidecache
 COPY --from=build /out/sidecache /usr/local/bin/sidecache
 COPY config/sidecache.yaml /etc/sidecache/sidecache.yaml
 USER 10001:10001

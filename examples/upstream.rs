@@ -1,33 +1,50 @@
 //! An example upstream service for sidecache: tenants and their app configs,
 //! the domain of the seed articles (`app_config`, identity `(tenant, id)`).
 //!
-//! It is what sidecache sits in front of in the demo (`scripts/demo`) and in
-//! the benchmark (`bench/run.sh`), and it is meant to be read: a plain
-//! service that knows nothing about caching.
+//! It is what sidecache sits in front of in the demo (`scripts/demo`), the
+//! benchmark (`bench/run.sh`) and the compose stack (`examples/compose.yaml`),
+//! and it is meant to be read: a plain service that knows nothing about
+//! caching — except, in Postgres mode, how to tell sidecache that data
+//! changed (an outbox row in the same transaction as each change).
 //!
 //! ```text
-//! GET  /api/tenants/{tenant}/apps/{id}    200 the app's JSON document, 404 JSON if absent
-//! PUT  /api/tenants/{tenant}/apps/{id}    body = JSON object, replaces the app's `config`,
-//!                                         bumps `version`; 200 (or 201 when created)
-//! GET  /api/tenants/{tenant}/apps         the tenant's apps; `?limit=N&offset=M` pages
-//! GET  /healthz                           200 "ok"
-//! GET  /stats                             `{"api_requests":N}`: /api requests served so far
-//! GET  /blob/{bytes}                      streams `bytes` bytes of `x` (for memory benchmarks)
-//! POST /sink                              reads and drops the body; 200 `{"received":N}`
+//! GET    /api/tenants/{tenant}/apps/{id}  200 the app's JSON document, 404 JSON if absent
+//! PUT    /api/tenants/{tenant}/apps/{id}  body = JSON object, replaces the app's `config`,
+//!                                         bumps `version`; 200. An absent app is created
+//!                                         (201) in memory, 404 in Postgres mode
+//! DELETE /api/tenants/{tenant}/apps/{id}  204, 404 if absent
+//! POST   /api/tenants/{tenant}/apps       body = JSON object (the `config`): creates the
+//!                                         app with the next free id; 201 + `Location`
+//! GET    /api/tenants/{tenant}/apps       the tenant's apps; `?limit=N&offset=M` pages
+//! GET    /healthz                         200 "ok"
+//! GET    /stats                           `{"api_requests":N}`: /api requests served so far
+//! GET    /blob/{bytes}                    streams `bytes` bytes of `x` (memory benchmarks)
+//! POST   /sink                            reads and drops the body; 200 `{"received":N}`
 //! ```
 //!
-//! `HEAD` is accepted wherever `GET` is (hyper omits the body).
+//! `HEAD` is accepted wherever `GET` is (hyper omits the body). The tenants
+//! are fixed: `acme` and `globex`; others get 404.
 //!
 //! Run: `cargo run --example upstream -- --listen 127.0.0.1:8000 --apps 10`.
 //! `--delay-ms` adds latency to every API request (to make a stampede visible),
 //! `--payload-bytes` pads each document to at least that many bytes (for
 //! benchmarks). Requests are logged at debug: `RUST_LOG=debug`.
 //!
-//! Storage is in memory: two tenants, `acme` and `globex`, with apps `1..=N`.
-//! A Postgres mode — the `app_config` table, with an outbox row written in the
-//! same transaction as each update so sidecache learns of changes (SPEC §7) —
-//! is planned and not implemented here yet; until then, invalidate through
-//! sidecache's `POST /admin/invalidate` or its write-through on `PUT`.
+//! # Storage
+//!
+//! **In memory** (the default): apps `1..=N` of each tenant, lost on exit.
+//! sidecache learns of changes only through its write-through (a `PUT`
+//! through the proxy) or `POST /admin/invalidate`.
+//!
+//! **Postgres** (`--database-url URL` or `DATABASE_URL`): the apps live in
+//! table `app_config`, created and seeded with apps `1..=N` per tenant when
+//! missing or empty. At start the service also installs sidecache's outbox
+//! table (the SQL `sidecache outbox-ddl` prints; a real service installs it
+//! with its migrations). Every change — `PUT`, `POST`, `DELETE` — writes
+//! its `app_config` change and one `sidecache_outbox` row in ONE
+//! transaction (see [`pg`]), and sidecache's outbox worker applies the row:
+//! changes made behind sidecache's back, directly on this service, still
+//! reach the cache. See `docs/invalidation.md` and `docs/example.md`.
 
 use bytes::Bytes;
 use clap::Parser;
@@ -48,16 +65,18 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 const TENANTS: [&str; 2] = ["acme", "globex"];
-/// Largest PUT body accepted; larger gets 413.
+/// Largest PUT/POST body accepted; larger gets 413.
 const MAX_BODY: usize = 64 * 1024;
 
 #[derive(Parser, Debug)]
-#[command(about = "Example upstream for sidecache: tenants and app configs in memory")]
+#[command(
+    about = "Example upstream for sidecache: tenants and app configs, in memory or in Postgres"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: SocketAddr,
-    /// Apps seeded per tenant, ids 1..=N.
+    /// Apps seeded per tenant, ids 1..=N (in Postgres: only into an empty table).
     #[arg(long, default_value_t = 10)]
     apps: u64,
     /// Artificial latency added to every /api request, in milliseconds.
@@ -66,6 +85,10 @@ struct Args {
     /// Pad each app document with a `padding` field to at least this many bytes.
     #[arg(long, default_value_t = 0)]
     payload_bytes: usize,
+    /// Store apps in Postgres (`postgres://user:pass@host:5432/db`) and write
+    /// an outbox row with every change. Without it, apps live in memory.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
 }
 
 /// One app: the JSON document and its serialized form, rendered once per
@@ -76,8 +99,11 @@ struct App {
 }
 
 struct State {
-    /// `(tenant, id) -> app`; a tenant exists when it is in `TENANTS`.
+    /// In-memory mode: `(tenant, id) -> app`; a tenant exists when it is in
+    /// `TENANTS`. Unused in Postgres mode.
     apps: RwLock<BTreeMap<(String, u64), App>>,
+    /// Postgres mode when set.
+    db: Option<pg::Db>,
     delay: Duration,
     payload_bytes: usize,
     /// `/api/...` requests served, so a demo or test can count origin fetches.
@@ -99,6 +125,16 @@ impl State {
             body: body.into(),
         }
     }
+
+    /// The in-memory map; a panic elsewhere while holding the lock leaves
+    /// the map consistent (every write is a single insert or remove).
+    fn apps_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<(String, u64), App>> {
+        self.apps.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn apps_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<(String, u64), App>> {
+        self.apps.write().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 #[tokio::main]
@@ -111,14 +147,19 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
 
+    let db = match &args.database_url {
+        Some(url) => Some(pg::Db::open(url, args.apps).await?),
+        None => None,
+    };
     let state = Arc::new(State {
         apps: RwLock::new(BTreeMap::new()),
+        db,
         delay: Duration::from_millis(args.delay_ms),
         payload_bytes: args.payload_bytes,
         api_requests: AtomicU64::new(0),
     });
-    {
-        let mut apps = state.apps.write().unwrap();
+    if state.db.is_none() {
+        let mut apps = state.apps_write();
         for tenant in TENANTS {
             for id in 1..=args.apps {
                 let doc = json!({
@@ -137,7 +178,9 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen).await?;
     info!(
         listen = %args.listen, apps = args.apps, delay_ms = args.delay_ms,
-        payload_bytes = args.payload_bytes, "example upstream ready"
+        payload_bytes = args.payload_bytes,
+        storage = if state.db.is_some() { "postgres" } else { "memory" },
+        "example upstream ready"
     );
     loop {
         let (stream, peer) = tokio::select! {
@@ -192,18 +235,55 @@ async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
             let n = state.api_requests.load(Ordering::Relaxed);
             json_response(StatusCode::OK, &json!({ "api_requests": n }))
         }
-        ["api", "tenants", tenant, "apps"] if is_read => list(&state, tenant, &query),
+        ["api", "tenants", tenant, "apps"]
+            if (is_read || method == Method::POST) && !TENANTS.contains(tenant) =>
+        {
+            tenant_not_found()
+        }
+        ["api", "tenants", tenant, "apps"] if is_read => match parse_page(&query) {
+            None => error(
+                StatusCode::BAD_REQUEST,
+                "bad_query",
+                "limit and offset are integers",
+            ),
+            Some(page) => match &state.db {
+                Some(db) => or_500(pg::list(&state, db, tenant, page).await),
+                None => list(&state, tenant, page),
+            },
+        },
+        ["api", "tenants", tenant, "apps"] if method == Method::POST => {
+            match read_object(req).await {
+                Err(resp) => resp,
+                Ok(config) => match &state.db {
+                    Some(db) => or_500(pg::create(&state, db, tenant, config).await),
+                    None => create(&state, tenant, config),
+                },
+            }
+        }
+        ["api", "tenants", _, "apps"] => method_not_allowed("GET, HEAD, POST"),
         ["api", "tenants", tenant, "apps", id] => match parse_id(id) {
             None => error(
                 StatusCode::BAD_REQUEST,
                 "bad_id",
-                "id must be an integer >= 1",
+                "id must be an integer in 1..=9223372036854775807",
             ),
-            Some(id) if is_read => get(&state, tenant, id),
-            Some(id) if method == Method::PUT => put(&state, tenant, id, req).await,
-            Some(_) => method_not_allowed("GET, HEAD, PUT"),
+            Some(id) if is_read => match &state.db {
+                Some(db) => or_500(pg::get(&state, db, tenant, id).await),
+                None => get(&state, tenant, id),
+            },
+            Some(id) if method == Method::PUT => match read_object(req).await {
+                Err(resp) => resp,
+                Ok(config) => match &state.db {
+                    Some(db) => or_500(pg::update(&state, db, tenant, id, config).await),
+                    None => put(&state, tenant, id, config),
+                },
+            },
+            Some(id) if method == Method::DELETE => match &state.db {
+                Some(db) => or_500(pg::delete(db, tenant, id).await),
+                None => delete(&state, tenant, id),
+            },
+            Some(_) => method_not_allowed("GET, HEAD, PUT, DELETE"),
         },
-        ["api", "tenants", _, "apps"] => method_not_allowed("GET, HEAD"),
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
     };
     debug!(%method, %path, status = resp.status().as_u16(), "request");
@@ -258,93 +338,88 @@ async fn sink(req: Request<Incoming>) -> Response<Full<Bytes>> {
     json_response(StatusCode::OK, &json!({ "received": received }))
 }
 
+/// `limit` and `offset` of a list request.
+#[derive(Clone, Copy)]
+struct Page {
+    limit: Option<u64>,
+    offset: u64,
+}
+
+/// `None` when `limit` or `offset` is not an integer.
+fn parse_page(query: &str) -> Option<Page> {
+    let mut page = Page {
+        limit: None,
+        offset: 0,
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "limit" => page.limit = Some(v.parse().ok()?),
+            "offset" => page.offset = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some(page)
+}
+
+/// Reads a PUT/POST body that must be a JSON object (the app's `config`).
+async fn read_object(req: Request<Incoming>) -> Result<Map<String, Value>, Response<Full<Bytes>>> {
+    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "body over 64 KiB",
+            ))
+        }
+        Err(e) => {
+            warn!(error = %e, "reading the request body failed");
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "could not read the body",
+            ));
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "bad_json",
+            "body must be a JSON object",
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------
+// In-memory storage
+
 fn get(state: &State, tenant: &str, id: u64) -> Response<Full<Bytes>> {
-    let apps = state.apps.read().unwrap();
-    match apps.get(&(tenant.to_owned(), id)) {
+    match state.apps_read().get(&(tenant.to_owned(), id)) {
         Some(app) => json_bytes(StatusCode::OK, app.body.clone()),
         None => app_not_found(tenant, id),
     }
 }
 
-fn list(state: &State, tenant: &str, query: &str) -> Response<Full<Bytes>> {
-    if !TENANTS.contains(&tenant) {
-        return error(StatusCode::NOT_FOUND, "tenant_not_found", "no such tenant");
-    }
-    let (mut limit, mut offset) = (usize::MAX, 0usize);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let slot = match k {
-            "limit" => &mut limit,
-            "offset" => &mut offset,
-            _ => continue,
-        };
-        match v.parse() {
-            Ok(n) => *slot = n,
-            Err(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "bad_query",
-                    "limit and offset are integers",
-                )
-            }
-        }
-    }
+fn list(state: &State, tenant: &str, page: Page) -> Response<Full<Bytes>> {
     // Concatenate the pre-rendered documents: `{"tenant":..,"apps":[doc,doc]}`.
-    let apps = state.apps.read().unwrap();
-    let mut body = format!(r#"{{"tenant":{},"apps":["#, Value::from(tenant)).into_bytes();
+    let apps = state.apps_read();
     let docs = apps
         .range((tenant.to_owned(), 0)..=(tenant.to_owned(), u64::MAX))
-        .skip(offset)
-        .take(limit);
-    for (i, (_, app)) in docs.enumerate() {
-        if i > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(&app.body);
-    }
-    body.extend_from_slice(b"]}");
-    json_bytes(StatusCode::OK, body.into())
+        .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
+        .take(
+            page.limit
+                .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        )
+        .map(|(_, app)| app.body.clone());
+    list_body(tenant, docs)
 }
 
-async fn put(
-    state: &State,
-    tenant: &str,
-    id: u64,
-    req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
+fn put(state: &State, tenant: &str, id: u64, config: Map<String, Value>) -> Response<Full<Bytes>> {
     if !TENANTS.contains(&tenant) {
-        return error(StatusCode::NOT_FOUND, "tenant_not_found", "no such tenant");
+        return tenant_not_found();
     }
-    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                "body over 64 KiB",
-            )
-        }
-        Err(e) => {
-            warn!(error = %e, "reading PUT body failed");
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                "could not read the body",
-            );
-        }
-    };
-    let config: Map<String, Value> = match serde_json::from_slice(&bytes) {
-        Ok(m) => m,
-        Err(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_json",
-                "body must be a JSON object",
-            )
-        }
-    };
-
-    let mut apps = state.apps.write().unwrap();
+    let mut apps = state.apps_write();
     let key = (tenant.to_owned(), id);
     let (doc, status) = match apps.get(&key) {
         Some(app) => {
@@ -369,10 +444,336 @@ async fn put(
     json_bytes(status, body)
 }
 
-/// Ids are positive integers; anything else is a client error, answered
-/// before any lookup (the same shape check sidecache applies in front).
+fn create(state: &State, tenant: &str, config: Map<String, Value>) -> Response<Full<Bytes>> {
+    let mut apps = state.apps_write();
+    let id = apps
+        .range((tenant.to_owned(), 0)..=(tenant.to_owned(), u64::MAX))
+        .next_back()
+        .map_or(1, |((_, id), _)| id + 1);
+    let doc = json!({
+        "id": id, "tenant": tenant, "name": format!("{tenant} app {id}"),
+        "config": config, "version": 1, "updated_at": now_rfc3339(),
+    });
+    let app = state.render(doc);
+    let body = app.body.clone();
+    apps.insert((tenant.to_owned(), id), app);
+    info!(tenant, id, "app created");
+    created(tenant, id, body)
+}
+
+fn delete(state: &State, tenant: &str, id: u64) -> Response<Full<Bytes>> {
+    match state.apps_write().remove(&(tenant.to_owned(), id)) {
+        Some(_) => {
+            info!(tenant, id, "app deleted");
+            no_content()
+        }
+        None => app_not_found(tenant, id),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Postgres storage
+
+/// Postgres mode: table `app_config`, and one `sidecache_outbox` row written
+/// in the same transaction as every change.
+///
+/// Why the same transaction: sidecache may hold a cached copy of the app.
+/// The outbox row is how it learns that the copy is stale. Written in the
+/// change's transaction, the row commits exactly when the change commits —
+/// a committed change always has its event, a rolled-back one never has.
+/// Written separately (before or after the commit, or sent to sidecache
+/// over HTTP), a crash or a network error between the two steps loses the
+/// event and the cache serves the old value until its TTL expires.
+mod pg {
+    use super::{app_not_found, created, json_bytes, list_body, no_content, Page, State, TENANTS};
+    use bytes::Bytes;
+    use http::{Response, StatusCode};
+    use http_body_util::Full;
+    use serde_json::{Map, Value};
+    use sidecache::invalidation::ddl;
+    use tokio::sync::{Mutex, MutexGuard};
+    use tokio_postgres::{Client, GenericClient, NoTls};
+    use tracing::{info, warn};
+
+    type Result<T> = std::result::Result<T, tokio_postgres::Error>;
+
+    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS app_config (
+        tenant     text        NOT NULL,
+        id         bigint      NOT NULL,
+        name       text        NOT NULL,
+        config     jsonb       NOT NULL,
+        version    bigint      NOT NULL DEFAULT 1,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (tenant, id)
+    )";
+
+    /// The app's JSON document, built by Postgres (the crate's tokio-postgres
+    /// has no serde_json support enabled, so JSON travels as text).
+    const DOC: &str = r#"jsonb_build_object(
+        'id', id, 'tenant', tenant, 'name', name, 'config', config, 'version', version,
+        'updated_at', to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+    )::text"#;
+
+    /// The event for sidecache: route `app` of sidecache's config, its path
+    /// params `tenant` and `id`, the kind of change and our version.
+    const OUTBOX: &str = "INSERT INTO sidecache_outbox (route, params, kind, revision)
+        VALUES ('app', jsonb_build_object('tenant', $1::text, 'id', $2::bigint), $3, $4)";
+
+    /// One connection for the whole service, used by one request at a time:
+    /// enough for an example. A real service uses a pool (deadpool-postgres,
+    /// bb8), the transaction code stays the same.
+    pub struct Db {
+        url: String,
+        client: Mutex<Client>,
+    }
+
+    impl Db {
+        /// Connects (retrying for 30 s while Postgres starts), creates
+        /// `app_config` and the outbox if missing, seeds an empty table.
+        pub async fn open(url: &str, apps: u64) -> anyhow::Result<Db> {
+            let mut attempt = 0;
+            let client = loop {
+                match connect(url).await {
+                    Ok(client) => break client,
+                    Err(e) if attempt < 30 => {
+                        warn!(error = %e, "cannot connect to Postgres yet; retrying");
+                        attempt += 1;
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            // The outbox: exactly what `sidecache outbox-ddl` prints
+            // (idempotent). A real service installs it with its migrations.
+            let outbox = ddl::outbox_ddl(ddl::DEFAULT_TABLE, ddl::DEFAULT_CHANNEL)
+                .map_err(anyhow::Error::msg)?;
+            client.batch_execute(&outbox).await?;
+            client.batch_execute(SCHEMA).await?;
+            // Seed only an empty table, so restarts keep the data. No outbox
+            // rows: nothing can be cached about apps nobody has read yet.
+            let apps = i64::try_from(apps)?;
+            let seeded = client
+                .execute(
+                    "INSERT INTO app_config (tenant, id, name, config)
+                     SELECT t, n, t || ' app ' || n, jsonb_build_object(
+                         'feature_x', n % 2 = 0, 'max_users', 100 * n, 'region', 'eu-west-1')
+                     FROM unnest($1::text[]) AS t, generate_series(1, $2::bigint) AS n
+                     WHERE NOT EXISTS (SELECT 1 FROM app_config)
+                     ON CONFLICT DO NOTHING",
+                    &[&TENANTS.as_slice(), &apps],
+                )
+                .await?;
+            info!(seeded, "Postgres ready: app_config and sidecache_outbox");
+            Ok(Db {
+                url: url.to_owned(),
+                client: Mutex::new(client),
+            })
+        }
+
+        /// The connection, reconnected first if Postgres closed it (e.g.
+        /// after a Postgres restart).
+        async fn client(&self) -> Result<MutexGuard<'_, Client>> {
+            let mut client = self.client.lock().await;
+            if client.is_closed() {
+                *client = connect(&self.url).await?;
+            }
+            Ok(client)
+        }
+    }
+
+    async fn connect(url: &str) -> Result<Client> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                warn!(error = %e, "Postgres connection closed");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Ids are positive `bigint`s (`parse_id` keeps them below 2^63).
+    fn sql_id(id: u64) -> i64 {
+        i64::try_from(id).unwrap_or(i64::MAX)
+    }
+
+    /// A document from `DOC`, padded like the in-memory ones.
+    fn render(state: &State, text: &str) -> Bytes {
+        match serde_json::from_str::<Value>(text) {
+            Ok(doc) => state.render(doc).body,
+            Err(_) => Bytes::copy_from_slice(text.as_bytes()),
+        }
+    }
+
+    pub async fn get(
+        state: &State,
+        db: &Db,
+        tenant: &str,
+        id: u64,
+    ) -> Result<Response<Full<Bytes>>> {
+        let client = db.client().await?;
+        let sql = format!("SELECT {DOC} FROM app_config WHERE tenant = $1 AND id = $2");
+        let row = client.query_opt(&sql, &[&tenant, &sql_id(id)]).await?;
+        Ok(match row {
+            Some(row) => json_bytes(StatusCode::OK, render(state, row.get(0))),
+            None => app_not_found(tenant, id),
+        })
+    }
+
+    pub async fn list(
+        state: &State,
+        db: &Db,
+        tenant: &str,
+        page: Page,
+    ) -> Result<Response<Full<Bytes>>> {
+        let client = db.client().await?;
+        let limit = page.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let offset = i64::try_from(page.offset).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {DOC} FROM app_config WHERE tenant = $1 ORDER BY id LIMIT $2 OFFSET $3"
+        );
+        let rows = client.query(&sql, &[&tenant, &limit, &offset]).await?;
+        Ok(list_body(
+            tenant,
+            rows.iter().map(|row| render(state, row.get(0))),
+        ))
+    }
+
+    /// `PUT`: the update and its outbox row commit together, or neither does.
+    pub async fn update(
+        state: &State,
+        db: &Db,
+        tenant: &str,
+        id: u64,
+        config: Map<String, Value>,
+    ) -> Result<Response<Full<Bytes>>> {
+        let config = Value::Object(config).to_string();
+        let mut client = db.client().await?;
+        let tx = client.transaction().await?;
+        let sql = format!(
+            "UPDATE app_config SET config = $3::text::jsonb, version = version + 1, updated_at = now()
+             WHERE tenant = $1 AND id = $2 RETURNING version, {DOC}"
+        );
+        let Some(row) = tx.query_opt(&sql, &[&tenant, &sql_id(id), &config]).await? else {
+            // Nothing changed, so no event: dropping `tx` rolls back.
+            return Ok(app_not_found(tenant, id));
+        };
+        let version: i64 = row.get(0);
+        outbox(&tx, tenant, sql_id(id), "invalidate", version).await?;
+        tx.commit().await?;
+        info!(
+            tenant,
+            id, version, "app config updated (outbox row written)"
+        );
+        Ok(json_bytes(StatusCode::OK, render(state, row.get(1))))
+    }
+
+    /// `POST`: a new app with the next free id. Its `create` event also
+    /// replaces a negative cache entry (a 404 sidecache may have cached for
+    /// that id) and, with a Bloom filter on the route, adds the id to it.
+    pub async fn create(
+        state: &State,
+        db: &Db,
+        tenant: &str,
+        config: Map<String, Value>,
+    ) -> Result<Response<Full<Bytes>>> {
+        let config = Value::Object(config).to_string();
+        let mut client = db.client().await?;
+        let tx = client.transaction().await?;
+        // One connection serializes creates in this process; several
+        // processes could pick the same id, and one would get an error.
+        let sql = format!(
+            "INSERT INTO app_config (tenant, id, name, config)
+             SELECT $1::text, n, $1::text || ' app ' || n, $2::text::jsonb
+             FROM (SELECT coalesce(max(id), 0) + 1 AS n FROM app_config WHERE tenant = $1::text) AS next
+             RETURNING id, version, {DOC}"
+        );
+        let row = tx.query_one(&sql, &[&tenant, &config]).await?;
+        let (id, version): (i64, i64) = (row.get(0), row.get(1));
+        outbox(&tx, tenant, id, "create", version).await?;
+        tx.commit().await?;
+        info!(tenant, id, "app created (outbox row written)");
+        Ok(created(
+            tenant,
+            u64::try_from(id).unwrap_or(0),
+            render(state, row.get(2)),
+        ))
+    }
+
+    /// `DELETE`: the row goes and its `delete` event is written, together.
+    pub async fn delete(db: &Db, tenant: &str, id: u64) -> Result<Response<Full<Bytes>>> {
+        let mut client = db.client().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "DELETE FROM app_config WHERE tenant = $1 AND id = $2 RETURNING version",
+                &[&tenant, &sql_id(id)],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(app_not_found(tenant, id));
+        };
+        // The deletion is the object's next revision.
+        let version: i64 = row.get(0);
+        outbox(&tx, tenant, sql_id(id), "delete", version + 1).await?;
+        tx.commit().await?;
+        info!(tenant, id, "app deleted (outbox row written)");
+        Ok(no_content())
+    }
+
+    /// Writes the event inside the caller's transaction (`tx`): that is the
+    /// whole point. sidecache's worker deletes the row once applied.
+    async fn outbox(
+        tx: &impl GenericClient,
+        tenant: &str,
+        id: i64,
+        kind: &str,
+        revision: i64,
+    ) -> Result<()> {
+        tx.execute(OUTBOX, &[&tenant, &id, &kind, &revision])
+            .await?;
+        Ok(())
+    }
+}
+
+/// A Postgres error is the service's fault (or the database's): 503, logged.
+fn or_500(result: Result<Response<Full<Bytes>>, tokio_postgres::Error>) -> Response<Full<Bytes>> {
+    result.unwrap_or_else(|e| {
+        warn!(error = %e, "Postgres error");
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_error",
+            "the database is unavailable",
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+/// `{"tenant":..,"apps":[doc,doc]}` from rendered documents.
+fn list_body(tenant: &str, docs: impl Iterator<Item = Bytes>) -> Response<Full<Bytes>> {
+    let mut body = format!(r#"{{"tenant":{},"apps":["#, Value::from(tenant)).into_bytes();
+    for (i, doc) in docs.enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&doc);
+    }
+    body.extend_from_slice(b"]}");
+    json_bytes(StatusCode::OK, body.into())
+}
+
+/// Ids are integers in `1..=i64::MAX` (a Postgres `bigint`); anything else
+/// is a client error, answered before any lookup (the same shape check
+/// sidecache applies in front).
 fn parse_id(s: &str) -> Option<u64> {
-    s.parse().ok().filter(|&id| id >= 1)
+    s.parse()
+        .ok()
+        .filter(|&id| id >= 1 && i64::try_from(id).is_ok())
+}
+
+fn tenant_not_found() -> Response<Full<Bytes>> {
+    error(StatusCode::NOT_FOUND, "tenant_not_found", "no such tenant")
 }
 
 fn app_not_found(tenant: &str, id: u64) -> Response<Full<Bytes>> {
@@ -380,6 +781,22 @@ fn app_not_found(tenant: &str, id: u64) -> Response<Full<Bytes>> {
         StatusCode::NOT_FOUND,
         &json!({ "error": "not_found", "tenant": tenant, "id": id }),
     )
+}
+
+fn created(tenant: &str, id: u64, body: Bytes) -> Response<Full<Bytes>> {
+    let mut resp = json_bytes(StatusCode::CREATED, body);
+    if let Ok(location) = header::HeaderValue::from_str(&format!("/api/tenants/{tenant}/apps/{id}"))
+    {
+        resp.headers_mut().insert(header::LOCATION, location);
+    }
+    resp
+}
+
+fn no_content() -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .body(Full::new(Bytes::new()))
+        .expect("static response parts are valid")
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {

@@ -1,7 +1,7 @@
 //! The admin listener, separate from client traffic: liveness (`/healthz`),
 //! readiness (`/readyz`: config loaded and client listener bound; never
 //! depends on Redis), Prometheus text (`/metrics`), and the operator API
-//! under `/admin/*` (route table, invalidation), guarded by an optional
+//! under `/admin/*` (route table, invalidation, Bloom rebuilds), guarded by an optional
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
 use crate::config::{Config, QueryMode, Route};
@@ -101,6 +101,10 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             match (p, &method) {
                 ("/admin/routes", &Method::GET) => routes(&cfg),
                 ("/admin/invalidate", &Method::POST) => invalidate(state, &cfg, req).await,
+                (p, &Method::POST) if bloom_route(p).is_some() => {
+                    let route = bloom_route(p).unwrap_or_default().to_owned();
+                    bloom_rebuild(state, &cfg, &route, req.uri().query()).await
+                }
                 ("/admin/routes", _) | ("/admin/invalidate", _) => {
                     error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
                 }
@@ -170,6 +174,14 @@ fn route_json(r: &Route) -> serde_json::Value {
         "lease": format!("{:?}", r.lease),
         "wait": format!("{:?}", r.wait),
         "invalidate_on_write": r.invalidate_on_write,
+        "bloom": r.bloom.as_ref().map(|b| json!({
+            "scope": b.scope_template,
+            "capacity": b.capacity,
+            "fp_rate": b.fp_rate,
+            "rebuild_every": format!("{:?}", b.rebuild_every),
+            "m": b.sizing.m,
+            "k": b.sizing.k,
+        })),
     })
 }
 
@@ -217,6 +229,72 @@ async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) ->
             warn!(route = %event.route, error = %e, "admin invalidation failed: store unavailable");
             error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
         }
+    }
+}
+
+/// `/admin/bloom/{route}/rebuild` -> `route`.
+fn bloom_route(path: &str) -> Option<&str> {
+    path.strip_prefix("/admin/bloom/")?
+        .strip_suffix("/rebuild")
+        .filter(|r| !r.is_empty() && !r.contains('/'))
+}
+
+/// `POST /admin/bloom/{route}/rebuild?scope=VALUE`: builds one filter now
+/// and answers when it is done. `scope` is the scope value as it appears in
+/// request paths (not decoded); routes whose scope has no params need none.
+/// 200 activated, 409 another build holds the lock (or ours expired), 422
+/// more members than `capacity` (the filter is now unknown), 503 the store
+/// or the membership source failed.
+async fn bloom_rebuild(
+    state: &AdminState,
+    cfg: &Arc<Config>,
+    route_name: &str,
+    query: Option<&str>,
+) -> Response<Body> {
+    use crate::bloom::build::BuildOutcome;
+    let Some(route) = cfg.routes.find(route_name) else {
+        return error(StatusCode::NOT_FOUND, "unknown route");
+    };
+    let Some(bloom) = route.bloom.as_ref() else {
+        return error(StatusCode::NOT_FOUND, "route has no bloom filter");
+    };
+    let given = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("scope="));
+    let scope = match (bloom.is_scoped(), given) {
+        (false, _) => String::new(),
+        (true, Some(s)) if !s.is_empty() => s.to_owned(),
+        (true, _) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "?scope= is required (scope template {:?})",
+                    bloom.scope_template
+                ),
+            )
+        }
+    };
+    let result = state.pipeline.blooms().rebuild(cfg, route, &scope).await;
+    info!(route = %route.name, scope, outcome = ?result, "bloom rebuild via admin");
+    match result {
+        Ok(BuildOutcome::Activated { members }) => json_response(
+            StatusCode::OK,
+            &json!({"ok": true, "outcome": "activated", "members": members}),
+        ),
+        Ok(o @ (BuildOutcome::Busy | BuildOutcome::LockLost)) => json_response(
+            StatusCode::CONFLICT,
+            &json!({"ok": false, "outcome": o.as_str()}),
+        ),
+        Ok(o @ BuildOutcome::CapacityExceeded { members }) => json_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &json!({"ok": false, "outcome": o.as_str(), "members_at_least": members,
+                    "capacity": bloom.capacity}),
+        ),
+        Err(e) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"ok": false, "outcome": "failed", "error": e.to_string()}),
+        ),
     }
 }
 

@@ -60,12 +60,21 @@ impl App {
         ));
         let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
         let config = Arc::new(ArcSwap::from_pointee(cfg));
+        pipeline.blooms().spawn_maintenance(config.clone());
         let ready = Arc::new(AtomicBool::new(false));
         let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
         let (stop_admin, admin_stopped) = signal_watch::channel(false);
         let (stop_invalidation, invalidation_stopped) = signal_watch::channel(false);
-        let invalidation_tasks =
-            invalidation::spawn_sources(&config, &store, &metrics, &invalidation_stopped);
+        let invalidation_tasks = invalidation::spawn_sources(
+            &config,
+            &store,
+            &metrics,
+            &invalidation_stopped,
+            Some(crate::bloom::BloomGrowth::hook(
+                config.clone(),
+                pipeline.blooms().clone(),
+            )),
+        );
 
         watch::spawn(
             config_path,

@@ -8,6 +8,8 @@
 //! - [`pipeline`]: the read pipeline for cached routes, one file per stage.
 //! - [`store`]: the `Store` trait with the Redis and embedded backends, the
 //!   Lua scripts, and the circuit breaker that guards every store call.
+//! - [`bloom`]: the Bloom filter: sizing, hashing (test vectors), builds,
+//!   growth by `create` events, and the checks of pipeline stage 4.
 //! - [`invalidation`]: the event model and the sources that apply events.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
 //! - [`metrics`]: metric names and the Prometheus registry.
@@ -16,6 +18,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod bloom;
 pub mod config;
 pub mod error;
 pub mod invalidation;

@@ -12,6 +12,12 @@ pub mod names {
     pub const UPSTREAM_REQUESTS: &str = "sidecache_upstream_requests_total";
     pub const UPSTREAM_DURATION: &str = "sidecache_upstream_duration_seconds";
     pub const UPSTREAM_ERRORS: &str = "sidecache_upstream_errors_total";
+    pub const BLOOM_STATE: &str = "sidecache_bloom_state";
+    pub const BLOOM_CHECKS: &str = "sidecache_bloom_checks_total";
+    pub const BLOOM_BUILDS: &str = "sidecache_bloom_builds_total";
+    pub const BLOOM_BUILD_DURATION: &str = "sidecache_bloom_build_duration_seconds";
+    pub const BLOOM_FILL_RATIO: &str = "sidecache_bloom_fill_ratio";
+    pub const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
     pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
     pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
     pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
@@ -206,5 +212,91 @@ pub fn status_class(status: u16) -> &'static str {
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
+    }
+}
+
+/// The Bloom filter's metrics (SPEC §6, §8). Registered into the process
+/// registry by `bloom::Blooms::new`, kept apart from [`Metrics`] so the
+/// filter owns its series.
+#[derive(Clone)]
+pub struct BloomMetrics {
+    /// `{route, scope}`: 0 unready (unknown), 1 ready, 2 building.
+    pub state: IntGaugeVec,
+    /// `{route, result}`: `reject`, `maybe`, `unknown`, `error`.
+    pub checks: IntCounterVec,
+    /// `{route, outcome}`: `activated`, `busy`, `lock_lost`,
+    /// `capacity_exceeded`, `failed`.
+    pub builds: IntCounterVec,
+    /// `{route}`: duration of builds that ran (any outcome but `busy`).
+    pub build_duration: HistogramVec,
+    /// `{route, scope}`: set bits / m of the active bitmap after a build.
+    pub fill_ratio: prometheus::GaugeVec,
+    /// `{route, outcome}`: growth by `create` events, `applied` or `failed`.
+    pub adds: IntCounterVec,
+}
+
+impl BloomMetrics {
+    /// Builds the metrics and registers them in `registry`. Registering the
+    /// same names twice (a second filter manager on one registry) keeps the
+    /// metrics working but unexported, and logs it.
+    pub fn new(registry: &Registry) -> BloomMetrics {
+        use names::*;
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let m = BloomMetrics {
+            state: IntGaugeVec::new(
+                Opts::new(
+                    BLOOM_STATE,
+                    "Bloom filter state: 0 unready (unknown), 1 ready, 2 building.",
+                ),
+                &["route", "scope"],
+            )
+            .expect("valid metric"),
+            checks: counter(
+                BLOOM_CHECKS,
+                "Bloom checks on cache misses, by answer.",
+                &["route", "result"],
+            ),
+            builds: counter(
+                BLOOM_BUILDS,
+                "Bloom filter builds by outcome.",
+                &["route", "outcome"],
+            ),
+            build_duration: HistogramVec::new(
+                HistogramOpts::new(BLOOM_BUILD_DURATION, "Bloom filter build time.").buckets(vec![
+                    0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                ]),
+                &["route"],
+            )
+            .expect("valid metric"),
+            fill_ratio: prometheus::GaugeVec::new(
+                Opts::new(
+                    BLOOM_FILL_RATIO,
+                    "Share of bits set in the active Bloom bitmap (about 0.5 at capacity).",
+                ),
+                &["route", "scope"],
+            )
+            .expect("valid metric"),
+            adds: counter(
+                BLOOM_ADDS,
+                "Members added to Bloom filters by create events.",
+                &["route", "outcome"],
+            ),
+        };
+        let collectors: [Box<dyn prometheus::core::Collector>; 6] = [
+            Box::new(m.state.clone()),
+            Box::new(m.checks.clone()),
+            Box::new(m.builds.clone()),
+            Box::new(m.build_duration.clone()),
+            Box::new(m.fill_ratio.clone()),
+            Box::new(m.adds.clone()),
+        ];
+        for c in collectors {
+            if let Err(e) = registry.register(c) {
+                tracing::warn!(error = %e, "bloom metrics not registered");
+            }
+        }
+        m
     }
 }

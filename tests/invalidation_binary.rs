@@ -7,11 +7,8 @@
 
 mod support;
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
-
-use postgres_support::PostgresServer;
 use std::time::Duration;
+use support::postgres::PostgresServer;
 use support::redis::RedisServer;
 use support::{client, eventually, Origin, SidecacheBuilder};
 

@@ -4,23 +4,20 @@
 //! lost across Redis and Postgres failures and a crash between apply and
 //! commit, several workers on one table, poison rows).
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
-#[path = "support/redis.rs"]
-mod redis_support;
+mod support;
 
 use arc_swap::ArcSwap;
-use postgres_support::PostgresServer;
-use redis_support::RedisServer;
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
 use sidecache::invalidation::outbox::OutboxWorker;
 use sidecache::invalidation::{Applier, Source};
 use sidecache::metrics::Metrics;
 use sidecache::pipeline::key;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use support::eventually;
+use support::postgres::PostgresServer;
+use support::redis::RedisServer;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -143,18 +140,6 @@ async fn count(client: &tokio_postgres::Client, filter: &str) -> i64 {
         .await
         .expect("count")
         .get(0)
-}
-
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Waits until the worker applied a first row, i.e. it is connected and

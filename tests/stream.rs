@@ -4,19 +4,18 @@
 //! claimed after `claim_idle`, poison entries dead-lettered and acked,
 //! store failures leave entries pending until they apply).
 
-#[path = "support/redis.rs"]
-mod redis_support;
+mod support;
 
 use arc_swap::ArcSwap;
-use redis_support::RedisServer;
 use sidecache::config::Config;
 use sidecache::invalidation::stream::StreamConsumer;
 use sidecache::invalidation::{Applier, Source};
 use sidecache::metrics::Metrics;
 use sidecache::pipeline::key;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use support::eventually;
+use support::redis::RedisServer;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -129,18 +128,6 @@ fn pending(redis: &RedisServer) -> i64 {
             other => panic!("XPENDING: {other:?}"),
         },
         other => panic!("XPENDING: {other:?}"),
-    }
-}
-
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -7,6 +7,7 @@
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
 //! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
 
+pub mod bloom;
 pub mod file;
 pub mod interpolate;
 pub mod route;
@@ -244,3 +245,22 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+/// Helpers for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Config, Route};
+    use std::sync::Arc;
+
+    /// The first route of a minimal config whose `routes:` list is `routes`.
+    pub fn route(routes: &str) -> Arc<Route> {
+        let text = format!(
+            "version: 1\nlisten: 127.0.0.1:1\nadmin: {{ listen: 127.0.0.1:2 }}\n\
+             upstream: {{ url: \"http://127.0.0.1:3\" }}\nroutes:\n{routes}"
+        );
+        match Config::parse(&text, &|_| None) {
+            Ok(cfg) => cfg.routes.routes[0].clone(),
+            Err(e) => panic!("test config is invalid: {e}"),
+        }
+    }
+}

@@ -51,6 +51,8 @@ pub struct Route {
     pub lease: Duration,
     pub wait: Duration,
     pub invalidate_on_write: bool,
+    /// Stage 4: the route's Bloom filter, if configured.
+    pub bloom: Option<super::bloom::BloomConfig>,
 }
 
 impl Route {

@@ -362,12 +362,10 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
-    if r.bloom.is_some() {
-        return err(
-            format!("{at}.bloom"),
-            "not supported by this build of sidecache yet",
-        );
-    }
+    let bloom = match r.bloom {
+        Some(b) => Some(super::bloom::validate(at, b, &params)?),
+        None => None,
+    };
     Ok(Route {
         name: r.name,
         template: r.path,
@@ -384,5 +382,6 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         lease: r.lease.0,
         wait: r.wait.0,
         invalidate_on_write: r.invalidate_on_write,
+        bloom,
     })
 }

@@ -43,28 +43,33 @@ pub fn spawn_sources(
     store: &Arc<GuardedStore>,
     metrics: &Metrics,
     shutdown: &watch::Receiver<bool>,
+    create_hook: Option<Arc<dyn CreateHook>>,
 ) -> Vec<JoinHandle<()>> {
+    let hooked = |applier: Applier| match &create_hook {
+        Some(hook) => applier.with_create_hook(hook.clone()),
+        None => applier,
+    };
     let cfg = config.load();
     let mut tasks = Vec::new();
     if let Some(outbox) = &cfg.invalidation.outbox {
-        let applier = Applier::new(
+        let applier = hooked(Applier::new(
             config.clone(),
             store.clone(),
             metrics.clone(),
             Source::Outbox,
-        );
+        ));
         let worker = outbox::OutboxWorker::new(outbox.clone(), applier);
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     if let Some(stream) = &cfg.invalidation.stream {
         // Validation only accepts a stream with a single-node store.
         if let Some(RedisTarget::Single(url)) = cfg.store.redis.as_ref().map(|r| &r.target) {
-            let applier = Applier::new(
+            let applier = hooked(Applier::new(
                 config.clone(),
                 store.clone(),
                 metrics.clone(),
                 Source::Stream,
-            );
+            ));
             let consumer = stream::StreamConsumer::new(stream.clone(), url.clone(), applier);
             tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
         }

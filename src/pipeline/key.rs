@@ -169,26 +169,16 @@ pub fn cache_key<S: AsRef<str>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     fn route() -> std::sync::Arc<Route> {
-        let cfg = Config::parse(
-            r#"
-version: 1
-listen: 127.0.0.1:1
-admin: { listen: 127.0.0.1:2 }
-upstream: { url: "http://127.0.0.1:3" }
-routes:
-  - name: app
+        crate::config::testing::route(
+            r#"  - name: app
     path: /t/{tenant}/a/{id}
     params: { tenant: ".+", id: ".+" }
     vary: [Accept]
     ttl: 1s
 "#,
-            &|_| None,
         )
-        .expect("valid config");
-        cfg.routes.routes[0].clone()
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! 0 validate + bypass   (route match in proxy::server; bypass() here)
 //! 1 key                 key::cache_key
 //! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
+//! 4 bloom               bloom::stage (miss only, routes with `bloom`)
 //! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
 //! 6 double-check+ticket lookup::lookup again, GuardedStore::ticket
 //! 7 fetch               fill::fetch under fill::FillPermits
@@ -12,10 +13,11 @@
 //! 8 publish             publish::cacheability, publish::publish
 //! 9 release             lease::release
 //! ```
-//! (Stage 4, Bloom, arrives with the Bloom filter.) `status::CacheStatus`
+//! `status::CacheStatus`
 //! is the result of every request: the `X-Cache` header, the metric label
 //! and the log field.
 
+pub mod bloom;
 pub mod entry;
 pub mod fill;
 pub mod flight;
@@ -52,6 +54,7 @@ struct Shared {
     client: UpstreamClient,
     metrics: Metrics,
     permits: FillPermits,
+    blooms: Arc<crate::bloom::Blooms>,
 }
 
 pub struct Pipeline {
@@ -77,10 +80,15 @@ impl Pipeline {
     ) -> Pipeline {
         Pipeline {
             shared: Arc::new(Shared {
-                store,
                 client,
-                metrics,
                 permits: FillPermits::new(cfg.fill.max_concurrency),
+                blooms: crate::bloom::Blooms::new(
+                    Arc::clone(&store),
+                    bloom_source(cfg),
+                    &metrics.registry,
+                ),
+                store,
+                metrics,
             }),
             flights: Arc::new(Flights::default()),
         }
@@ -93,6 +101,11 @@ impl Pipeline {
 
     pub fn store(&self) -> &Arc<GuardedStore> {
         &self.shared.store
+    }
+
+    /// The Bloom filter manager (stage 4, builds, growth).
+    pub fn blooms(&self) -> &Arc<crate::bloom::Blooms> {
+        &self.shared.blooms
     }
 
     /// Serves a cache read. `params` are the raw path param values in
@@ -159,6 +172,13 @@ impl Pipeline {
                 true
             }
         };
+        // Stage 4: only on a real miss; with the store unavailable the
+        // filter is too, and the degraded path takes over.
+        if !degraded {
+            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, head).await {
+                return rejected;
+            }
+        }
         // Stage 5 (in-process): join or start the fill for this key.
         let fill = Fill {
             shared: Arc::clone(sh),
@@ -255,6 +275,16 @@ impl Pipeline {
     pub fn fills_in_flight(&self) -> usize {
         self.flights.len()
     }
+}
+
+/// The membership source of Bloom builds. SPEC §6: `source` runs on
+/// `invalidation.outbox.url`; without an outbox this instance builds no
+/// filters (it still uses those other instances build).
+fn bloom_source(cfg: &Config) -> Option<Arc<dyn crate::bloom::source::IdSource>> {
+    cfg.invalidation.outbox.as_ref().map(|o| {
+        crate::bloom::source::PgSource::new(o.url.clone())
+            as Arc<dyn crate::bloom::source::IdSource>
+    })
 }
 
 /// Stage 0: a request carrying credentials is cached only if the route

@@ -150,22 +150,12 @@ pub async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     fn route() -> std::sync::Arc<Route> {
-        let cfg = Config::parse(
-            r#"
-version: 1
-listen: 127.0.0.1:1
-admin: { listen: 127.0.0.1:2 }
-upstream: { url: "http://127.0.0.1:3" }
-routes:
-  - { name: app, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 10s, jitter: 2s, negative_ttl: 3s }
+        crate::config::testing::route(
+            r#"  - { name: app, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 10s, jitter: 2s, negative_ttl: 3s }
 "#,
-            &|_| None,
         )
-        .expect("valid config");
-        cfg.routes.routes[0].clone()
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {

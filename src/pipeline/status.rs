@@ -10,6 +10,8 @@ pub enum CacheStatus {
     Miss,
     /// Served from a cached negative answer (e.g. 404).
     Negative,
+    /// Rejected by the Bloom filter: the id certainly does not exist.
+    Bloom,
     /// Not eligible (credentials not part of the key): forwarded untouched.
     Bypass,
     /// The store is unavailable: fetched from upstream, nothing written.
@@ -22,6 +24,7 @@ impl CacheStatus {
             CacheStatus::Hit => "HIT",
             CacheStatus::Miss => "MISS",
             CacheStatus::Negative => "NEGATIVE",
+            CacheStatus::Bloom => "BLOOM",
             CacheStatus::Bypass => "BYPASS",
             CacheStatus::Degraded => "DEGRADED",
         }

@@ -36,7 +36,7 @@ pub struct GuardedStore {
 
 /// Store operations, as named in the `op` label.
 #[derive(Debug, Clone, Copy)]
-enum Op {
+pub(super) enum Op {
     Read,
     TryLease,
     Ticket,
@@ -44,10 +44,13 @@ enum Op {
     Unlock,
     DeleteIfEquals,
     Invalidate,
+    BloomCheck,
+    BloomBuild,
+    BloomAdd,
 }
 
 impl Op {
-    const COUNT: usize = 7;
+    const COUNT: usize = 10;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TryLease,
@@ -56,6 +59,9 @@ impl Op {
         Op::Unlock,
         Op::DeleteIfEquals,
         Op::Invalidate,
+        Op::BloomCheck,
+        Op::BloomBuild,
+        Op::BloomAdd,
     ];
 
     fn as_str(self) -> &'static str {
@@ -67,6 +73,9 @@ impl Op {
             Op::Unlock => "unlock",
             Op::DeleteIfEquals => "delete_if_equals",
             Op::Invalidate => "invalidate",
+            Op::BloomCheck => "bloom_check",
+            Op::BloomBuild => "bloom_build",
+            Op::BloomAdd => "bloom_add",
         }
     }
 }
@@ -98,7 +107,7 @@ impl GuardedStore {
         self.breaker.is_open()
     }
 
-    async fn call<'a, T>(
+    pub(super) async fn call<'a, T>(
         &'a self,
         op: Op,
         call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
@@ -307,6 +316,70 @@ mod tests {
             t: Duration,
         ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
             self.gate(self.inner.invalidate(k, n, t))
+        }
+    }
+
+    impl crate::store::bloom::BloomStore for Faulty {
+        fn bloom_check<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            sig: &'a str,
+            m: u64,
+            p: &'a [u64],
+        ) -> BoxFuture<'a, Result<crate::store::bloom::BloomAnswer, StoreError>> {
+            self.gate(self.inner.bloom_check(k, sig, m, p))
+        }
+        fn bloom_begin<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            o: &'a str,
+            lt: Duration,
+            m: u64,
+            ct: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_begin(k, o, lt, m, ct))
+        }
+        fn bloom_set_bits<'a>(
+            &'a self,
+            c: &'a str,
+            p: &'a [u64],
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.gate(self.inner.bloom_set_bits(c, p))
+        }
+        fn bloom_activate<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            o: &'a str,
+            sig: &'a str,
+            m: u64,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_activate(k, o, sig, m))
+        }
+        fn bloom_renew<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            o: &'a str,
+            lt: Duration,
+            ct: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_renew(k, o, lt, ct))
+        }
+        fn bloom_add<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            p: &'a [u64],
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.gate(self.inner.bloom_add(k, p))
+        }
+        fn bloom_disable<'a>(
+            &'a self,
+            k: &'a crate::store::bloom::BloomKeys,
+            o: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.gate(self.inner.bloom_disable(k, o))
+        }
+        fn bloom_bitcount<'a>(&'a self, b: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+            self.gate(self.inner.bloom_bitcount(b))
         }
     }
 

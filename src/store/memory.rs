@@ -13,6 +13,9 @@
 //! `.await`.
 
 use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+
+#[path = "memory_bloom.rs"]
+mod bloom;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -33,6 +36,8 @@ pub struct MemoryStore {
 struct Inner {
     map: HashMap<String, Slot>,
     writes_since_sweep: usize,
+    /// Bloom bitmaps (active and candidates), mutable in place.
+    bitmaps: HashMap<String, bloom::Bitmap>,
 }
 
 struct Slot {

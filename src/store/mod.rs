@@ -14,8 +14,11 @@
 //! - `invalidate`: replace the generation with a fresh unique value;
 //! - `invalidate_many`: the same for many objects in one round trip where
 //!   the backend can (invalidation sources apply events in batches);
-//! - `delete_if_equals`: remove a corrupt entry only if it is unchanged.
+//! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
+//! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
+//!   growth (SPEC §6).
 
+pub mod bloom;
 pub mod breaker;
 pub mod guarded;
 pub mod memory;
@@ -70,7 +73,9 @@ pub enum PublishOutcome {
     GenerationChanged,
 }
 
-pub trait Store: Send + Sync + 'static {
+/// The Bloom operations are a supertrait ([`bloom::BloomStore`]) so they
+/// live in their own files.
+pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
     fn kind(&self) -> &'static str;
 

@@ -27,8 +27,11 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
 use std::time::Duration;
+
+#[path = "redis_bloom.rs"]
+mod bloom;
 
 /// Reconnect attempts after the first one fails, before a reconnect gives up
 /// (the next command starts a new one). Small, so a dead server does not
@@ -145,6 +148,25 @@ impl RedisStore {
     pub fn connection(&self) -> impl ConnectionLike + Clone + Send + Sync + 'static {
         self.conn.clone()
     }
+    /// Runs the ticket or invalidate script: both take the generation key,
+    /// a nonce and the generation TTL, and return the generation.
+    async fn generation_script(
+        &self,
+        script: &Script,
+        gen_key: &str,
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<Bytes, StoreError> {
+        let mut conn = self.conn.clone();
+        let generation: Vec<u8> = script
+            .key(gen_key)
+            .arg(nonce)
+            .arg(px(gen_ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(map_error)?;
+        Ok(Bytes::from(generation))
+    }
 }
 
 impl Drop for RedisStore {
@@ -250,17 +272,7 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let generation: Vec<u8> = scripts::TICKET
-                .key(gen_key)
-                .arg(nonce)
-                .arg(px(gen_ttl))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(map_error)?;
-            Ok(Bytes::from(generation))
-        })
+        Box::pin(self.generation_script(&scripts::TICKET, gen_key, nonce, gen_ttl))
     }
 
     fn publish<'a>(
@@ -335,17 +347,7 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let generation: Vec<u8> = scripts::INVALIDATE
-                .key(gen_key)
-                .arg(nonce)
-                .arg(px(gen_ttl))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(map_error)?;
-            Ok(Bytes::from(generation))
-        })
+        Box::pin(self.generation_script(&scripts::INVALIDATE, gen_key, nonce, gen_ttl))
     }
 
     fn invalidate_many<'a>(

@@ -31,6 +31,26 @@ pub static UNLOCK: LazyLock<Script> =
 pub static COMPARE_DELETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/compare_delete.lua")));
 
+/// `bloom_check.lua`: 0 certainly absent, 1 maybe, -1 unknown.
+pub static BLOOM_CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_check.lua")));
+
+/// `bloom_begin.lua`: 1 build lock taken and candidate created, 0 busy.
+pub static BLOOM_BEGIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_begin.lua")));
+
+/// `bloom_activate.lua`: 1 candidate renamed over `bits` and `ready` set, 0 not the owner.
+pub static BLOOM_ACTIVATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_activate.lua")));
+
+/// `bloom_renew.lua`: 1 lock and candidate TTLs extended, 0 not the owner.
+pub static BLOOM_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_renew.lua")));
+
+/// `bloom_add.lua`: 1 member's bits set, -1 lock owner changed (retry).
+pub static BLOOM_ADD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/bloom_add.lua")));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +67,13 @@ mod tests {
                 "compare_delete",
                 include_str!("../../lua/compare_delete.lua"),
             ),
+            ("bloom_check", include_str!("../../lua/bloom_check.lua")),
+            ("bloom_begin", include_str!("../../lua/bloom_begin.lua")),
+            (
+                "bloom_activate",
+                include_str!("../../lua/bloom_activate.lua"),
+            ),
+            ("bloom_add", include_str!("../../lua/bloom_add.lua")),
         ] {
             assert!(src.contains("-- KEYS[1]"), "{name}: header names KEYS");
             assert!(src.contains("-- ARGV[1]"), "{name}: header names ARGV");
@@ -56,12 +83,23 @@ mod tests {
             );
         }
         // Distinct scripts, distinct hashes (a copy-paste slip would collide).
-        let mut hashes: Vec<&str> = [&TICKET, &PUBLISH, &INVALIDATE, &UNLOCK, &COMPARE_DELETE]
-            .iter()
-            .map(|s| s.get_hash())
-            .collect();
+        let mut hashes: Vec<&str> = [
+            &TICKET,
+            &PUBLISH,
+            &INVALIDATE,
+            &UNLOCK,
+            &COMPARE_DELETE,
+            &BLOOM_CHECK,
+            &BLOOM_BEGIN,
+            &BLOOM_ACTIVATE,
+            &BLOOM_ADD,
+            &BLOOM_RENEW,
+        ]
+        .iter()
+        .map(|s| s.get_hash())
+        .collect();
         hashes.sort_unstable();
         hashes.dedup();
-        assert_eq!(hashes.len(), 5);
+        assert_eq!(hashes.len(), 10);
     }
 }

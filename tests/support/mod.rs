@@ -56,6 +56,7 @@
 
 pub mod client;
 pub mod origin;
+pub mod postgres;
 pub mod redis;
 pub mod sidecache;
 

@@ -1,0 +1,230 @@
+//! The Bloom filter's part of the store contract (SPEC §6), as a supertrait
+//! of [`super::Store`] so both backends implement it with the same
+//! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
+//! `SETBIT`s (`redis_bloom.rs`), the embedded store with in-memory bitmaps
+//! (`memory_bloom.rs`). Also the [`GuardedStore`] wrappers: Bloom calls go
+//! through the breaker and the command timeout like every other call.
+//!
+//! One filter's keys share the hash tag `{<route>:<scope>}`, so every
+//! script and pipeline here runs in one Cluster slot.
+
+use super::guarded::{GuardedStore, Op};
+use super::{BoxFuture, StoreError};
+use std::time::Duration;
+
+/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
+/// Built by `bloom::keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BloomKeys {
+    /// `…:bits`: the active bitmap.
+    pub bits: String,
+    /// `…:ready`: the active bitmap's signature; absent = filter unknown.
+    pub ready: String,
+    /// `…:build-lock`: owner token of the running build.
+    pub lock: String,
+    /// `…:build:`; a build's candidate is this plus its owner token.
+    pub candidate_prefix: String,
+}
+
+impl BloomKeys {
+    /// `…:build:<owner>`: the candidate bitmap of the build owned by `owner`.
+    pub fn candidate(&self, owner: &str) -> String {
+        format!("{}{owner}", self.candidate_prefix)
+    }
+}
+
+/// The three answers of a check. Only `Absent` may reject a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BloomAnswer {
+    /// The filter is complete, current, and some bit is 0.
+    Absent,
+    /// Every bit is 1 (a member, or a false positive).
+    Maybe,
+    /// No usable filter: `ready` missing or with another signature, bitmap
+    /// missing or short. Never a reason to reject.
+    Unknown,
+}
+
+impl BloomAnswer {
+    /// The script's integer: 0, 1, -1.
+    pub fn from_code(code: i64) -> Result<BloomAnswer, StoreError> {
+        match code {
+            0 => Ok(BloomAnswer::Absent),
+            1 => Ok(BloomAnswer::Maybe),
+            -1 => Ok(BloomAnswer::Unknown),
+            other => Err(StoreError::Protocol(format!(
+                "bloom_check returned {other}"
+            ))),
+        }
+    }
+
+    /// Metric label: `reject`, `maybe`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BloomAnswer::Absent => "reject",
+            BloomAnswer::Maybe => "maybe",
+            BloomAnswer::Unknown => "unknown",
+        }
+    }
+}
+
+/// Bloom operations of a store backend. Positions come from
+/// `bloom::hash`; `m` is the bitmap size in bits.
+pub trait BloomStore {
+    /// Three-state check of one element (`bloom_check.lua`).
+    fn bloom_check<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        signature: &'a str,
+        m: u64,
+        positions: &'a [u64],
+    ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>>;
+
+    /// Takes the build lock for `owner` (`SET NX PX lock_ttl`) and creates
+    /// the empty `m`-bit candidate with `candidate_ttl`, atomically. False:
+    /// another build holds the lock.
+    fn bloom_begin<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        lock_ttl: Duration,
+        m: u64,
+        candidate_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Sets bits in a candidate: one pipeline of `SETBIT`s per call (the
+    /// builder sends bounded batches, never one giant script).
+    fn bloom_set_bits<'a>(
+        &'a self,
+        candidate: &'a str,
+        positions: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// If `owner` holds the lock and its candidate is complete: renames the
+    /// candidate over `bits`, drops its TTL, writes `signature` to `ready`.
+    fn bloom_activate<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        signature: &'a str,
+        m: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Keeps a running build alive: if `owner` still holds the lock,
+    /// extends the lock to `lock_ttl` and its candidate to `candidate_ttl`.
+    fn bloom_renew<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Growth: sets a member's bits in the active bitmap (if any) and in the
+    /// candidate of the running build (if any), atomically with respect to
+    /// `bloom_begin` and `bloom_activate`.
+    fn bloom_add<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        positions: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Makes the filter unknown: deletes `ready` (and the candidate of
+    /// `owner`, if given). Used when the catalogue outgrew `capacity`.
+    fn bloom_disable<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Bits set in a bitmap (`BITCOUNT`), for the fill-ratio gauge.
+    fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
+
+/// Bloom calls behind the breaker and the timeout. Checks are on the request
+/// path and count as `bloom_check`; build steps as `bloom_build`; growth as
+/// `bloom_add`.
+impl GuardedStore {
+    pub async fn bloom_check(
+        &self,
+        keys: &BloomKeys,
+        signature: &str,
+        m: u64,
+        positions: &[u64],
+    ) -> Result<BloomAnswer, StoreError> {
+        self.call(Op::BloomCheck, |s| {
+            s.bloom_check(keys, signature, m, positions)
+        })
+        .await
+    }
+
+    pub async fn bloom_begin(
+        &self,
+        keys: &BloomKeys,
+        owner: &str,
+        lock_ttl: Duration,
+        m: u64,
+        candidate_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::BloomBuild, |s| {
+            s.bloom_begin(keys, owner, lock_ttl, m, candidate_ttl)
+        })
+        .await
+    }
+
+    pub async fn bloom_set_bits(
+        &self,
+        candidate: &str,
+        positions: &[u64],
+    ) -> Result<(), StoreError> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        self.call(Op::BloomBuild, |s| s.bloom_set_bits(candidate, positions))
+            .await
+    }
+
+    pub async fn bloom_renew(
+        &self,
+        keys: &BloomKeys,
+        owner: &str,
+        lock_ttl: Duration,
+        candidate_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::BloomBuild, |s| {
+            s.bloom_renew(keys, owner, lock_ttl, candidate_ttl)
+        })
+        .await
+    }
+
+    pub async fn bloom_activate(
+        &self,
+        keys: &BloomKeys,
+        owner: &str,
+        signature: &str,
+        m: u64,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::BloomBuild, |s| {
+            s.bloom_activate(keys, owner, signature, m)
+        })
+        .await
+    }
+
+    pub async fn bloom_add(&self, keys: &BloomKeys, positions: &[u64]) -> Result<(), StoreError> {
+        self.call(Op::BloomAdd, |s| s.bloom_add(keys, positions))
+            .await
+    }
+
+    pub async fn bloom_disable(
+        &self,
+        keys: &BloomKeys,
+        owner: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.call(Op::BloomBuild, |s| s.bloom_disable(keys, owner))
+            .await
+    }
+
+    pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
+        self.call(Op::BloomBuild, |s| s.bloom_bitcount(bits)).await
+    }
+}
