@@ -31,6 +31,9 @@
 #   SIDECACHE_LOG [warn]    sidecache's log level
 #   PEN_KEEP                set to keep the temp dir (configs, logs)
 set -euo pipefail
+# The example origin runs in memory: a DATABASE_URL in the caller's shell
+# would switch it to Postgres mode.
+unset DATABASE_URL
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
