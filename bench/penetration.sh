@@ -34,6 +34,11 @@ set -euo pipefail
 # The example origin runs in memory: a DATABASE_URL in the caller's shell
 # would switch it to Postgres mode.
 unset DATABASE_URL
+prog=penetration
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# No CPU pinning here: processes start as they are.
+on_servers=()
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -47,8 +52,6 @@ sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
 tenant=acme
 
-die() { printf 'penetration: error: %s\n' "$*" >&2; exit 1; }
-note() { printf 'penetration: %s\n' "$*" >&2; }
 
 for v in DURATION:duration THREADS:threads CONNECTIONS:connections MEMBERS:members; do
     name=${v#*:}
@@ -121,29 +124,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-declare -A taken=()
-# free_port: a loopback port nobody listens on and this run has not taken.
-free_port() {
-    local p i
-    for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 30000))
-        [[ -n ${taken[$p]:-} ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            taken[$p]=1
-            echo "$p"
-            return
-        fi
-    done
-    die "found no free loopback port"
-}
 
-# start NAME CMD...: runs CMD in the background, logging to $work/NAME.log.
-start() {
-    local name=$1
-    shift
-    "$@" >"$work/$name.log" 2>&1 &
-    pid_of[$name]=$!
-}
 
 # stop NAME: terminates NAME and waits for it.
 stop() {
@@ -152,28 +133,8 @@ stop() {
     unset "pid_of[$1]"
 }
 
-# alive NAME: fails with the tail of NAME's log if it has exited.
-alive() {
-    if ! kill -0 "${pid_of[$1]}" 2>/dev/null; then
-        tail -n 20 "$work/$1.log" >&2 || true
-        die "$1 exited (log: $work/$1.log, tail above)"
-    fi
-}
 
-# wait_until NAME CMD...: retries CMD for up to 30 s while NAME is alive.
-wait_until() {
-    local name=$1 i
-    shift
-    for ((i = 0; i < 300; i++)); do
-        alive "$name"
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    tail -n 20 "$work/$name.log" >&2 || true
-    die "$name did not become ready within 30 s (log: $work/$name.log)"
-}
 
-http_ok() { curl -fsS -o /dev/null --max-time 1 "$1"; }
 
 # Origin: in memory, tenants acme and globex with ids 1..members.
 origin_port=$(free_port)

@@ -49,6 +49,9 @@ set -euo pipefail
 # The example origin runs in memory: a DATABASE_URL in the caller's shell
 # would switch it to Postgres mode.
 unset DATABASE_URL
+prog=bench
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -81,8 +84,6 @@ hit_path='/api/tenants/acme/apps/1'
 post_path='/sink'
 origin_apps=$((hot_objects / 2 > 100 ? hot_objects / 2 : 100))
 
-die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
-note() { printf 'bench: %s\n' "$*" >&2; }
 
 for v in DURATION:duration WARMUP:warmup ROUNDS:rounds THREADS:threads CONNECTIONS:connections \
     PAYLOAD_BYTES:payload HOT_OBJECTS:hot_objects POST_BYTES:post_bytes \
@@ -191,53 +192,10 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-declare -A taken=()
-# free_port: a loopback port nobody listens on and this run has not taken.
-free_port() {
-    local p i
-    for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 30000))
-        [[ -n ${taken[$p]:-} ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            taken[$p]=1
-            echo "$p"
-            return
-        fi
-    done
-    die "found no free loopback port"
-}
 
-# start NAME CMD...: runs CMD in the background on the server CPUs, logging
-# to $work/NAME.log.
-start() {
-    local name=$1
-    shift
-    "${on_servers[@]}" "$@" >"$work/$name.log" 2>&1 &
-    pid_of[$name]=$!
-}
 
-# alive NAME: fails with the tail of NAME's log if it has exited.
-alive() {
-    if ! kill -0 "${pid_of[$1]}" 2>/dev/null; then
-        tail -n 20 "$work/$1.log" >&2 || true
-        die "$1 exited (log: $work/$1.log, tail above)"
-    fi
-}
 
-# wait_until NAME CMD...: retries CMD for up to 30 s while NAME is alive.
-wait_until() {
-    local name=$1 i
-    shift
-    for ((i = 0; i < 300; i++)); do
-        alive "$name"
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    tail -n 20 "$work/$name.log" >&2 || true
-    die "$name did not become ready within 30 s (log: $work/$name.log)"
-}
 
-http_ok() { curl -fsS -o /dev/null --max-time 1 "$1"; }
 
 origin_port=$(free_port)
 origin=http://127.0.0.1:$origin_port

@@ -1,0 +1,56 @@
+# shellcheck shell=bash disable=SC2154
+# Shared helpers of the benchmark scripts (sourced, not run). The caller
+# sets `prog` (message prefix), `work` (its temp dir), declares `pid_of` as
+# an associative array, and may set `on_servers` (a command prefix such as
+# `taskset -c 0`) before calling `start`.
+
+die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
+note() { printf '%s: %s\n' "$prog" "$*" >&2; }
+
+declare -A taken=()
+# free_port: a loopback port nobody listens on and this run has not taken.
+free_port() {
+    local p i
+    for ((i = 0; i < 200; i++)); do
+        p=$((20000 + RANDOM % 30000))
+        [[ -n ${taken[$p]:-} ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            taken[$p]=1
+            echo "$p"
+            return
+        fi
+    done
+    die "found no free loopback port"
+}
+
+# start NAME CMD...: runs CMD in the background (behind `on_servers`, if
+# set), logging to $work/NAME.log.
+start() {
+    local name=$1
+    shift
+    "${on_servers[@]}" "$@" >"$work/$name.log" 2>&1 &
+    pid_of["$name"]=$!
+}
+
+# alive NAME: fails with the tail of NAME's log if it has exited.
+alive() {
+    if ! kill -0 "${pid_of[$1]}" 2>/dev/null; then
+        tail -n 20 "$work/$1.log" >&2 || true
+        die "$1 exited (log: $work/$1.log, tail above)"
+    fi
+}
+
+# wait_until NAME CMD...: retries CMD for up to 30 s while NAME is alive.
+wait_until() {
+    local name=$1 i
+    shift
+    for ((i = 0; i < 300; i++)); do
+        alive "$name"
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    tail -n 20 "$work/$name.log" >&2 || true
+    die "$name did not become ready within 30 s (log: $work/$name.log)"
+}
+
+http_ok() { curl -fsS -o /dev/null --max-time 1 "$1"; }
