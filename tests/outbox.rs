@@ -24,27 +24,13 @@ use tokio::time::Instant;
 const TABLE: &str = "sidecache_outbox";
 
 fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: u32) -> Config {
-    let yaml = format!(
-        r#"
-version: 1
-listen: 127.0.0.1:1
-admin: {{ listen: 127.0.0.1:2 }}
-upstream: {{ url: "http://127.0.0.1:9" }}
-store:
-  redis: {{ url: "{redis}", command_timeout: 500ms }}
-  breaker: {{ cooldown: 200ms }}
-invalidation:
-  outbox: {{ url: "{pg}", poll_interval: {poll_interval}, batch: {batch} }}
-routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
-    ttl: 60s
-"#,
-        redis = redis.url(),
-        pg = pg.url(),
-    );
-    Config::parse(&yaml, &|_| None).expect("test config")
+    support::library_config(
+        &redis.url(),
+        &format!(
+            r#"outbox: {{ url: "{}", poll_interval: {poll_interval}, batch: {batch} }}"#,
+            pg.url()
+        ),
+    )
 }
 
 /// A running worker; dropping the handle does not stop it, `stop` does.

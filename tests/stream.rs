@@ -24,26 +24,12 @@ const GROUP: &str = "sidecache";
 
 /// The store in `store_redis`, the stream in the consumer's `stream_redis`.
 fn config(store_redis: &RedisServer, claim_idle: &str) -> Config {
-    let yaml = format!(
-        r#"
-version: 1
-listen: 127.0.0.1:1
-admin: {{ listen: 127.0.0.1:2 }}
-upstream: {{ url: "http://127.0.0.1:9" }}
-store:
-  redis: {{ url: "{redis}", command_timeout: 500ms }}
-  breaker: {{ cooldown: 200ms }}
-invalidation:
-  redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: {claim_idle} }}
-routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
-    ttl: 60s
-"#,
-        redis = store_redis.url(),
-    );
-    Config::parse(&yaml, &|_| None).expect("test config")
+    support::library_config(
+        &store_redis.url(),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: {claim_idle} }}"#
+        ),
+    )
 }
 
 struct Consumer {

@@ -86,3 +86,31 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A config for tests that run a library component (outbox worker, stream
+/// consumer) in-process: the Redis store at `redis_url`, the `app` route,
+/// and `invalidation` as the body of the `invalidation:` section.
+pub fn library_config(redis_url: &str, invalidation: &str) -> ::sidecache::config::Config {
+    let yaml = format!(
+        r#"
+version: 1
+listen: 127.0.0.1:1
+admin: {{ listen: 127.0.0.1:2 }}
+upstream: {{ url: "http://127.0.0.1:9" }}
+store:
+  redis: {{ url: "{redis_url}", command_timeout: 500ms }}
+  breaker: {{ cooldown: 200ms }}
+invalidation:
+  {invalidation}
+routes:
+  - name: app
+    path: /api/tenants/{{tenant}}/apps/{{id}}
+    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
+    ttl: 60s
+"#
+    );
+    match ::sidecache::config::Config::parse(&yaml, &|_| None) {
+        Ok(cfg) => cfg,
+        Err(e) => panic!("test config is invalid: {e}"),
+    }
+}
