@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 use support::client::{self, request};
-use support::{Origin, Sidecache, SidecacheBuilder};
+use support::{get_held, Origin, Sidecache, SidecacheBuilder};
 
 #[tokio::test]
 async fn health_ready_metrics_routes() {
@@ -153,10 +153,7 @@ async fn invalidate_rejects_bad_input_with_400() {
 async fn sigterm_drains_in_flight_requests() {
     let origin = Origin::start().await;
     let mut sc = Sidecache::start(&origin.url()).await;
-    let gate = origin.hold("/slow");
-    let url = sc.url("/slow");
-    let pending = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, pending) = get_held(&origin, "/slow", sc.url("/slow")).await;
 
     sc.signal("TERM");
     let addr = sc.addr();

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 use support::client::x_cache;
 use support::redis::RedisServer;
-use support::{client, Origin, Reply, Sidecache, SidecacheBuilder};
+use support::{client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 
@@ -171,11 +171,8 @@ async fn stale_backfill_is_rejected(b: Backend) {
     let origin = Origin::start().await;
     let sc = b.start(&origin).await;
     let old = origin.default_body(P);
-    let gate = origin.hold(P);
-    let url = sc.url(P);
-    let reader = tokio::spawn(async move { client::get(&url).await });
     // The reader holds its ticket and waits for the origin's (old) answer.
-    gate.arrived(1).await;
+    let (gate, reader) = get_held(&origin, P, sc.url(P)).await;
     origin.bump(P);
     let inv = invalidate(&sc, "app", r#"{"tenant":"acme","id":"1"}"#).await;
     assert_eq!(inv.status, 200, "{}", inv.text());
@@ -439,10 +436,7 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
         .fill("fill:\n  max_concurrency: 1\n")
         .start()
         .await;
-    let gate = origin.hold(P);
-    let url = sc.url(P);
-    let first = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, first) = get_held(&origin, P, sc.url(P)).await;
     let other = "/api/tenants/acme/apps/2";
     let started = std::time::Instant::now();
     let r = client::get(&sc.url(other)).await;

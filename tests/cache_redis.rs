@@ -9,7 +9,7 @@ use redis::Value;
 use std::time::{Duration, Instant};
 use support::client::x_cache;
 use support::redis::RedisServer;
-use support::{client, eventually, Origin, Reply, SidecacheBuilder};
+use support::{client, eventually, get_held, Origin, Reply, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const OBJECT: &str = "sc:o:{app:acme:1}";
@@ -110,20 +110,13 @@ async fn waiters_give_up_after_wait_budget_without_calling_origin() {
     let extra = "    lease: 10s\n    wait: 400ms\n";
     let a = builder(&redis, &origin, extra).start().await;
     let b = builder(&redis, &origin, extra).start().await;
-    let gate = origin.hold(P);
-    let url = a.url(P);
-    let filler = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, filler) = get_held(&origin, P, a.url(P)).await;
     let started = Instant::now();
+    // Five requests on one key: one flight in b, which waits on a's lease.
     let waiters: Vec<_> = (0..5)
-        .map(|i| {
-            // Distinct query-less requests on one key: one flight in b, which
-            // waits on a's lease.
+        .map(|_| {
             let url = b.url(P);
-            tokio::spawn(async move {
-                let _ = i;
-                client::get(&url).await
-            })
+            tokio::spawn(async move { client::get(&url).await })
         })
         .collect();
     for w in waiters {
@@ -154,10 +147,7 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     let a = builder(&redis, &origin, extra).start().await;
     let b = builder(&redis, &origin, extra).start().await;
 
-    let first_gate = origin.hold(P);
-    let url = a.url(P);
-    let first = tokio::spawn(async move { client::get(&url).await });
-    first_gate.arrived(1).await;
+    let (first_gate, first) = get_held(&origin, P, a.url(P)).await;
     let lease_pattern = format!("{OBJECT}:l:*");
     eventually(
         "the first filler's lease to expire",
@@ -166,10 +156,7 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     )
     .await;
 
-    let second_gate = origin.hold(P);
-    let url = b.url(P);
-    let second = tokio::spawn(async move { client::get(&url).await });
-    second_gate.arrived(1).await;
+    let (second_gate, second) = get_held(&origin, P, b.url(P)).await;
     let lease_key = only_key(&redis, &lease_pattern);
     let second_owner = get_raw(&redis, &lease_key).expect("second filler's lease");
 
@@ -237,10 +224,7 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
     let sc = builder(&redis, &origin, "").start().await;
-    let gate = origin.hold(P);
-    let url = sc.url(P);
-    let reader = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, reader) = get_held(&origin, P, sc.url(P)).await;
     let gen_key = format!("{OBJECT}:g");
     assert!(
         get_raw(&redis, &gen_key).is_some(),
@@ -258,10 +242,7 @@ async fn deleted_generation_between_ticket_and_publish_is_rejected() {
         1.0
     );
     // ABA: a new ticket recreates the key with a fresh value, never the old one.
-    let gate = origin.hold(P);
-    let url = sc.url(P);
-    let reader = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, reader) = get_held(&origin, P, sc.url(P)).await;
     let ticket = get_raw(&redis, &gen_key).expect("fresh ticket");
     redis.cli(&["DEL", &gen_key]).expect("DEL");
     // Someone else's ticket recreates the key before our publish.
@@ -332,10 +313,7 @@ async fn failed_publish_returns_the_answer_without_a_second_upstream_call() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
     let sc = builder(&redis, &origin, "").start().await;
-    let gate = origin.hold(P);
-    let url = sc.url(P);
-    let reader = tokio::spawn(async move { client::get(&url).await });
-    gate.arrived(1).await;
+    let (gate, reader) = get_held(&origin, P, sc.url(P)).await;
     // Scripts (publish, unlock) block while writes are paused.
     redis
         .cli(&["CLIENT", "PAUSE", "2000", "WRITE"])

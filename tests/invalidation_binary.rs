@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 use support::postgres::PostgresServer;
 use support::redis::RedisServer;
-use support::{client, eventually, Origin, SidecacheBuilder};
+use support::{client, eventually, get_held, Origin, SidecacheBuilder};
 
 const PATH: &str = "/api/tenants/acme/apps/7";
 const GEN_KEY: &str = "sc:o:{app:acme:7}:g";
@@ -200,10 +200,8 @@ async fn stale_backfill_is_refused_when_invalidated_by_outbox_or_stream() {
     for (feed, id) in [("outbox", 7), ("stream", 8)] {
         let path = format!("/api/tenants/acme/apps/{id}");
         let key = format!("sc:o:{{app:acme:{id}}}:g");
-        let gate = origin.hold(&path);
-        let url = sc.url(&path);
-        let reader = tokio::spawn(async move { client::get(&url).await });
-        gate.arrived(1).await; // the fill took its ticket and read the old version
+        // The fill took its ticket and read the old version.
+        let (gate, reader) = get_held(&origin, &path, sc.url(&path)).await;
         let ticket = generation_of(&redis, &key);
         assert!(ticket.is_some(), "the ticket creates the generation");
         origin.bump(&path);

@@ -60,13 +60,27 @@ pub mod postgres;
 pub mod redis;
 pub mod sidecache;
 
-pub use origin::{Origin, Reply};
+pub use origin::{Gate, Origin, Reply};
 pub use sidecache::{Sidecache, SidecacheBuilder};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Holds `path` at the origin, sends `GET url` from a task, and returns once
+/// that request is waiting at the origin: the exact interleaving point for
+/// race tests. Release the gate to let the answer through.
+pub async fn get_held(
+    origin: &Origin,
+    path: &str,
+    url: String,
+) -> (Gate, tokio::task::JoinHandle<client::Resp>) {
+    let gate = origin.hold(path);
+    let task = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    (gate, task)
+}
 
 /// Polls `check` every 20 ms until it returns true; panics naming `what`
 /// after `within`.
