@@ -6,19 +6,15 @@
 
 mod support;
 
-use arc_swap::ArcSwap;
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
 use sidecache::invalidation::outbox::OutboxWorker;
-use sidecache::invalidation::{Applier, Source};
-use sidecache::metrics::Metrics;
+use sidecache::invalidation::Source;
 use sidecache::pipeline::key;
-use std::sync::Arc;
 use std::time::Duration;
-use support::eventually;
 use support::postgres::PostgresServer;
 use support::redis::RedisServer;
-use tokio::sync::watch;
+use support::{eventually, Background};
 use tokio::time::Instant;
 
 const TABLE: &str = "sidecache_outbox";
@@ -33,45 +29,13 @@ fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: 
     )
 }
 
-/// A running worker; dropping the handle does not stop it, `stop` does.
-struct Worker {
-    metrics: Metrics,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Worker {
-    async fn start(cfg: Config) -> Worker {
-        let metrics = Metrics::new();
-        let store = sidecache::store::open(&cfg.store, &metrics)
-            .await
-            .expect("store");
+/// Starts an outbox worker for `cfg`.
+async fn start_worker(cfg: Config) -> Background {
+    Background::start(cfg, Source::Outbox, |cfg, applier, stopped| {
         let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
-        let config = Arc::new(ArcSwap::from_pointee(cfg));
-        let applier = Applier::new(config, store, metrics.clone(), Source::Outbox);
-        let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(OutboxWorker::new(outbox, applier).run(stopped));
-        Worker {
-            metrics,
-            stop,
-            task,
-        }
-    }
-
-    fn applied(&self) -> u64 {
-        self.metrics
-            .invalidations
-            .with_label_values(&["outbox", "applied"])
-            .get()
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("worker stops on shutdown")
-            .expect("worker task");
-    }
+        tokio::spawn(OutboxWorker::new(outbox, applier).run(stopped))
+    })
+    .await
 }
 
 async fn setup(poll_interval: &str, batch: u32) -> (RedisServer, PostgresServer, Config) {
@@ -183,7 +147,7 @@ async fn ddl_installs_idempotently_and_defaults_fill_the_columns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freshness_commit_to_applied_latency_over_200_events() {
     let (redis, pg, cfg) = setup("10s", 100).await;
-    let worker = Worker::start(cfg).await;
+    let worker = start_worker(cfg).await;
     warm_up(&pg, &redis).await;
     let client = pg.client().await;
     let mut conn = redis_conn(&redis).await;
@@ -227,7 +191,7 @@ async fn freshness_commit_to_applied_latency_over_200_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_rows_stay_pending_with_attempts_and_drain_when_back() {
     let (redis, pg, cfg) = setup("200ms", 100).await;
-    let worker = Worker::start(cfg).await;
+    let worker = start_worker(cfg).await;
     warm_up(&pg, &redis).await;
     let client = pg.client().await;
 
@@ -265,7 +229,7 @@ async fn redis_down_rows_stay_pending_with_attempts_and_drain_when_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_killed_and_restarted_worker_reconnects_and_resumes() {
     let (redis, pg, cfg) = setup("10s", 100).await;
-    let worker = Worker::start(cfg).await;
+    let worker = start_worker(cfg).await;
     warm_up(&pg, &redis).await;
 
     pg.kill();
@@ -294,8 +258,8 @@ async fn postgres_killed_and_restarted_worker_reconnects_and_resumes() {
 async fn two_workers_on_one_table_apply_every_row_none_twice() {
     let (redis, pg, cfg) = setup("200ms", 10).await;
     let yaml_twin = config(&redis, &pg, "200ms", 10);
-    let a = Worker::start(cfg).await;
-    let b = Worker::start(yaml_twin).await;
+    let a = start_worker(cfg).await;
+    let b = start_worker(yaml_twin).await;
     warm_up(&pg, &redis).await;
     let (a0, b0) = (a.applied(), b.applied());
 
@@ -333,7 +297,7 @@ async fn two_workers_on_one_table_apply_every_row_none_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_rows_are_dead_lettered_and_rows_behind_them_applied() {
     let (redis, pg, cfg) = setup("200ms", 100).await;
-    let worker = Worker::start(cfg).await;
+    let worker = start_worker(cfg).await;
     warm_up(&pg, &redis).await;
     let client = pg.client().await;
     client
@@ -412,7 +376,7 @@ async fn crash_between_apply_and_commit_reapplies_the_row() {
     ))
     .await;
     let second_cfg = config(&redis, &pg, "200ms", 100);
-    let first = Worker::start(cfg).await;
+    let first = start_worker(cfg).await;
     let client = pg.client().await;
     let mut conn = redis_conn(&redis).await;
     insert(&client, "crash", 9).await;
@@ -423,8 +387,7 @@ async fn crash_between_apply_and_commit_reapplies_the_row() {
     .await;
     let applied_once = generation(&mut conn, &key).await;
     // The worker now waits inside its DELETE: kill it before the commit.
-    first.task.abort();
-    let _ = first.task.await;
+    first.kill().await;
     eventually(
         "the killed worker's transaction is rolled back",
         Duration::from_secs(10),
@@ -451,7 +414,7 @@ async fn crash_between_apply_and_commit_reapplies_the_row() {
         .batch_execute("DELETE FROM crash_gate")
         .await
         .unwrap();
-    let second = Worker::start(second_cfg).await;
+    let second = start_worker(second_cfg).await;
     eventually(
         "re-applied and deleted after restart",
         Duration::from_secs(10),

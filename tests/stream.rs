@@ -6,17 +6,13 @@
 
 mod support;
 
-use arc_swap::ArcSwap;
 use sidecache::config::Config;
 use sidecache::invalidation::stream::StreamConsumer;
-use sidecache::invalidation::{Applier, Source};
-use sidecache::metrics::Metrics;
+use sidecache::invalidation::Source;
 use sidecache::pipeline::key;
-use std::sync::Arc;
 use std::time::Duration;
-use support::eventually;
 use support::redis::RedisServer;
-use tokio::sync::watch;
+use support::{eventually, Background};
 use tokio::time::Instant;
 
 const STREAM: &str = "sc:inv";
@@ -32,45 +28,14 @@ fn config(store_redis: &RedisServer, claim_idle: &str) -> Config {
     )
 }
 
-struct Consumer {
-    metrics: Metrics,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Consumer {
-    async fn start(cfg: Config, stream_redis: &RedisServer) -> Consumer {
-        let metrics = Metrics::new();
-        let store = sidecache::store::open(&cfg.store, &metrics)
-            .await
-            .expect("store");
+/// Starts a stream consumer for `cfg` reading from `stream_redis`.
+async fn start_consumer(cfg: Config, stream_redis: &RedisServer) -> Background {
+    let url = stream_redis.url();
+    Background::start(cfg, Source::Stream, move |cfg, applier, stopped| {
         let stream = cfg.invalidation.stream.clone().expect("stream configured");
-        let config = Arc::new(ArcSwap::from_pointee(cfg));
-        let applier = Applier::new(config, store, metrics.clone(), Source::Stream);
-        let (stop, stopped) = watch::channel(false);
-        let consumer = StreamConsumer::new(stream, stream_redis.url(), applier);
-        let task = tokio::spawn(consumer.run(stopped));
-        Consumer {
-            metrics,
-            stop,
-            task,
-        }
-    }
-
-    fn applied(&self) -> u64 {
-        self.metrics
-            .invalidations
-            .with_label_values(&["stream", "applied"])
-            .get()
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("consumer stops on shutdown")
-            .expect("consumer task");
-    }
+        tokio::spawn(StreamConsumer::new(stream, url, applier).run(stopped))
+    })
+    .await
 }
 
 fn gen_key(tenant: &str, id: u64) -> String {
@@ -122,7 +87,7 @@ async fn each_entry_applied_once_by_one_of_several_consumers() {
     let redis = RedisServer::start();
     let mut consumers = Vec::new();
     for _ in 0..3 {
-        consumers.push(Consumer::start(config(&redis, "30s"), &redis).await);
+        consumers.push(start_consumer(config(&redis, "30s"), &redis).await);
     }
     const N: u64 = 300;
     for id in 1..=N {
@@ -134,7 +99,7 @@ async fn each_entry_applied_once_by_one_of_several_consumers() {
         || async { (1..=N).all(|id| has_generation(&redis, "grp", id)) && pending(&redis) == 0 },
     )
     .await;
-    let counts: Vec<u64> = consumers.iter().map(Consumer::applied).collect();
+    let counts: Vec<u64> = consumers.iter().map(Background::applied).collect();
     println!("applied per consumer: {counts:?}");
     assert_eq!(
         counts.iter().sum::<u64>(),
@@ -172,7 +137,7 @@ async fn entries_left_pending_by_a_dead_consumer_are_claimed_after_claim_idle() 
     let delivered = Instant::now();
     assert_eq!(pending(&redis), 5);
 
-    let survivor = Consumer::start(config(&redis, "1s"), &redis).await;
+    let survivor = start_consumer(config(&redis, "1s"), &redis).await;
     eventually("claimed and applied", Duration::from_secs(10), || async {
         (1..=5).all(|id| has_generation(&redis, "claim", id)) && pending(&redis) == 0
     })
@@ -189,7 +154,7 @@ async fn entries_left_pending_by_a_dead_consumer_are_claimed_after_claim_idle() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_entries_are_copied_to_the_dead_stream_and_acked() {
     let redis = RedisServer::start();
-    let consumer = Consumer::start(config(&redis, "30s"), &redis).await;
+    let consumer = start_consumer(config(&redis, "30s"), &redis).await;
     // The group is created by the consumer (earliest): entries added before
     // it is ready are still read.
     add_event(&redis, "poison", 1);
@@ -255,7 +220,7 @@ async fn poison_entries_are_copied_to_the_dead_stream_and_acked() {
 async fn store_failure_leaves_entries_pending_until_they_apply() {
     let store_redis = RedisServer::start();
     let stream_redis = RedisServer::start();
-    let consumer = Consumer::start(config(&store_redis, "30s"), &stream_redis).await;
+    let consumer = start_consumer(config(&store_redis, "30s"), &stream_redis).await;
     add_event(&stream_redis, "warm", 1);
     eventually("consumer running", Duration::from_secs(10), || async {
         has_generation(&store_redis, "warm", 1)

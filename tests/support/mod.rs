@@ -128,3 +128,70 @@ routes:
         Err(e) => panic!("test config is invalid: {e}"),
     }
 }
+
+/// An invalidation source (outbox worker, stream consumer) running
+/// in-process over the store its config names; `stop` shuts it down.
+pub struct Background {
+    pub metrics: ::sidecache::metrics::Metrics,
+    source: ::sidecache::invalidation::Source,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    /// Builds the store and an applier for `source` from `cfg`, then
+    /// `spawn(&cfg, applier, stopped)` starts the task.
+    pub async fn start<F>(
+        cfg: ::sidecache::config::Config,
+        source: ::sidecache::invalidation::Source,
+        spawn: F,
+    ) -> Background
+    where
+        F: FnOnce(
+            &::sidecache::config::Config,
+            ::sidecache::invalidation::Applier,
+            tokio::sync::watch::Receiver<bool>,
+        ) -> tokio::task::JoinHandle<()>,
+    {
+        let metrics = ::sidecache::metrics::Metrics::new();
+        let store = match ::sidecache::store::open(&cfg.store, &metrics).await {
+            Ok(s) => s,
+            Err(e) => panic!("store: {e}"),
+        };
+        let config = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(cfg));
+        let applier =
+            ::sidecache::invalidation::Applier::new(config.clone(), store, metrics.clone(), source);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = spawn(&config.load(), applier, stopped);
+        Background {
+            metrics,
+            source,
+            stop,
+            task,
+        }
+    }
+
+    /// Events this source applied so far.
+    pub fn applied(&self) -> u64 {
+        self.metrics
+            .invalidations
+            .with_label_values(&[self.source.as_str(), "applied"])
+            .get()
+    }
+
+    /// Aborts the task mid-work, as a crash would (no shutdown path runs).
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    /// Signals shutdown and waits (at most 10 s) for the task to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        match tokio::time::timeout(Duration::from_secs(10), self.task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("{} task failed: {e}", self.source.as_str()),
+            Err(_) => panic!("{} task did not stop on shutdown", self.source.as_str()),
+        }
+    }
+}
