@@ -504,6 +504,37 @@ async fn successful_writes_invalidate_the_object(b: Backend) {
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 }
 
+async fn private_answers_are_never_shared_with_coalesced_requests(b: Backend) {
+    let origin = Origin::start().await;
+    let personal = "/api/tenants/acme/apps/21";
+    origin.reply(personal, Reply::echo().header("set-cookie", "session=x"));
+    let sc = b.start(&origin).await;
+    // The first fill is held so later requests can join its flight.
+    let gate = origin.hold(personal);
+    let mut tasks = Vec::new();
+    for n in 0..3 {
+        let url = sc.url(personal);
+        let me = format!("client-{n}");
+        tasks.push(tokio::spawn(async move {
+            let r = client::request("GET", &url, &[("x-client", me.as_str())], "").await;
+            (me, r)
+        }));
+    }
+    gate.arrived(1).await;
+    gate.release();
+    for t in tasks {
+        let (me, r) = t.await.expect("task");
+        assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "MISS".into()));
+        // Each client gets the answer its own request caused, never another's.
+        let seen = r.json()["headers"]["x-client"][0]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        assert_eq!(seen, me);
+    }
+    assert_eq!(origin.hits(personal), 3, "one upstream call per client");
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod embedded {
@@ -540,4 +571,5 @@ on_both_stores!(
     full_fill_permits_answer_503_at_once,
     coalesces_concurrent_misses_in_one_instance,
     successful_writes_invalidate_the_object,
+    private_answers_are_never_shared_with_coalesced_requests,
 );

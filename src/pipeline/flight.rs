@@ -17,7 +17,8 @@ pub enum Answer {
     /// A response any coalesced request may receive.
     Shared(CacheStatus, Arc<Entry>),
     /// A response for one client only (streamed, or private to the client
-    /// that caused the fill); the first to take it gets it.
+    /// whose request was sent upstream): only the request that started the
+    /// flight takes it; the others fetch their own.
     Exclusive(CacheStatus, Mutex<Option<Response<Body>>>),
     Failed(CacheStatus, ProxyError),
 }
@@ -30,15 +31,16 @@ pub struct Flights {
 }
 
 impl Flights {
-    /// Joins the flight for `key`, starting it with `start` if none is running.
+    /// Joins the flight for `key`, starting it with `start` if none is
+    /// running. The flag is true for the request that started it.
     pub fn join(
         self: &Arc<Self>,
         key: &str,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
-    ) -> SharedAnswer {
+    ) -> (SharedAnswer, bool) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = map.get(key) {
-            return existing.clone();
+            return (existing.clone(), false);
         }
         let fill = start();
         let flights = Arc::clone(self);
@@ -60,7 +62,7 @@ impl Flights {
         .boxed()
         .shared();
         map.insert(key.to_owned(), shared.clone());
-        shared
+        (shared, true)
     }
 
     /// Number of flights in progress (for tests and debugging).

@@ -202,39 +202,29 @@ impl Pipeline {
         };
         let fill = Arc::new(fill);
         let task_fill = Arc::clone(&fill);
-        let answer = self
-            .flights
-            .join(&flight_key, move || {
-                async move {
-                    if degraded {
-                        fetch_only(&task_fill, CacheStatus::Degraded).await
-                    } else {
-                        fill_with_lease(&task_fill).await
-                    }
-                }
-                .boxed()
-            })
-            .await;
-        match &*answer {
-            Answer::Shared(status, entry) => (*status, respond(entry, *status, head)),
-            Answer::Failed(status, e) => (*status, e.to_response()),
-            Answer::Exclusive(status, slot) => {
-                let taken = slot.lock().ok().and_then(|mut s| s.take());
-                match taken {
-                    Some(resp) => (*status, strip_body_for_head(resp, head)),
-                    // Someone else got the one-client answer: fetch our own,
-                    // uncached.
-                    None => match fetch_only(&fill, CacheStatus::Miss).await {
-                        Answer::Shared(s, entry) => (s, respond(&entry, s, head)),
-                        Answer::Exclusive(s, slot) => match slot.into_inner().ok().flatten() {
-                            Some(resp) => (s, strip_body_for_head(resp, head)),
-                            None => (s, ProxyError::Bug("empty answer".into()).to_response()),
-                        },
-                        Answer::Failed(s, e) => (s, e.to_response()),
-                    },
+        let (flight, started) = self.flights.join(&flight_key, move || {
+            async move {
+                if degraded {
+                    fetch_only(&task_fill, CacheStatus::Degraded).await
+                } else {
+                    fill_with_lease(&task_fill).await
                 }
             }
+            .boxed()
+        });
+        let answer = flight.await;
+        if let Some(answered) = to_client(&answer, started, head) {
+            return answered;
         }
+        // The answer belongs to the request that started the flight (its
+        // headers went upstream, a Set-Cookie is for it): fetch our own.
+        let own = fetch_only(&fill, CacheStatus::Miss).await;
+        to_client(&own, true, head).unwrap_or_else(|| {
+            (
+                CacheStatus::Miss,
+                ProxyError::Bug("empty answer".into()).to_response(),
+            )
+        })
     }
 
     /// Replaces the generation of one object (every variant goes stale).
@@ -488,6 +478,20 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         h.insert(header::AGE, HeaderValue::from(age));
     }
     resp
+}
+
+/// A flight's answer as this client's response; `None` for a one-client
+/// answer when this request did not start the flight.
+fn to_client(answer: &Answer, started: bool, head: bool) -> Option<(CacheStatus, Response<Body>)> {
+    match answer {
+        Answer::Shared(status, entry) => Some((*status, respond(entry, *status, head))),
+        Answer::Failed(status, e) => Some((*status, e.to_response())),
+        Answer::Exclusive(..) if !started => None,
+        Answer::Exclusive(status, slot) => {
+            let taken = slot.lock().ok().and_then(|mut s| s.take())?;
+            Some((*status, strip_body_for_head(taken, head)))
+        }
+    }
 }
 
 fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
