@@ -233,6 +233,8 @@ async fn postgres_killed_and_restarted_worker_reconnects_and_resumes() {
     warm_up(&pg, &redis).await;
 
     pg.kill();
+    // A real outage rather than an instant bounce; the assertions below do
+    // not depend on how long it lasts.
     tokio::time::sleep(Duration::from_millis(300)).await;
     pg.restart();
     // Inserted while the worker may still be reconnecting: the poll after
