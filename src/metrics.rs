@@ -3,8 +3,8 @@
 //! looked up once per request, never formatted.
 
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 pub mod names {
@@ -31,6 +31,10 @@ pub mod names {
     pub const OUTBOX_DEAD: &str = "sidecache_outbox_dead";
     pub const STREAM_PENDING: &str = "sidecache_stream_pending";
     pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
+    pub const NEAR_CACHE: &str = "sidecache_near_cache_total";
+    pub const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
+    pub const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
+    pub const NEAR_CACHE_TRACKING: &str = "sidecache_near_cache_tracking";
 }
 
 /// All metrics of one process.
@@ -67,6 +71,11 @@ pub struct Metrics {
     pub stream_pending: IntGauge,
     /// `{source}`: events dead-lettered (poison), by source.
     pub dead_letters: IntCounterVec,
+    /// `{outcome}`: `hit` (served from memory) or `miss` (asked Redis).
+    pub near_cache: IntCounterVec,
+    pub near_cache_invalidations: IntCounter,
+    pub near_cache_flushes: IntCounter,
+    pub near_cache_tracking: IntGauge,
 }
 
 impl Metrics {
@@ -182,6 +191,35 @@ impl Metrics {
                 DEAD_LETTERS,
                 "Invalidation events dead-lettered as poison, by source.",
                 &["source"],
+            ),
+            near_cache: counter(
+                NEAR_CACHE,
+                "Near-cache lookups: hit (served from memory) or miss (read from Redis).",
+                &["outcome"],
+            ),
+            near_cache_invalidations: reg(
+                &registry,
+                IntCounter::new(
+                    NEAR_CACHE_INVALIDATIONS,
+                    "Objects dropped from the near cache by invalidation pushes or own writes.",
+                )
+                .expect("valid metric"),
+            ),
+            near_cache_flushes: reg(
+                &registry,
+                IntCounter::new(
+                    NEAR_CACHE_FLUSHES,
+                    "Times the whole near cache was dropped (connection lost, FLUSHALL).",
+                )
+                .expect("valid metric"),
+            ),
+            near_cache_tracking: reg(
+                &registry,
+                IntGauge::new(
+                    NEAR_CACHE_TRACKING,
+                    "1 while the near cache's tracked Redis connection is up.",
+                )
+                .expect("valid metric"),
             ),
             registry,
         }

@@ -64,8 +64,10 @@ fn redis_store(server: &RedisServer) -> Arc<GuardedStore> {
     let cfg = RedisConfig {
         target: RedisTarget::Single(server.url()),
         command_timeout: Duration::from_secs(2),
+        near_cache: None,
     };
-    let store = RedisStore::connect(&cfg, Duration::from_secs(1)).expect("redis store");
+    let store =
+        RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("redis store");
     guarded(Arc::new(store), Some(Duration::from_secs(2)))
 }
 

@@ -12,7 +12,7 @@ mod redis_support;
 
 use bytes::Bytes;
 use redis_support::{RedisCluster, RedisServer};
-use sidecache::config::{RedisConfig, RedisTarget};
+use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
 use sidecache::store::{GuardedStore, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
@@ -617,6 +617,7 @@ fn redis_config(server: &RedisServer, command_timeout: Duration) -> RedisConfig 
     RedisConfig {
         target: RedisTarget::Single(server.url()),
         command_timeout,
+        near_cache: None,
     }
 }
 
@@ -624,8 +625,27 @@ fn redis_store(server: &RedisServer) -> RedisStore {
     RedisStore::connect(
         &redis_config(server, Duration::from_secs(2)),
         Duration::from_secs(1),
+        &Metrics::new(),
     )
     .expect("redis store")
+}
+
+/// A Redis store with the near cache on, its tracked connection up.
+async fn near_store(server: &RedisServer, metrics: &Metrics) -> RedisStore {
+    let cfg = RedisConfig {
+        near_cache: Some(NearCacheConfig {
+            max_bytes: 8 << 20,
+            max_age: Duration::from_secs(30),
+        }),
+        ..redis_config(server, Duration::from_secs(2))
+    };
+    let store =
+        RedisStore::connect(&cfg, Duration::from_millis(100), metrics).expect("redis store");
+    eventually("near cache tracking", || async {
+        metrics.near_cache_tracking.get() == 1
+    })
+    .await;
+    store
 }
 
 macro_rules! suite {
@@ -645,6 +665,17 @@ macro_rules! suite {
                 async fn $name() {
                     let server = super::RedisServer::start();
                     let store = super::redis_store(&server);
+                    super::$name(&store).await;
+                }
+            )*
+        }
+        /// Redis with the near cache: every read first asks process memory.
+        mod redis_near {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let server = super::RedisServer::start();
+                    let store = super::near_store(&server, &super::Metrics::new()).await;
                     super::$name(&store).await;
                 }
             )*
@@ -693,6 +724,7 @@ fn guarded(server: &RedisServer, metrics: &Metrics) -> GuardedStore {
     let store = RedisStore::connect(
         &redis_config(server, COMMAND_TIMEOUT),
         Duration::from_millis(100),
+        metrics,
     )
     .expect("redis store");
     GuardedStore::new(Arc::new(store), Some(COMMAND_TIMEOUT), COOLDOWN, metrics)
@@ -910,8 +942,9 @@ fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStor
     let cfg = RedisConfig {
         target: RedisTarget::Cluster(cluster.urls()),
         command_timeout,
+        near_cache: None,
     };
-    RedisStore::connect(&cfg, Duration::from_secs(1)).expect("cluster store")
+    RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("cluster store")
 }
 
 /// The whole suite on a 3-master cluster (MGET and the scripts only work if
@@ -944,4 +977,173 @@ async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
         store.read(&keys("cluster-paused")).await.is_ok()
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// Near cache: coherent with writes made by other instances.
+// ---------------------------------------------------------------------------
+
+/// Publishes `entry` for `k` through `s` (ticket, lease, publish).
+async fn publish_through(s: &dyn Store, k: &ObjectKeys, entry: Bytes) -> Bytes {
+    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    let outcome = s.publish(k, "o", &ticket, entry, ENTRY_TTL).await.unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+    s.unlock(&k.lease, "o").await.unwrap();
+    ticket
+}
+
+/// Instance A keeps what it read in memory; instance B's invalidation and
+/// B's publish of a new entry reach A through Redis's pushes, so A never
+/// keeps serving what B replaced.
+#[tokio::test]
+async fn near_cache_drops_what_another_instance_changes() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let a = near_store(&server, &metrics).await;
+    let b = redis_store(&server);
+    let k = keys("near-other");
+    let g1 = publish_through(&b, &k, binary_entry(1)).await;
+
+    let read = a.read(&k).await.unwrap();
+    assert_eq!(read.generation.as_ref(), Some(&g1));
+    assert_eq!(a.read_near(&k), Some(read), "A keeps what it read");
+    let hits = metrics.near_cache.with_label_values(&["hit"]).get();
+    assert!(hits >= 1);
+
+    // B invalidates: A's copy goes away, A then reads the new generation.
+    let g2 = b.invalidate(&k.generation, "n2", GEN_TTL).await.unwrap();
+    eventually("A drops the object after B's invalidation", || async {
+        a.read_near(&k).is_none()
+    })
+    .await;
+    assert_eq!(a.read(&k).await.unwrap().generation, Some(g2.clone()));
+
+    // B publishes under the new generation: A's copy (old entry, stamped
+    // with g1 but read together with g2) goes away as well.
+    let _ = a.read(&k).await.unwrap();
+    assert!(a.read_near(&k).is_some());
+    publish_through(&b, &k, binary_entry(2)).await;
+    eventually("A drops the object after B's publish", || async {
+        a.read_near(&k).is_none()
+    })
+    .await;
+    assert_eq!(a.read(&k).await.unwrap().entry, Some(binary_entry(2)));
+    assert!(metrics.near_cache_invalidations.get() >= 2);
+}
+
+/// FLUSHALL (nil invalidation push) and an expired key empty the near cache.
+#[tokio::test]
+async fn near_cache_follows_flushall_and_expiry() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let a = near_store(&server, &metrics).await;
+    let k = keys("near-flush");
+    publish_through(&a, &k, binary_entry(1)).await;
+    a.read(&k).await.unwrap();
+    assert!(a.read_near(&k).is_some());
+    server.cli(&["FLUSHALL"]).unwrap();
+    eventually("FLUSHALL empties the near cache", || async {
+        a.read_near(&k).is_none()
+    })
+    .await;
+    assert_eq!(a.read(&k).await.unwrap(), Snapshot::default());
+
+    let ticket = a.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    assert!(a.try_lease(&k.lease, "o2", LEASE).await.unwrap());
+    let short = Duration::from_millis(200);
+    a.publish(&k, "o2", &ticket, binary_entry(3), short)
+        .await
+        .unwrap();
+    assert_eq!(a.read(&k).await.unwrap().entry, Some(binary_entry(3)));
+    assert!(a.read_near(&k).is_some());
+    eventually("the expired entry leaves the near cache", || async {
+        a.read(&k).await.unwrap().entry.is_none()
+    })
+    .await;
+}
+
+/// The tracked connection is killed: everything read over it is dropped
+/// (pushes may have been lost), a new tracked connection comes up, and
+/// invalidations reach the cache again.
+#[tokio::test]
+async fn near_cache_is_emptied_when_its_connection_dies() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let a = near_store(&server, &metrics).await;
+    let b = redis_store(&server);
+    let k = keys("near-kill");
+    publish_through(&b, &k, binary_entry(1)).await;
+    a.read(&k).await.unwrap();
+    assert!(a.read_near(&k).is_some());
+    let flushes = metrics.near_cache_flushes.get();
+
+    // `t` in CLIENT LIST's flags marks the tracking connection.
+    let list: String =
+        ::redis::FromRedisValue::from_redis_value(server.cli(&["CLIENT", "LIST"]).unwrap())
+            .unwrap();
+    let tracked: Vec<&str> = list
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("flags=") && f.contains('t'))
+        })
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert_eq!(tracked.len(), 1, "one tracked connection: {list}");
+    server.cli(&["CLIENT", "KILL", "ID", tracked[0]]).unwrap();
+
+    eventually("the near cache is emptied", || async {
+        metrics.near_cache_flushes.get() > flushes && a.read_near(&k).is_none()
+    })
+    .await;
+    eventually("a new tracked connection", || async {
+        metrics.near_cache_tracking.get() == 1
+    })
+    .await;
+    a.read(&k).await.unwrap();
+    assert!(
+        a.read_near(&k).is_some(),
+        "kept again over the new connection"
+    );
+    let g2 = b.invalidate(&k.generation, "n2", GEN_TTL).await.unwrap();
+    eventually("invalidations arrive over the new connection", || async {
+        a.read_near(&k).is_none()
+    })
+    .await;
+    assert_eq!(a.read(&k).await.unwrap().generation, Some(g2));
+}
+
+/// Killing Redis empties the near cache at once, so a guarded read fails
+/// (the pipeline then serves degraded) instead of answering from memory
+/// with nothing to keep that memory coherent.
+#[tokio::test]
+async fn near_cache_does_not_outlive_redis() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let cfg = RedisConfig {
+        near_cache: Some(NearCacheConfig {
+            max_bytes: 8 << 20,
+            max_age: Duration::from_secs(30),
+        }),
+        ..redis_config(&server, COMMAND_TIMEOUT)
+    };
+    let inner = RedisStore::connect(&cfg, Duration::from_millis(100), &metrics).unwrap();
+    let store = GuardedStore::new(Arc::new(inner), Some(COMMAND_TIMEOUT), COOLDOWN, &metrics);
+    eventually("near cache tracking", || async {
+        metrics.near_cache_tracking.get() == 1
+    })
+    .await;
+    let k = keys("near-down");
+    publish_through(store.inner().as_ref(), &k, binary_entry(1)).await;
+    store.read(&k).await.unwrap();
+    assert!(store.inner().read_near(&k).is_some());
+
+    server.kill();
+    eventually("the near cache is emptied", || async {
+        store.inner().read_near(&k).is_none()
+    })
+    .await;
+    assert!(store.read(&k).await.is_err());
+    assert_eq!(metrics.near_cache_tracking.get(), 0);
 }

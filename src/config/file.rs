@@ -84,6 +84,20 @@ pub struct FileRedis {
     pub cluster: Option<Vec<String>>,
     #[serde(default = "defaults::command_timeout")]
     pub command_timeout: HumanDuration,
+    #[serde(default)]
+    pub near_cache: Option<FileNearCache>,
+}
+
+/// `store.redis.near_cache`; absent = defaults (on for `url`, off for `cluster`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileNearCache {
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    #[serde(default = "defaults::near_max_bytes")]
+    pub max_bytes: HumanSize,
+    #[serde(default = "defaults::near_max_age")]
+    pub max_age: HumanDuration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,7 +241,7 @@ pub struct FileBloom {
     pub rebuild_every: HumanDuration,
 }
 
-mod defaults {
+pub(super) mod defaults {
     use super::super::units::{HumanDuration, HumanSize};
     use std::time::Duration;
 
@@ -245,6 +259,12 @@ mod defaults {
     }
     pub fn command_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(300))
+    }
+    pub fn near_max_bytes() -> HumanSize {
+        HumanSize(64 << 20)
+    }
+    pub fn near_max_age() -> HumanDuration {
+        HumanDuration(Duration::from_secs(1))
     }
     pub fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))

@@ -65,6 +65,18 @@ pub enum RedisTarget {
 pub struct RedisConfig {
     pub target: RedisTarget,
     pub command_timeout: Duration,
+    /// `None`: every read goes to Redis.
+    pub near_cache: Option<NearCacheConfig>,
+}
+
+/// The in-process copy of hot entries in front of a single-node Redis,
+/// kept coherent by Redis invalidation pushes (see `store::near`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NearCacheConfig {
+    pub max_bytes: u64,
+    /// Longest time an entry is served from memory without asking Redis;
+    /// bounds staleness if invalidation pushes stop arriving unnoticed.
+    pub max_age: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 
 use super::*;
 use http::Method;
+use std::time::Duration;
 
 const BASE: &str = r#"
 version: 1
@@ -203,4 +204,45 @@ fn invalidation_changes_need_a_restart() {
     ))
     .unwrap();
     assert_eq!(a.restart_only_changes(&b), vec!["invalidation.outbox"]);
+}
+
+#[test]
+fn near_cache_defaults_and_limits() {
+    let single = |near: &str| {
+        format!("store:\n  redis:\n    url: redis://127.0.0.1:6379\n{near}{APP}")
+    };
+    let cfg = parse(&single("")).expect("valid");
+    let redis = cfg.store.redis.as_ref().expect("redis");
+    assert_eq!(
+        redis.near_cache,
+        Some(NearCacheConfig {
+            max_bytes: 64 << 20,
+            max_age: Duration::from_secs(1),
+        }),
+        "on by default for a single node"
+    );
+    let cfg = parse(&single("    near_cache: { max_bytes: 8MiB, max_age: 250ms }\n")).expect("valid");
+    assert_eq!(
+        cfg.store.redis.as_ref().and_then(|r| r.near_cache),
+        Some(NearCacheConfig {
+            max_bytes: 8 << 20,
+            max_age: Duration::from_millis(250),
+        })
+    );
+    let off = parse(&single("    near_cache: { enabled: false }\n")).expect("valid");
+    assert_eq!(off.store.redis.as_ref().and_then(|r| r.near_cache), None);
+    assert!(err(&single("    near_cache: { max_bytes: 1KiB }\n"))
+        .contains("store.redis.near_cache.max_bytes"));
+    assert!(err(&single("    near_cache: { max_age: 0s }\n"))
+        .contains("store.redis.near_cache.max_age"));
+
+    let cluster = "store:\n  redis:\n    cluster: [redis://127.0.0.1:7000]\n";
+    let cfg = parse(&format!("{cluster}{APP}")).expect("valid");
+    assert_eq!(
+        cfg.store.redis.as_ref().and_then(|r| r.near_cache),
+        None,
+        "off by default for a cluster"
+    );
+    assert!(err(&format!("{cluster}    near_cache: {{ enabled: true }}\n{APP}"))
+        .contains("store.redis.near_cache"));
 }

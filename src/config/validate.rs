@@ -3,11 +3,11 @@
 //! (unique names, no two routes that could match one request).
 
 use super::file::FileStreamStart;
-use super::file::{FileConfig, FileQuery, FileQueryMode, FileRoute};
+use super::file::{defaults, FileConfig, FileNearCache, FileQuery, FileQueryMode, FileRoute};
 use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
 use super::{
-    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, OutboxConfig, RedisConfig,
-    RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, NearCacheConfig,
+    OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -151,9 +151,11 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
             if r.command_timeout.0.is_zero() {
                 return err("store.redis.command_timeout", "must be greater than zero");
             }
+            let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
             Some(RedisConfig {
                 target,
                 command_timeout: r.command_timeout.0,
+                near_cache,
             })
         }
     };
@@ -165,6 +167,40 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
         namespace: s.namespace.clone(),
         breaker_cooldown: s.breaker.cooldown.0,
     })
+}
+
+fn near_cache(
+    raw: Option<&FileNearCache>,
+    target: &RedisTarget,
+) -> Result<Option<NearCacheConfig>> {
+    let at = "store.redis.near_cache";
+    let cluster = matches!(target, RedisTarget::Cluster(_));
+    let Some(n) = raw else {
+        // On by default where it is supported.
+        return Ok((!cluster).then_some(NearCacheConfig {
+            max_bytes: defaults::near_max_bytes().0,
+            max_age: defaults::near_max_age().0,
+        }));
+    };
+    if !n.enabled {
+        return Ok(None);
+    }
+    if cluster {
+        return err(
+            at,
+            "not supported with store.redis.cluster yet (set `enabled: false` or use `url`)",
+        );
+    }
+    if n.max_bytes.0 < 1 << 20 {
+        return err(format!("{at}.max_bytes"), "must be at least 1MiB");
+    }
+    if n.max_age.0.is_zero() || n.max_age.0 > Duration::from_secs(60) {
+        return err(format!("{at}.max_age"), "must be between 1ms and 60s");
+    }
+    Ok(Some(NearCacheConfig {
+        max_bytes: n.max_bytes.0,
+        max_age: n.max_age.0,
+    }))
 }
 
 fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationConfig> {

@@ -132,6 +132,12 @@ impl GuardedStore {
     }
 
     pub async fn read(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
+        // A near-cache answer is coherent with Redis by construction (its
+        // tracked connection is alive) and costs no round trip: no breaker
+        // admission or timeout needed.
+        if let Some(snapshot) = self.inner.read_near(keys) {
+            return Ok(snapshot);
+        }
         self.call(Op::Read, |s| s.read(keys)).await
     }
 
@@ -216,7 +222,7 @@ pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedSto
             // the breaker's next probe.
             let heartbeat =
                 (cooldown / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
-            let store = RedisStore::connect(redis, heartbeat)?;
+            let store = RedisStore::connect(redis, heartbeat, metrics)?;
             tracing::info!(
                 kind = store.kind(),
                 "store configured (connecting in the background)"

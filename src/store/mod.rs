@@ -6,7 +6,9 @@
 //!
 //! The trait speaks in keys the caller built (see `pipeline::key`), so both
 //! backends implement exactly the same protocol (SPEC §5.1):
-//! - `read`: one round trip for the entry and the object's generation;
+//! - `read`: one round trip for the entry and the object's generation
+//!   (`read_near`: the same answer from process memory, where the backend
+//!   keeps a coherent copy: the Redis near cache, [`near`]);
 //! - `ticket`: current generation, created fresh if missing — never absent;
 //! - `try_lease` / `unlock`: `SET NX PX` with an owner token, compare-and-delete;
 //! - `publish`: write the entry only if the lease is still ours and the
@@ -22,6 +24,7 @@ pub mod bloom;
 pub mod breaker;
 pub mod guarded;
 pub mod memory;
+pub mod near;
 pub mod redis;
 pub mod scripts;
 
@@ -80,6 +83,12 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>>;
+
+    /// The answer `read` would give, if the backend holds it in process
+    /// (the Redis near cache); `None` means "ask with `read`". Never blocks.
+    fn read_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {
+        None
+    }
 
     /// `SET lease owner NX PX ttl`: true if we now hold the lease.
     fn try_lease<'a>(

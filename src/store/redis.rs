@@ -19,15 +19,21 @@
 //!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
 //!   so it is set in both places. The cluster test fails without them.
 
+use super::near::{self, NearCache};
 use super::scripts;
 use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
+use crate::metrics::Metrics;
 use bytes::Bytes;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::{
+    Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, Script,
+    Value,
+};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[path = "redis_bloom.rs"]
@@ -47,8 +53,10 @@ const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 pub struct RedisStore {
     conn: Conn,
     kind: &'static str,
-    /// Aborted on drop so the heartbeat does not outlive the store.
-    heartbeat: tokio::task::AbortHandle,
+    near: Option<Arc<NearCache>>,
+    /// Background tasks (heartbeat, near-cache keeper), aborted on drop so
+    /// they do not outlive the store.
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 /// A clonable handle to either kind of connection; clones share the one
@@ -92,10 +100,18 @@ impl RedisStore {
     /// Fails only on a malformed URL. `heartbeat` is how often a background
     /// `PING` keeps the connection established; it should be shorter than
     /// the breaker cooldown. Must be called inside a Tokio runtime.
-    pub fn connect(cfg: &RedisConfig, heartbeat: Duration) -> Result<RedisStore, StoreError> {
+    /// With `cfg.near_cache`, reads are also answered from the near cache
+    /// (see [`super::near`]), whose metrics go to `metrics`.
+    pub fn connect(
+        cfg: &RedisConfig,
+        heartbeat: Duration,
+        metrics: &Metrics,
+    ) -> Result<RedisStore, StoreError> {
         let command_timeout = cfg.command_timeout;
         let connect_timeout = command_timeout.max(MIN_CONNECT_TIMEOUT);
         let tcp = TcpSettings::default().set_nodelay(true);
+        let mut tasks = Vec::new();
+        let mut near = None;
         let (conn, kind) = match &cfg.target {
             RedisTarget::Single(url) => {
                 let info = url
@@ -103,6 +119,25 @@ impl RedisStore {
                     .into_connection_info()
                     .map_err(config_error)?
                     .set_tcp_settings(tcp);
+                if let Some(near_cfg) = &cfg.near_cache {
+                    // Invalidation pushes need RESP3.
+                    let settings = info
+                        .redis_settings()
+                        .clone()
+                        .set_protocol(ProtocolVersion::RESP3);
+                    let tracked_client =
+                        redis::Client::open(info.clone().set_redis_settings(settings))
+                            .map_err(config_error)?;
+                    let cache = Arc::new(NearCache::new(near_cfg, metrics));
+                    let keeper = near::keep_tracked(
+                        cache.clone(),
+                        tracked_client,
+                        heartbeat,
+                        command_timeout,
+                    );
+                    tasks.push(tokio::spawn(keeper).abort_handle());
+                    near = Some(cache);
+                }
                 let client = redis::Client::open(info).map_err(config_error)?;
                 let manager_cfg = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(command_timeout))
@@ -134,12 +169,14 @@ impl RedisStore {
                 (Conn::Cluster(conn), "redis-cluster")
             }
         };
-        let heartbeat =
-            tokio::spawn(keep_alive(conn.clone(), heartbeat, command_timeout)).abort_handle();
+        tasks.push(
+            tokio::spawn(keep_alive(conn.clone(), heartbeat, command_timeout)).abort_handle(),
+        );
         Ok(RedisStore {
             conn,
             kind,
-            heartbeat,
+            near,
+            tasks,
         })
     }
 
@@ -165,13 +202,24 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(map_error)?;
+        self.forget(gen_key);
         Ok(Bytes::from(generation))
+    }
+
+    /// After our own write to an object: drop it from the near cache now,
+    /// rather than when Redis's push arrives.
+    fn forget(&self, key: &str) {
+        if let Some(near) = &self.near {
+            near.forget(key.as_bytes());
+        }
     }
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        self.heartbeat.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -225,19 +273,26 @@ impl Store for RedisStore {
         self.kind
     }
 
+    fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        self.near.as_ref()?.get(keys)
+    }
+
     fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let (entry, generation): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("MGET")
-                .arg(&keys.entry)
-                .arg(&keys.generation)
-                .query_async(&mut conn)
-                .await
-                .map_err(map_error)?;
-            Ok(Snapshot {
-                entry: entry.map(Bytes::from),
-                generation: generation.map(Bytes::from),
-            })
+            // Over the tracked connection when there is one, so Redis
+            // reports later changes of these keys and the answer may be kept.
+            if let Some(near) = &self.near {
+                if let Some(snapshot) = near.get(keys) {
+                    return Ok(snapshot);
+                }
+                if let Some(tracked) = near.tracked() {
+                    let epoch = near.epoch(keys);
+                    let snapshot = mget(&mut tracked.conn.clone(), keys).await?;
+                    near.offer(keys, epoch, &snapshot);
+                    return Ok(snapshot);
+                }
+            }
+            mget(&mut self.conn.clone(), keys).await
         })
     }
 
@@ -296,6 +351,7 @@ impl Store for RedisStore {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
+            self.forget(&keys.entry);
             match code {
                 1 => Ok(PublishOutcome::Published),
                 0 => Ok(PublishOutcome::LeaseLost),
@@ -337,6 +393,7 @@ impl Store for RedisStore {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
+            self.forget(key);
             Ok(deleted == 1)
         })
     }
@@ -363,9 +420,15 @@ impl Store for RedisStore {
             }
             let mut conn = self.conn.clone();
             match &mut conn {
-                Conn::Single(_) => invalidate_pipelined(&mut conn, gen_keys, nonce, px(gen_ttl))
-                    .await
-                    .map_err(map_error),
+                Conn::Single(_) => {
+                    invalidate_pipelined(&mut conn, gen_keys, nonce, px(gen_ttl))
+                        .await
+                        .map_err(map_error)?;
+                    for key in gen_keys {
+                        self.forget(key);
+                    }
+                    Ok(())
+                }
                 // A cluster pipeline is routed by its first key: keys of
                 // other slots would be refused. Concurrent single calls keep
                 // the latency at about one round trip instead.
@@ -389,6 +452,20 @@ impl Store for RedisStore {
             }
         })
     }
+}
+
+/// Entry and generation of one object in one round trip.
+async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
+    let (entry, generation): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("MGET")
+        .arg(&keys.entry)
+        .arg(&keys.generation)
+        .query_async(conn)
+        .await
+        .map_err(map_error)?;
+    Ok(Snapshot {
+        entry: entry.map(Bytes::from),
+        generation: generation.map(Bytes::from),
+    })
 }
 
 /// One pipeline of `EVALSHA invalidate` per key. A pipeline cannot fall back
@@ -435,8 +512,9 @@ mod tests {
         let cfg = RedisConfig {
             target: RedisTarget::Single("redis://127.0.0.1:1/0".into()),
             command_timeout: Duration::from_millis(200),
+            near_cache: None,
         };
-        let store = RedisStore::connect(&cfg, Duration::from_secs(1)).unwrap();
+        let store = RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).unwrap();
         let keys = ObjectKeys {
             entry: "e".into(),
             generation: "g".into(),
@@ -458,7 +536,8 @@ mod tests {
         let cfg = RedisConfig {
             target: RedisTarget::Single("not a url".into()),
             command_timeout: Duration::from_millis(200),
+            near_cache: None,
         };
-        assert!(RedisStore::connect(&cfg, Duration::from_secs(1)).is_err());
+        assert!(RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).is_err());
     }
 }

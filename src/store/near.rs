@@ -1,0 +1,512 @@
+//! The near cache: an in-process copy of recently read objects in front of
+//! a single-node Redis, kept coherent by Redis's server-assisted client-side
+//! caching (`CLIENT TRACKING`, RESP3 invalidation pushes).
+//!
+//! Reads that may fill it go over one dedicated connection with tracking on,
+//! so Redis remembers which keys this instance holds and pushes the key
+//! names as soon as anything modifies them (an invalidation, a publish, an
+//! expiry, an eviction, `FLUSHALL`). A push drops the whole object (entry
+//! variants and generation). What it guarantees:
+//!
+//! - **No stale insert.** Each read notes its object's epoch before it is
+//!   sent; pushes bump the epoch (synchronously, in the connection's reader,
+//!   before later replies are handed out), and a reply is kept only if the
+//!   epoch has not moved. Checking and inserting happen under the same lock
+//!   as bumping and removing. redis-rs's own `cache-aio` inserts after the
+//!   reply without such a check, so a push that overtakes the insert leaves
+//!   a stale value for the whole client TTL; that is why this is not it.
+//! - **Own writes are visible at once.** The Redis store calls [`NearCache::forget`]
+//!   after every write it makes (publish, invalidate, compare-and-delete),
+//!   so a write-through invalidation is never followed by an old answer
+//!   from this instance.
+//! - **Other instances' writes** are visible here when their push arrives
+//!   (the same event-loop turn of Redis that runs the write sends it).
+//! - **Lost connection = empty cache.** A disconnect or a failed heartbeat
+//!   drops the connection and everything read over it; a new connection
+//!   starts empty, and reads go to the shared connection until it is up. `max_age` bounds how long an entry is
+//!   served without asking Redis, which bounds staleness if pushes stop
+//!   arriving without the connection noticing (a silent network partition).
+
+use super::{ObjectKeys, Snapshot};
+use crate::config::NearCacheConfig;
+use crate::metrics::Metrics;
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use prometheus::{IntCounter, IntGauge};
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind, Value};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// Epoch buckets: a push refuses the in-flight inserts of 1/64th of the
+/// objects, not of all of them.
+const BUCKETS: usize = 64;
+/// Bookkeeping bytes per object, on top of keys and values.
+const OBJECT_OVERHEAD: u64 = 96;
+
+/// One cached object: its generation and the entries of the variants read.
+struct Object {
+    generation: Bytes,
+    /// `(entry key suffix after the object's `}`, raw entry)`.
+    variants: Vec<(Box<str>, Bytes)>,
+    expires: Instant,
+    weight: u64,
+}
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl quick_cache::Weighter<Box<str>, Arc<Object>> for ByBytes {
+    fn weight(&self, _key: &Box<str>, obj: &Arc<Object>) -> u64 {
+        obj.weight
+    }
+}
+
+/// The connection reads go over while tracking is on.
+pub struct Tracked {
+    pub id: u64,
+    pub conn: MultiplexedConnection,
+}
+
+/// The near cache's metric handles, resolved once.
+struct NearMetrics {
+    hits: IntCounter,
+    misses: IntCounter,
+    invalidations: IntCounter,
+    flushes: IntCounter,
+    tracking: IntGauge,
+}
+
+pub struct NearCache {
+    objects: quick_cache::sync::Cache<Box<str>, Arc<Object>, ByBytes>,
+    epochs: [AtomicU64; BUCKETS],
+    /// Serialises "check epoch, insert" against "bump epoch, remove".
+    write: Mutex<()>,
+    hasher: RandomState,
+    max_age: Duration,
+    tracked: ArcSwapOption<Tracked>,
+    next_id: AtomicU64,
+    /// Wakes the keeper when the tracked connection is lost.
+    pub(super) lost: Notify,
+    metrics: NearMetrics,
+}
+
+/// Splits `<ns>o:{<route>:<params>}:<suffix>` into the object part (up to
+/// and including `}`) and the suffix. Params are percent-encoded, so the
+/// first `}` after the first `{` ends the object.
+fn split_key(key: &str) -> Option<(&str, &str)> {
+    let open = key.find('{')?;
+    let close = open + key[open..].find('}')?;
+    Some(key.split_at(close + 1))
+}
+
+impl NearCache {
+    pub fn new(cfg: &NearCacheConfig, metrics: &Metrics) -> NearCache {
+        let estimated_items = usize::try_from(cfg.max_bytes / 2048)
+            .unwrap_or(1 << 20)
+            .max(64);
+        NearCache {
+            objects: quick_cache::sync::Cache::with_weighter(
+                estimated_items,
+                cfg.max_bytes,
+                ByBytes,
+            ),
+            epochs: std::array::from_fn(|_| AtomicU64::new(0)),
+            write: Mutex::new(()),
+            hasher: RandomState::new(),
+            max_age: cfg.max_age,
+            tracked: ArcSwapOption::empty(),
+            next_id: AtomicU64::new(1),
+            lost: Notify::new(),
+            metrics: NearMetrics {
+                hits: metrics.near_cache.with_label_values(&["hit"]),
+                misses: metrics.near_cache.with_label_values(&["miss"]),
+                invalidations: metrics.near_cache_invalidations.clone(),
+                flushes: metrics.near_cache_flushes.clone(),
+                tracking: metrics.near_cache_tracking.clone(),
+            },
+        }
+    }
+
+    fn bucket(&self, object: &str) -> &AtomicU64 {
+        &self.epochs[(self.hasher.hash_one(object) as usize) % BUCKETS]
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        // The guarded data is `()`: a panic elsewhere cannot leave it torn.
+        self.write.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object's entry and generation if held and younger than `max_age`.
+    pub fn get(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        let found = split_key(&keys.entry).and_then(|(object, suffix)| {
+            let obj = self.objects.get(object)?;
+            if Instant::now() >= obj.expires {
+                return None;
+            }
+            let (_, entry) = obj.variants.iter().find(|(s, _)| &**s == suffix)?;
+            Some(Snapshot {
+                entry: Some(entry.clone()),
+                generation: Some(obj.generation.clone()),
+            })
+        });
+        match found {
+            Some(_) => self.metrics.hits.inc(),
+            None => self.metrics.misses.inc(),
+        }
+        found
+    }
+
+    /// The tracked connection, if one is up.
+    pub fn tracked(&self) -> Option<Arc<Tracked>> {
+        self.tracked.load_full()
+    }
+
+    /// The epoch to note before sending a read of `keys`.
+    pub fn epoch(&self, keys: &ObjectKeys) -> u64 {
+        match split_key(&keys.entry) {
+            Some((object, _)) => self.bucket(object).load(Ordering::Acquire),
+            None => u64::MAX,
+        }
+    }
+
+    /// Keeps what a tracked read returned, unless anything invalidated the
+    /// object's bucket since `epoch` was noted. Only complete hits are kept
+    /// (entry and generation present); the pipeline still judges them.
+    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, snapshot: &Snapshot) {
+        let (Some(entry), Some(generation)) = (&snapshot.entry, &snapshot.generation) else {
+            return;
+        };
+        let Some((object, suffix)) = split_key(&keys.entry) else {
+            return;
+        };
+        let _guard = self.lock();
+        if self.bucket(object).load(Ordering::Acquire) != epoch {
+            return;
+        }
+        let now = Instant::now();
+        // Keep the other variants read under the same generation.
+        let mut variants: Vec<(Box<str>, Bytes)> = match self.objects.get(object) {
+            Some(old) if old.generation == *generation && now < old.expires => old
+                .variants
+                .iter()
+                .filter(|(s, _)| &**s != suffix)
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        variants.push((suffix.into(), entry.clone()));
+        let weight = OBJECT_OVERHEAD
+            + object.len() as u64
+            + generation.len() as u64
+            + variants
+                .iter()
+                .map(|(s, e)| (s.len() + e.len()) as u64 + 32)
+                .sum::<u64>();
+        let obj = Object {
+            generation: generation.clone(),
+            variants,
+            expires: now + self.max_age,
+            weight,
+        };
+        self.objects.insert(object.into(), Arc::new(obj));
+    }
+
+    /// Drops the object `key` belongs to (any of its keys will do) and
+    /// refuses reads of it that are in flight.
+    pub fn forget(&self, key: &[u8]) {
+        let Ok(key) = std::str::from_utf8(key) else {
+            return;
+        };
+        let Some((object, _)) = split_key(key) else {
+            return;
+        };
+        let _guard = self.lock();
+        self.bucket(object).fetch_add(1, Ordering::AcqRel);
+        self.objects.remove(object);
+        self.metrics.invalidations.inc();
+    }
+
+    /// Drops everything and refuses every read in flight.
+    pub fn flush(&self) {
+        let _guard = self.lock();
+        for epoch in &self.epochs {
+            epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        self.objects.clear();
+        self.metrics.flushes.inc();
+    }
+
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes `conn` (tracking already on) the connection reads go over.
+    pub(super) fn install(&self, id: u64, conn: MultiplexedConnection) {
+        self.tracked.store(Some(Arc::new(Tracked { id, conn })));
+        self.metrics.tracking.set(1);
+    }
+
+    /// Connection `id` can no longer be trusted to deliver pushes: stop
+    /// using it and drop what was read over it. A no-op for a connection
+    /// that was already replaced.
+    pub fn lost(&self, id: u64) {
+        let current = self.tracked.load();
+        if current.as_ref().map(|t| t.id) != Some(id) {
+            return;
+        }
+        // Stop new reads over it before emptying, so nothing read over it
+        // after the flush can be inserted (their epochs are older).
+        self.tracked.store(None);
+        self.metrics.tracking.set(0);
+        self.flush();
+        self.lost.notify_one();
+    }
+
+    /// Handles a push from connection `id` (called by its reader, in order
+    /// with the replies).
+    pub fn on_push(&self, id: u64, push: PushInfo) {
+        match push.kind {
+            PushKind::Invalidate => match push.data.first() {
+                Some(Value::Array(keys)) => {
+                    for key in keys {
+                        if let Value::BulkString(k) = key {
+                            self.forget(k);
+                        }
+                    }
+                }
+                // Redis sends nil after FLUSHALL / FLUSHDB.
+                _ => self.flush(),
+            },
+            PushKind::Disconnection => self.lost(id),
+            _ => {}
+        }
+    }
+}
+
+/// Keeps a tracked connection up for `near`: connect with RESP3, turn
+/// tracking on, install it, ping it every `every`; on loss, reconnect with a
+/// capped backoff. Runs until aborted.
+pub(super) async fn keep_tracked(
+    near: Arc<NearCache>,
+    client: redis::Client,
+    every: Duration,
+    timeout: Duration,
+) {
+    const MIN_BACKOFF: Duration = Duration::from_millis(50);
+    const MAX_BACKOFF: Duration = Duration::from_secs(2);
+    let mut backoff = MIN_BACKOFF;
+    let mut was_up = None;
+    loop {
+        let id = near.next_id();
+        match open_tracked(&near, &client, id, timeout).await {
+            Ok(conn) => {
+                backoff = MIN_BACKOFF;
+                near.install(id, conn.clone());
+                tracing::info!("near cache: tracked connection up");
+                was_up = Some(true);
+                supervise(&near, id, conn, every, timeout).await;
+                tracing::warn!("near cache: tracked connection lost, cache emptied");
+            }
+            Err(e) => {
+                if was_up != Some(false) {
+                    tracing::warn!(error = %e, "near cache: no tracked connection, reads go to redis");
+                }
+                was_up = Some(false);
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn open_tracked(
+    near: &Arc<NearCache>,
+    client: &redis::Client,
+    id: u64,
+    timeout: Duration,
+) -> Result<MultiplexedConnection, redis::RedisError> {
+    // Weak: the connection's reader holds this closure, and the cache holds
+    // the connection.
+    let weak = Arc::downgrade(near);
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .set_response_timeout(Some(timeout))
+        .set_push_sender(move |push: PushInfo| {
+            if let Some(near) = weak.upgrade() {
+                near.on_push(id, push);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    redis::cmd("CLIENT")
+        .arg("TRACKING")
+        .arg("ON")
+        .query_async::<()>(&mut conn)
+        .await?;
+    Ok(conn)
+}
+
+/// Returns once connection `id` is lost (push reader saw it close, or a
+/// heartbeat failed).
+async fn supervise(
+    near: &NearCache,
+    id: u64,
+    mut conn: MultiplexedConnection,
+    every: Duration,
+    timeout: Duration,
+) {
+    let ping = redis::cmd("PING");
+    loop {
+        tokio::select! {
+            _ = near.lost.notified() => {}
+            _ = tokio::time::sleep(every) => {}
+        }
+        if near.tracked().map(|t| t.id) != Some(id) {
+            return;
+        }
+        let alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await;
+        if !matches!(alive, Ok(Ok(()))) {
+            near.lost(id);
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::key::object_keys;
+
+    fn cache(max_age: Duration) -> NearCache {
+        NearCache::new(
+            &NearCacheConfig {
+                max_bytes: 1 << 20,
+                max_age,
+            },
+            &Metrics::new(),
+        )
+    }
+
+    fn snap(entry: &'static str, generation: &'static str) -> Snapshot {
+        Snapshot {
+            entry: Some(Bytes::from_static(entry.as_bytes())),
+            generation: Some(Bytes::from_static(generation.as_bytes())),
+        }
+    }
+
+    #[test]
+    fn split_key_cuts_after_the_object() {
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        assert_eq!(split_key(&k.entry), Some(("sc:o:{app:acme:1}", ":e:v1:v1")));
+        assert_eq!(split_key(&k.generation), Some(("sc:o:{app:acme:1}", ":g")));
+        assert_eq!(split_key("no-braces"), None);
+    }
+
+    #[test]
+    fn offer_then_get_and_push_removes() {
+        let c = cache(Duration::from_secs(60));
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        assert_eq!(c.get(&k), None);
+        let e = c.epoch(&k);
+        c.offer(&k, e, &snap("E", "g1"));
+        assert_eq!(c.get(&k), Some(snap("E", "g1")));
+        // A push for the generation key drops the entry too.
+        c.on_push(
+            1,
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Array(vec![Value::BulkString(
+                    k.generation.clone().into_bytes(),
+                )])],
+            },
+        );
+        assert_eq!(c.get(&k), None);
+    }
+
+    #[test]
+    fn a_reply_overtaken_by_a_push_is_not_kept() {
+        let c = cache(Duration::from_secs(60));
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        let e = c.epoch(&k);
+        // The push for the key arrives between the reply and the insert.
+        c.forget(k.entry.as_bytes());
+        c.offer(&k, e, &snap("OLD", "g1"));
+        assert_eq!(c.get(&k), None);
+        // A read noted after the push is kept.
+        let e = c.epoch(&k);
+        c.offer(&k, e, &snap("NEW", "g2"));
+        assert_eq!(c.get(&k), Some(snap("NEW", "g2")));
+    }
+
+    #[test]
+    fn variants_share_the_generation() {
+        let c = cache(Duration::from_secs(60));
+        let a = object_keys("sc:", "app:acme:1", "a");
+        let b = object_keys("sc:", "app:acme:1", "b");
+        c.offer(&a, c.epoch(&a), &snap("A", "g1"));
+        c.offer(&b, c.epoch(&b), &snap("B", "g1"));
+        assert_eq!(c.get(&a), Some(snap("A", "g1")));
+        assert_eq!(c.get(&b), Some(snap("B", "g1")));
+        // A newer generation replaces the object: `a` is no longer held.
+        c.offer(&b, c.epoch(&b), &snap("B2", "g2"));
+        assert_eq!(c.get(&a), None);
+        assert_eq!(c.get(&b), Some(snap("B2", "g2")));
+    }
+
+    #[test]
+    fn misses_flush_and_age_are_not_kept() {
+        let c = cache(Duration::from_secs(60));
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        c.offer(
+            &k,
+            c.epoch(&k),
+            &Snapshot {
+                entry: None,
+                generation: Some(Bytes::from_static(b"g1")),
+            },
+        );
+        assert_eq!(c.get(&k), None);
+        c.offer(&k, c.epoch(&k), &snap("E", "g1"));
+        c.on_push(
+            1,
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Nil],
+            },
+        );
+        assert_eq!(c.get(&k), None);
+
+        let young = cache(Duration::from_millis(1));
+        young.offer(&k, young.epoch(&k), &snap("E", "g1"));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(young.get(&k), None);
+    }
+
+    #[test]
+    fn losing_the_connection_empties_the_cache() {
+        let c = cache(Duration::from_secs(60));
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        let e = c.epoch(&k);
+        c.offer(&k, e, &snap("E", "g1"));
+        // No connection installed: a Disconnection from connection 7 is stale.
+        c.on_push(
+            7,
+            PushInfo {
+                kind: PushKind::Disconnection,
+                data: vec![],
+            },
+        );
+        assert!(c.get(&k).is_some());
+        c.flush();
+        assert_eq!(c.get(&k), None);
+        // A read in flight across the flush is refused.
+        c.offer(&k, e, &snap("E", "g1"));
+        assert_eq!(c.get(&k), None);
+    }
+}
