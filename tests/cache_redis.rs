@@ -219,6 +219,49 @@ async fn negative_entries_are_shared_across_instances() {
     assert_eq!(x_cache(&client::get(&a.url(missing)).await), "NEGATIVE");
 }
 
+/// Two instances with their near caches (max_age far beyond the test): hits
+/// on A come from A's memory, and an invalidation made through B reaches A
+/// through Redis's push, not through A's entry growing old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let store = format!(
+        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
+        redis.url()
+    );
+    let a = builder(&redis, &origin, "").store(&store).start().await;
+    let b = builder(&redis, &origin, "").store(&store).start().await;
+    assert_eq!(x_cache(&client::get(&a.url(P)).await), "MISS");
+    for _ in 0..4 {
+        let r = client::get(&a.url(P)).await;
+        assert_eq!(x_cache(&r), "HIT");
+        assert_eq!(r.text(), origin.default_body(P));
+    }
+    let near_hits = a
+        .metric_sum("sidecache_near_cache_total", &[("outcome", "hit")])
+        .await;
+    assert!(near_hits >= 3.0, "hits from memory: {near_hits}");
+    assert_eq!(origin.hits(P), 1);
+
+    origin.reply(P, Reply::ok("version 2"));
+    let r = client::request(
+        "POST",
+        &b.admin_url("/admin/invalidate"),
+        &[("content-type", "application/json")],
+        r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    eventually(
+        "A to answer the new version",
+        Duration::from_secs(2),
+        || async { client::get(&a.url(P)).await.text() == "version 2" },
+    )
+    .await;
+    assert_eq!(origin.hits(P), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_generation_between_ticket_and_publish_is_rejected() {
     let redis = RedisServer::start();
@@ -421,6 +464,17 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
 
     redis.kill();
+    // Until sidecache notices the closed connection, the near cache may
+    // still answer (nothing can change in a dead Redis); noticing takes
+    // one event-loop turn, not a timeout.
+    let noticed = Instant::now();
+    eventually(
+        "the near cache to drop its connection",
+        Duration::from_secs(1),
+        || async { sc.metric_sum("sidecache_near_cache_tracking", &[]).await == 0.0 },
+    )
+    .await;
+    assert!(noticed.elapsed() < Duration::from_secs(1));
     for _ in 0..3 {
         let t = Instant::now();
         let r = client::get(&sc.url(P)).await;

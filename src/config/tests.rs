@@ -208,9 +208,8 @@ fn invalidation_changes_need_a_restart() {
 
 #[test]
 fn near_cache_defaults_and_limits() {
-    let single = |near: &str| {
-        format!("store:\n  redis:\n    url: redis://127.0.0.1:6379\n{near}{APP}")
-    };
+    let single =
+        |near: &str| format!("store:\n  redis:\n    url: redis://127.0.0.1:6379\n{near}{APP}");
     let cfg = parse(&single("")).expect("valid");
     let redis = cfg.store.redis.as_ref().expect("redis");
     assert_eq!(
@@ -221,7 +220,10 @@ fn near_cache_defaults_and_limits() {
         }),
         "on by default for a single node"
     );
-    let cfg = parse(&single("    near_cache: { max_bytes: 8MiB, max_age: 250ms }\n")).expect("valid");
+    let cfg = parse(&single(
+        "    near_cache: { max_bytes: 8MiB, max_age: 250ms }\n",
+    ))
+    .expect("valid");
     assert_eq!(
         cfg.store.redis.as_ref().and_then(|r| r.near_cache),
         Some(NearCacheConfig {
@@ -243,6 +245,8 @@ fn near_cache_defaults_and_limits() {
         None,
         "off by default for a cluster"
     );
-    assert!(err(&format!("{cluster}    near_cache: {{ enabled: true }}\n{APP}"))
-        .contains("store.redis.near_cache"));
+    assert!(err(&format!(
+        "{cluster}    near_cache: {{ enabled: true }}\n{APP}"
+    ))
+    .contains("store.redis.near_cache"));
 }
