@@ -12,7 +12,7 @@
 #
 #   CALLGRIND_PATH [/api/tenants/acme/apps/1]  path to request (cached route: a HIT)
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
-#   CALLGRIND_STORE [redis]    redis | embedded
+#   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -49,12 +49,13 @@ origin_port=$(port)
 "$upstream_bin" --listen "127.0.0.1:$origin_port" --apps 100 --payload-bytes 1024 >"$work/origin.log" 2>&1 &
 pids+=($!)
 store_yaml="store: { namespace: \"cg:\" }"
-if [[ $store == redis ]]; then
+if [[ $store == redis* ]]; then
     redis_port=$(port)
     redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
         >"$work/redis.log" 2>&1 &
     pids+=($!)
-    store_yaml="store: { namespace: \"cg:\", redis: { url: \"redis://127.0.0.1:$redis_port/0\" } }"
+    near=$([[ $store == redis ]] && echo true || echo false)
+    store_yaml="store: { namespace: \"cg:\", redis: { url: \"redis://127.0.0.1:$redis_port/0\", near_cache: { enabled: $near } } }"
 fi
 proxy_port=$(port)
 admin_port=$(port)

@@ -38,7 +38,7 @@
 #   BENCH_CONNECTIONS [32]   wrk connections
 #   BENCH_PAYLOAD_BYTES [1024]  size the origin pads each app document to
 #   BENCH_SYSTEMS ["origin nginx sidecache"]  which systems to measure
-#   BENCH_SIDECACHE_STORE [redis]  redis | embedded
+#   BENCH_SIDECACHE_STORE [redis]  redis | redis-direct (near cache off) | embedded
 #   BENCH_PIN [1]            pin servers and wrk to separate CPUs with taskset
 #   BENCH_SERVER_CPUS [0]    CPUs for origin, redis, nginx, sidecache
 #   BENCH_LOAD_CPUS [1]      CPUs for wrk
@@ -94,7 +94,8 @@ for v in DURATION:duration WARMUP:warmup ROUNDS:rounds THREADS:threads CONNECTIO
     [[ $value =~ ^[0-9]+$ && $value -gt 0 ]] || die "BENCH_${v%%:*} must be a positive integer (got '$value')"
 done
 ((connections >= threads)) || die "BENCH_CONNECTIONS must be at least BENCH_THREADS"
-[[ $store == redis || $store == embedded ]] || die "BENCH_SIDECACHE_STORE must be redis or embedded"
+[[ $store == redis || $store == redis-direct || $store == embedded ]] ||
+    die "BENCH_SIDECACHE_STORE must be redis, redis-direct or embedded"
 has() { local s; for s in "${systems[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 for s in "${systems[@]}"; do
     [[ $s == origin || $s == nginx || $s == sidecache ]] ||
@@ -119,7 +120,7 @@ fi
 # ---------------------------------------------------------------- tools ----
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 need_redis=0
-has sidecache && [[ $store == redis ]] && need_redis=1
+has sidecache && [[ $store == redis* ]] && need_redis=1
 missing=()
 if has nginx && [[ ! -x $nginx_bin ]]; then
     missing+=(nginx)
@@ -249,10 +250,11 @@ start_sidecache() {
     local name=$1 upstream=$2 namespace=$3 proxy_port admin_port store_yaml
     proxy_port=$(free_port)
     admin_port=$(free_port)
-    if [[ $store == redis ]]; then
+    if [[ $store == redis* ]]; then
         store_yaml="store:
   redis:
     url: redis://127.0.0.1:$redis_port/0
+    near_cache: { enabled: $([[ $store == redis ]] && echo true || echo false) }
   namespace: \"$namespace\""
     else
         store_yaml="store:

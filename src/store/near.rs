@@ -254,12 +254,12 @@ impl NearCache {
     /// using it and drop what was read over it. A no-op for a connection
     /// that was already replaced.
     pub fn lost(&self, id: u64) {
-        let current = self.tracked.load();
-        if current.as_ref().map(|t| t.id) != Some(id) {
+        if self.tracked.load().as_ref().map(|t| t.id) != Some(id) {
             return;
         }
-        // Stop new reads over it before emptying, so nothing read over it
-        // after the flush can be inserted (their epochs are older).
+        // Readers note the epoch before they load the connection: one that
+        // noted it before the flush below is refused at insert, one that
+        // noted it after finds no connection here.
         self.tracked.store(None);
         self.metrics.tracking.set(0);
         self.flush();

@@ -285,8 +285,10 @@ impl Store for RedisStore {
                 if let Some(snapshot) = near.get(keys) {
                     return Ok(snapshot);
                 }
+                // Epoch first: a connection lost after this point bumps it,
+                // so nothing read over that connection can be kept.
+                let epoch = near.epoch(keys);
                 if let Some(tracked) = near.tracked() {
-                    let epoch = near.epoch(keys);
                     let snapshot = mget(&mut tracked.conn.clone(), keys).await?;
                     near.offer(keys, epoch, &snapshot);
                     return Ok(snapshot);
