@@ -1147,3 +1147,55 @@ async fn near_cache_does_not_outlive_redis() {
     assert!(store.read(&k).await.is_err());
     assert_eq!(metrics.near_cache_tracking.get(), 0);
 }
+
+/// Load: readers on instance A race a writer on instance B that keeps
+/// replacing the object (new generation, new entry). Whatever interleaving
+/// happened, once the writer stops A's memory holds the last version or
+/// nothing, never an older one: a reply overtaken by its push is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_cache_converges_under_concurrent_writes() {
+    let server = RedisServer::start();
+    let metrics = Metrics::new();
+    let a = Arc::new(near_store(&server, &metrics).await);
+    let b = redis_store(&server);
+    let k = Arc::new(keys("near-race"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (a, k, stop) = (a.clone(), k.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    a.read(&k).await.unwrap();
+                    reads += 1;
+                    // A memory hit never waits: let the connections run.
+                    tokio::task::yield_now().await;
+                }
+                reads
+            })
+        })
+        .collect();
+    let mut last = Bytes::new();
+    for i in 0..300u32 {
+        b.invalidate(&k.generation, &format!("n{i}"), GEN_TTL)
+            .await
+            .unwrap();
+        last = Bytes::from(format!("version {i}"));
+        publish_through(&b, &k, last.clone()).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut reads = 0;
+    for r in readers {
+        reads += r.await.unwrap();
+    }
+    assert!(reads > 300, "readers kept up: {reads} reads");
+    assert!(metrics.near_cache_invalidations.get() > 0);
+    eventually("A's memory holds the last version or nothing", || async {
+        match a.read_near(&k) {
+            None => true,
+            Some(s) => s.entry.as_ref() == Some(&last),
+        }
+    })
+    .await;
+    assert_eq!(a.read(&k).await.unwrap().entry, Some(last));
+}
