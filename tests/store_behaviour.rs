@@ -1199,3 +1199,36 @@ async fn near_cache_converges_under_concurrent_writes() {
     .await;
     assert_eq!(a.read(&k).await.unwrap().entry, Some(last));
 }
+
+/// Without permission for `CLIENT TRACKING` (the same holds for a server
+/// without RESP3) no tracked connection comes up: nothing is kept in
+/// memory and every read goes to Redis.
+#[tokio::test]
+async fn near_cache_falls_back_to_redis_reads_when_tracking_is_refused() {
+    let server = RedisServer::start();
+    server
+        .cli(&["ACL", "SETUSER", "default", "-client|tracking"])
+        .unwrap();
+    let metrics = Metrics::new();
+    let cfg = RedisConfig {
+        near_cache: Some(NearCacheConfig {
+            max_bytes: 8 << 20,
+            max_age: Duration::from_secs(30),
+        }),
+        ..redis_config(&server, Duration::from_secs(2))
+    };
+    let a = RedisStore::connect(&cfg, Duration::from_millis(100), &metrics).unwrap();
+    eventually("the refused CLIENT TRACKING in the ACL log", || async {
+        let log = server.cli(&["ACL", "LOG"]).unwrap();
+        format!("{log:?}").contains("tracking")
+    })
+    .await;
+    let k = keys("near-refused");
+    publish_through(&a, &k, binary_entry(1)).await;
+    for _ in 0..3 {
+        assert_eq!(a.read(&k).await.unwrap().entry, Some(binary_entry(1)));
+    }
+    assert_eq!(a.read_near(&k), None);
+    assert_eq!(metrics.near_cache_tracking.get(), 0);
+    assert_eq!(metrics.near_cache.with_label_values(&["hit"]).get(), 0);
+}
