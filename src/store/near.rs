@@ -23,9 +23,10 @@
 //!   (the same event-loop turn of Redis that runs the write sends it).
 //! - **Lost connection = empty cache.** A disconnect or a failed heartbeat
 //!   drops the connection and everything read over it; a new connection
-//!   starts empty, and reads go to the shared connection until it is up. `max_age` bounds how long an entry is
-//!   served without asking Redis, which bounds staleness if pushes stop
-//!   arriving without the connection noticing (a silent network partition).
+//!   starts empty, and reads go to the shared connection until it is up.
+//! - **`max_age`** bounds how long an entry is served without asking Redis,
+//!   which bounds staleness if pushes stop arriving without the connection
+//!   noticing (a silent network partition).
 
 use super::{ObjectKeys, Snapshot};
 use crate::config::NearCacheConfig;
@@ -50,7 +51,7 @@ const OBJECT_OVERHEAD: u64 = 96;
 /// One cached object: its generation and the entries of the variants read.
 struct Object {
     generation: Bytes,
-    /// `(entry key suffix after the object's `}`, raw entry)`.
+    /// (entry key suffix after the object's `}`, raw entry).
     variants: Vec<(Box<str>, Bytes)>,
     expires: Instant,
     weight: u64,
