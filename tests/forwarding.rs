@@ -412,3 +412,63 @@ async fn connect_is_refused() {
     assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
     assert_eq!(origin.total(), 0);
 }
+
+/// The upstream client keeps connections alive and reuses them, and a
+/// connection the upstream closed while it was idle is not used again: the
+/// next request goes out on a new one and succeeds.
+#[tokio::test]
+async fn upstream_connections_are_reused_and_closed_ones_skipped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    // A bare HTTP/1.1 origin: the first connection answers three requests
+    // and then closes (its keep-alive "ran out"); later ones stay open.
+    let origin = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let limit = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                3
+            } else {
+                usize::MAX
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for _ in 0..limit {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut chunk = [0u8; 1024];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+
+    let sc = Sidecache::start(&format!("http://{addr}")).await;
+    for i in 0..6 {
+        let resp = client::get(&sc.url("/plain")).await;
+        assert_eq!(resp.status, 200, "request {i}");
+        assert_eq!(resp.text(), "ok");
+        // Time for the client to see the close after the third answer.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "one connection for three requests, one after it closed"
+    );
+    origin.abort();
+}
