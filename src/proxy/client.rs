@@ -129,7 +129,13 @@ impl Pool {
         loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                None => {
+                    // Boxed, in its own statement: connecting is rare, and
+                    // its future (resolver, handshake) would otherwise
+                    // enlarge every request's.
+                    let connecting = Box::pin(self.connect());
+                    (connecting.await?, false)
+                }
             };
             match conn.try_send_request(req).await {
                 Ok(resp) => {

@@ -94,6 +94,15 @@ impl<IO> FramingGuard<IO> {
                     // Leading empty lines before a request line are allowed.
                     if buf.is_empty() && (bytes[0] == b'\r' || bytes[0] == b'\n') {
                         1
+                    } else if let Some(end) = buf
+                        .is_empty()
+                        .then(|| head_end(&bytes[..bytes.len().min(MAX_HEAD + 1)], 0))
+                        .flatten()
+                    {
+                        // The whole head is in this read (the usual case):
+                        // look at it where it is instead of copying it.
+                        self.phase = self.after_head(&bytes[..end]);
+                        end
                     } else {
                         let start = buf.len().saturating_sub(3);
                         let take = bytes.len().min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD));
@@ -172,32 +181,42 @@ impl<IO> FramingGuard<IO> {
     fn after_head(&mut self, head: &[u8]) -> Phase {
         let index = self.heads;
         self.heads += 1;
-        let Ok(text) = std::str::from_utf8(head) else {
+        if std::str::from_utf8(head).is_err() {
             return Phase::Off;
-        };
-        let mut lines = text.lines();
+        }
+        // Bytes, not `str::lines`/`split_once`: this runs over every request
+        // head, and most lines are none of the three names looked for.
+        let mut lines = head
+            .split(|&b| b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
         let request_line = lines.next().unwrap_or_default();
-        if request_line.ends_with("HTTP/2.0") || request_line.starts_with("CONNECT ") {
+        if request_line.ends_with(b"HTTP/2.0") || request_line.starts_with(b"CONNECT ") {
             return Phase::Off;
         }
         let (mut length, mut chunked, mut has_te) = (None::<u64>, false, false);
         for line in lines {
-            let Some((name, value)) = line.split_once(':') else {
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
                 continue;
             };
-            let value = value.trim();
-            if name.eq_ignore_ascii_case("content-length") {
-                match value.parse::<u64>() {
+            let name = &line[..colon];
+            // Checked for UTF-8 above, and `:` is ASCII: a valid split.
+            let value = || {
+                std::str::from_utf8(&line[colon + 1..])
+                    .unwrap_or_default()
+                    .trim()
+            };
+            if name.eq_ignore_ascii_case(b"content-length") {
+                match value().parse::<u64>() {
                     Ok(n) => length = Some(n),
                     Err(_) => return Phase::Off,
                 }
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
                 has_te = true;
-                chunked = value
+                chunked = value()
                     .rsplit(',')
                     .next()
                     .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            } else if name.eq_ignore_ascii_case("upgrade") {
+            } else if name.eq_ignore_ascii_case(b"upgrade") {
                 return Phase::Off;
             }
         }
