@@ -472,3 +472,77 @@ async fn upstream_connections_are_reused_and_closed_ones_skipped() {
     );
     origin.abort();
 }
+
+/// A keep-alive connection that sits idle is parked (hyper's connection and
+/// buffers dropped, the socket kept): the next requests on the same socket,
+/// with or without a body, are answered as if nothing happened.
+#[tokio::test]
+async fn idle_keep_alive_connection_is_parked_and_resumed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one response (Content-Length framing) and returns status and body.
+    async fn read_answer(stream: &mut tokio::net::TcpStream) -> (String, String) {
+        let mut buf = Vec::new();
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed before an answer");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().unwrap())
+            })
+            .expect("content-length");
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed inside a body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let status = head.lines().next().unwrap().to_owned();
+        let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).into_owned();
+        (status, body)
+    }
+
+    let origin = Origin::start().await;
+    origin.reply("/plain", Reply::ok("plain answer"));
+    let sc = Sidecache::start(&origin.url()).await;
+    let mut stream = tokio::net::TcpStream::connect(sc.addr()).await.unwrap();
+
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, "plain answer");
+
+    // Idle well past the parking delay (200 ms), twice: a body, then none.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stream
+        .write_all(b"POST /echo/after-park HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    let echo: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["path"], "/echo/after-park");
+    assert_eq!(echo["body"], "hello");
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, "plain answer");
+}
