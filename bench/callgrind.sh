@@ -11,6 +11,8 @@
 # (build them first: cargo build --release --bin sidecache --example upstream).
 #
 #   CALLGRIND_PATH [/api/tenants/acme/apps/1]  path to request (cached route: a HIT)
+#   CALLGRIND_METHOD [GET]     e.g. POST (with CALLGRIND_PATH=/sink: forwarded, never cached)
+#   CALLGRIND_BODY_BYTES [0]   request body of this many bytes (sent with Content-Length)
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
 #   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
@@ -21,6 +23,8 @@ path=${CALLGRIND_PATH:-/api/tenants/acme/apps/1}
 requests=${CALLGRIND_REQUESTS:-2000}
 warmup=${CALLGRIND_WARMUP:-200}
 store=${CALLGRIND_STORE:-redis}
+method=${CALLGRIND_METHOD:-GET}
+body_bytes=${CALLGRIND_BODY_BYTES:-0}
 sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
 command -v valgrind >/dev/null || { echo "callgrind: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
@@ -80,12 +84,14 @@ pids+=("$vg")
 wait_http "http://127.0.0.1:$admin_port/readyz"
 
 send() {
-    python3 - "$proxy_port" "$path" "$1" <<'PY'
+    python3 - "$proxy_port" "$path" "$1" "$method" "$body_bytes" <<'PY'
 import http.client, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+method, body_bytes = sys.argv[4], int(sys.argv[5])
+body = b"x" * body_bytes if body_bytes else None
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 for _ in range(n):
-    c.request("GET", path)
+    c.request(method, path, body=body)
     r = c.getresponse()
     r.read()
     assert r.status == 200, r.status
@@ -101,5 +107,5 @@ sleep 1
 dump=$(ls -t "$out"* | head -n 1)
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
 echo "X-Cache of the last answer: $cache"
-echo "instructions per request: $((total / requests)) ($total for $requests requests, store $store)"
+echo "instructions per request: $((total / requests)) ($total for $requests $method requests, store $store)"
 callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/^Ir/,$p' | head -n 60

@@ -52,16 +52,21 @@ pub async fn run(
         listener,
         shutdown,
         drain,
-        move |stream, peer, graceful| {
+        move |stream, peer, mut draining| {
             let state = state.clone();
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(&state, req).await) }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            let conn = graceful.watch(conn.into_owned());
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
+                tokio::pin!(conn);
+                let served = draining
+                    .serve(conn.as_mut(), |conn| conn.graceful_shutdown())
+                    .await;
+                if let Err(e) = served {
                     debug!(%peer, error = %e, "admin connection ended with an error");
                 }
             });

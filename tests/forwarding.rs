@@ -412,3 +412,137 @@ async fn connect_is_refused() {
     assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
     assert_eq!(origin.total(), 0);
 }
+
+/// The upstream client keeps connections alive and reuses them, and a
+/// connection the upstream closed while it was idle is not used again: the
+/// next request goes out on a new one and succeeds.
+#[tokio::test]
+async fn upstream_connections_are_reused_and_closed_ones_skipped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    // A bare HTTP/1.1 origin: the first connection answers three requests
+    // and then closes (its keep-alive "ran out"); later ones stay open.
+    let origin = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let limit = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                3
+            } else {
+                usize::MAX
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for _ in 0..limit {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut chunk = [0u8; 1024];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+
+    let sc = Sidecache::start(&format!("http://{addr}")).await;
+    for i in 0..6 {
+        let resp = client::get(&sc.url("/plain")).await;
+        assert_eq!(resp.status, 200, "request {i}");
+        assert_eq!(resp.text(), "ok");
+        // Time for the client to see the close after the third answer.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "one connection for three requests, one after it closed"
+    );
+    origin.abort();
+}
+
+/// A keep-alive connection that sits idle is parked (hyper's connection and
+/// buffers dropped, the socket kept): the next requests on the same socket,
+/// with or without a body, are answered as if nothing happened.
+#[tokio::test]
+async fn idle_keep_alive_connection_is_parked_and_resumed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one response (Content-Length framing) and returns status and body.
+    async fn read_answer(stream: &mut tokio::net::TcpStream) -> (String, String) {
+        let mut buf = Vec::new();
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed before an answer");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().unwrap())
+            })
+            .expect("content-length");
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed inside a body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let status = head.lines().next().unwrap().to_owned();
+        let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).into_owned();
+        (status, body)
+    }
+
+    let origin = Origin::start().await;
+    origin.reply("/plain", Reply::ok("plain answer"));
+    let sc = Sidecache::start(&origin.url()).await;
+    let mut stream = tokio::net::TcpStream::connect(sc.addr()).await.unwrap();
+
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, "plain answer");
+
+    // Idle well past the parking delay (200 ms), twice: a body, then none.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stream
+        .write_all(b"POST /echo/after-park HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    let echo: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["path"], "/echo/after-park");
+    assert_eq!(echo["body"], "hello");
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, body) = read_answer(&mut stream).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, "plain answer");
+}

@@ -65,11 +65,9 @@ pub async fn forward(
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, proto.clone());
     }
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    parts.uri = match client.uri_for(path_and_query) {
-        Ok(uri) => uri,
-        Err(e) => return upstream_failed(metrics, e),
-    };
+    // The URI stays as the client sent it: the client makes it origin-form
+    // (an absolute URI's authority is the client's idea of the host, never
+    // where the request goes).
     parts.version = Version::HTTP_11;
     let upstream_req = Request::from_parts(parts, boxed(body));
 

@@ -15,13 +15,22 @@
 //! cannot frame; hyper then rejects or re-frames those itself. Since
 //! forwarding always re-frames bodies, an unfollowed stream cannot smuggle a
 //! request past the upstream; the guard exists to answer 400 as specified.
+//!
+//! Since it knows where requests begin, the guard also tells when an HTTP/1
+//! connection is idle, for parking (see [`FramingGuard::park_when_idle`] and
+//! `server`): every request head it saw has been answered (the response
+//! body was dropped by hyper, [`FramingState::response_finished`]), hyper
+//! flushed everything it wrote, and no partial head is pending.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
 
 /// Heads longer than this are left to hyper (which rejects far smaller ones).
 const MAX_HEAD: usize = 1 << 20;
@@ -34,6 +43,8 @@ pub struct FramingState {
     ambiguous_from: AtomicU64,
     /// Requests the handler has seen on this connection.
     handled: AtomicU64,
+    /// Responses whose body hyper has finished with (dropped).
+    finished: AtomicU64,
 }
 
 impl FramingState {
@@ -41,6 +52,7 @@ impl FramingState {
         Arc::new(FramingState {
             ambiguous_from: AtomicU64::new(NONE),
             handled: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
         })
     }
 
@@ -49,6 +61,12 @@ impl FramingState {
     pub fn next_request_is_ambiguous(&self) -> bool {
         let index = self.handled.fetch_add(1, Ordering::Relaxed);
         index >= self.ambiguous_from.load(Ordering::Acquire)
+    }
+
+    /// Called when hyper drops a response body on this connection: it has
+    /// encoded all of it (or given up on the connection).
+    pub fn response_finished(&self) {
+        self.finished.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -72,6 +90,18 @@ pub struct FramingGuard<IO> {
     phase: Phase,
     heads: u64,
     state: Arc<FramingState>,
+    /// Read as EOF after being idle this long (None: never).
+    park_after: Option<Duration>,
+    /// Bytes were handed to `poll_write` and no `poll_flush` has completed
+    /// since: hyper may still hold part of a response.
+    dirty: bool,
+    /// The idle timer, created on the first idle read; `armed` while it runs
+    /// for the current idle period.
+    idle: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+    /// The EOF hyper saw came from parking: the socket is open, and
+    /// `poll_shutdown` must leave it open.
+    parked: bool,
 }
 
 impl<IO> FramingGuard<IO> {
@@ -82,8 +112,71 @@ impl<IO> FramingGuard<IO> {
             phase: Phase::Head(Vec::new()),
             heads: 0,
             state: state.clone(),
+            park_after: None,
+            dirty: false,
+            idle: None,
+            armed: false,
+            parked: false,
         };
         (guard, state)
+    }
+
+    /// From now on, once the connection has been idle for `after` (see the
+    /// module doc), a read returns EOF instead of waiting: hyper then ends
+    /// the connection as if the client had closed it, and
+    /// [`Self::take_parked`] tells the server that it did not.
+    pub fn park_when_idle(&mut self, after: Duration) {
+        self.park_after = Some(after);
+    }
+
+    /// Whether the last EOF was parking (and resets that).
+    pub fn take_parked(&mut self) -> bool {
+        std::mem::take(&mut self.parked)
+    }
+
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    fn is_idle(&self) -> bool {
+        matches!(&self.phase, Phase::Head(partial) if partial.is_empty())
+            && !self.dirty
+            && self.state.finished.load(Ordering::Relaxed) == self.heads
+    }
+
+    /// The socket has nothing to read: EOF if the connection has been idle
+    /// for `park_after`, otherwise wait (with the idle timer registered).
+    fn poll_park(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(after) = self.park_after else {
+            return Poll::Pending;
+        };
+        if !self.is_idle() {
+            // hyper also reads while a request is in flight, to notice a
+            // client that went away: never EOF there.
+            self.armed = false;
+            return Poll::Pending;
+        }
+        if !self.armed {
+            // First idle read of this idle period. Resetting to a later
+            // deadline does not touch tokio's timer wheel.
+            let deadline = Instant::now() + after;
+            match &mut self.idle {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = true;
+        }
+        let fired = match &mut self.idle {
+            Some(timer) => timer.as_mut().poll(cx).is_ready(),
+            None => false,
+        };
+        if !fired {
+            return Poll::Pending;
+        }
+        self.armed = false;
+        self.idle = None;
+        self.parked = true;
+        Poll::Ready(Ok(()))
     }
 
     fn feed(&mut self, mut bytes: &[u8]) {
@@ -94,6 +187,15 @@ impl<IO> FramingGuard<IO> {
                     // Leading empty lines before a request line are allowed.
                     if buf.is_empty() && (bytes[0] == b'\r' || bytes[0] == b'\n') {
                         1
+                    } else if let Some(end) = buf
+                        .is_empty()
+                        .then(|| head_end(&bytes[..bytes.len().min(MAX_HEAD + 1)], 0))
+                        .flatten()
+                    {
+                        // The whole head is in this read (the usual case):
+                        // look at it where it is instead of copying it.
+                        self.phase = self.after_head(&bytes[..end]);
+                        end
                     } else {
                         let start = buf.len().saturating_sub(3);
                         let take = bytes.len().min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD));
@@ -172,32 +274,42 @@ impl<IO> FramingGuard<IO> {
     fn after_head(&mut self, head: &[u8]) -> Phase {
         let index = self.heads;
         self.heads += 1;
-        let Ok(text) = std::str::from_utf8(head) else {
+        if std::str::from_utf8(head).is_err() {
             return Phase::Off;
-        };
-        let mut lines = text.lines();
+        }
+        // Bytes, not `str::lines`/`split_once`: this runs over every request
+        // head, and most lines are none of the three names looked for.
+        let mut lines = head
+            .split(|&b| b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
         let request_line = lines.next().unwrap_or_default();
-        if request_line.ends_with("HTTP/2.0") || request_line.starts_with("CONNECT ") {
+        if request_line.ends_with(b"HTTP/2.0") || request_line.starts_with(b"CONNECT ") {
             return Phase::Off;
         }
         let (mut length, mut chunked, mut has_te) = (None::<u64>, false, false);
         for line in lines {
-            let Some((name, value)) = line.split_once(':') else {
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
                 continue;
             };
-            let value = value.trim();
-            if name.eq_ignore_ascii_case("content-length") {
-                match value.parse::<u64>() {
+            let name = &line[..colon];
+            // Checked for UTF-8 above, and `:` is ASCII: a valid split.
+            let value = || {
+                std::str::from_utf8(&line[colon + 1..])
+                    .unwrap_or_default()
+                    .trim()
+            };
+            if name.eq_ignore_ascii_case(b"content-length") {
+                match value().parse::<u64>() {
                     Ok(n) => length = Some(n),
                     Err(_) => return Phase::Off,
                 }
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
                 has_te = true;
-                chunked = value
+                chunked = value()
                     .rsplit(',')
                     .next()
                     .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            } else if name.eq_ignore_ascii_case("upgrade") {
+            } else if name.eq_ignore_ascii_case(b"upgrade") {
                 return Phase::Off;
             }
         }
@@ -257,12 +369,17 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
         let before = buf.filled().len();
         let this = &mut *self;
         let res = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = res {
-            if !matches!(this.phase, Phase::Off) {
-                this.feed(&buf.filled()[before..]);
+        match res {
+            Poll::Ready(Ok(())) => {
+                this.armed = false;
+                if !matches!(this.phase, Phase::Off) {
+                    this.feed(&buf.filled()[before..]);
+                }
+                res
             }
+            Poll::Pending => this.poll_park(cx),
+            Poll::Ready(Err(_)) => res,
         }
-        res
     }
 }
 
@@ -272,12 +389,22 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.dirty = true;
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        // hyper flushes the socket only after writing all it buffered.
+        let res = Pin::new(&mut self.io).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = res {
+            self.dirty = false;
+        }
+        res
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.parked {
+            // hyper closes after the EOF we made up; the client did not.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
     fn poll_write_vectored(
@@ -285,6 +412,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.dirty = true;
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {

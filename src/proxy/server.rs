@@ -3,6 +3,15 @@
 //! the read pipeline or to plain forwarding according to the route table of
 //! the config snapshot the request started with.
 //!
+//! Idle HTTP/1 connections are parked: hyper keeps a read buffer (8-16 KiB),
+//! a write buffer (8 KiB) and its connection state for as long as it serves
+//! a connection, idle or not, and has no setting to release them. So a
+//! connection that has been idle for [`PARK_AFTER`] is ended on hyper's side
+//! (the framing guard reads as EOF, see `framing`), and its task then holds
+//! only the socket and waits for it to become readable; the next request
+//! starts a new hyper connection on the same socket. Keep-alive clients that
+//! send their next request sooner never notice.
+//!
 //! [`accept_until`] is the accept loop with graceful drain that the admin
 //! listener shares.
 
@@ -16,18 +25,21 @@ use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -35,6 +47,12 @@ use tracing::{debug, info, warn};
 
 /// A client that sends no complete request head within this time is dropped.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An HTTP/1 connection idle this long is parked (see the module doc).
+/// Long enough that a busy keep-alive client (its next request within
+/// milliseconds) stays with hyper; each parking costs a new hyper
+/// connection (two buffers, a few thousand instructions) on the next request.
+const PARK_AFTER: Duration = Duration::from_millis(200);
 
 /// Everything a request handler needs; shared by all connections.
 pub struct ProxyState {
@@ -45,8 +63,8 @@ pub struct ProxyState {
     pub metrics: Metrics,
 }
 
-/// The connection builder both listeners use: HTTP/1.1 with keep-alive and
-/// a header timeout (which needs a timer, or hyper panics), and h2c.
+/// The admin listener's connection builder: HTTP/1.1 with keep-alive and a
+/// header timeout (which needs a timer, or hyper panics), and h2c.
 pub fn builder() -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
@@ -57,9 +75,41 @@ pub fn builder() -> auto::Builder<TokioExecutor> {
     b
 }
 
+/// A connection's side of its listener's drain: [`Draining::started`]
+/// resolves once the listener stops, and the listener waits (bounded) until
+/// every `Draining` is dropped, i.e. every connection task has ended.
+pub struct Draining(watch::Receiver<bool>);
+
+impl Draining {
+    pub async fn started(&mut self) {
+        // An error means the listener is gone: draining as well.
+        let _ = self.0.wait_for(|draining| *draining).await;
+    }
+
+    /// Runs a hyper connection to its end; once draining starts, asks it to
+    /// finish the request in progress and close (`graceful`), and goes on
+    /// polling it.
+    pub async fn serve<C, T, E>(
+        &mut self,
+        mut conn: Pin<&mut C>,
+        graceful: impl FnOnce(Pin<&mut C>),
+    ) -> Result<T, E>
+    where
+        C: Future<Output = Result<T, E>>,
+    {
+        tokio::select! {
+            result = conn.as_mut() => result,
+            _ = self.started() => {
+                graceful(conn.as_mut());
+                conn.await
+            }
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` turns true, handing each to
-/// `handle` together with the graceful-shutdown tracker; then stops
-/// accepting and waits up to `drain` for watched connections to finish.
+/// `handle` together with its [`Draining`]; then stops accepting, tells the
+/// connections, and waits up to `drain` for them to finish.
 pub async fn accept_until<H>(
     name: &'static str,
     listener: TcpListener,
@@ -67,9 +117,9 @@ pub async fn accept_until<H>(
     drain: Duration,
     handle: H,
 ) where
-    H: Fn(TcpStream, SocketAddr, &GracefulShutdown) + Send,
+    H: Fn(TcpStream, SocketAddr, Draining) + Send,
 {
-    let graceful = GracefulShutdown::new();
+    let (draining_tx, draining) = watch::channel(false);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -79,7 +129,7 @@ pub async fn accept_until<H>(
             Ok((stream, peer)) => {
                 // Small responses should not wait for Nagle.
                 let _ = stream.set_nodelay(true);
-                handle(stream, peer, &graceful);
+                handle(stream, peer, Draining(draining.clone()));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -89,8 +139,14 @@ pub async fn accept_until<H>(
         }
     }
     drop(listener);
-    info!(listener = name, connections = graceful.count(), "draining");
-    if tokio::time::timeout(drain, graceful.shutdown())
+    drop(draining);
+    info!(
+        listener = name,
+        connections = draining_tx.receiver_count(),
+        "draining"
+    );
+    let _ = draining_tx.send(true);
+    if tokio::time::timeout(drain, draining_tx.closed())
         .await
         .is_err()
     {
@@ -108,49 +164,193 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    let builder = builder();
     accept_until(
         "proxy",
         listener,
         shutdown,
         drain,
-        move |stream, peer, graceful| {
-            let (io, framing) = FramingGuard::new(stream);
-            let state = state.clone();
-            let svc = service_fn(move |req| {
-                let (state, framing) = (state.clone(), framing.clone());
-                // Boxed: hyper keeps one slot of the service future's size
-                // per connection for the connection's lifetime, so an
-                // unboxed `handle` future (several KiB) would stay resident
-                // in every idle keep-alive connection. Boxed, the slot is a
-                // pointer and the request's future is freed when it ends.
-                let fut: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
-                    Ok::<_, Infallible>(handle(state, framing, req, peer).await)
-                });
-                fut
-            });
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
-            let conn = graceful.watch(conn.into_owned());
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    debug!(%peer, error = %e, "client connection ended with an error");
-                }
-            });
+        move |stream, peer, draining| {
+            tokio::spawn(serve_client(stream, peer, state.clone(), draining));
         },
     )
     .await;
 }
 
+/// One client connection, from accept to close.
+async fn serve_client(
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<ProxyState>,
+    mut draining: Draining,
+) {
+    let h2 = match first_bytes_are_h2(&stream, &mut draining).await {
+        Some(h2) => h2,
+        None => return,
+    };
+    let (mut io, framing) = FramingGuard::new(stream);
+    let svc = service_fn(move |req: Request<Incoming>| {
+        // Here, not in `handle`: hyper calls the service in request order,
+        // and only the answer's body needs the state after this.
+        let ambiguous = framing.next_request_is_ambiguous();
+        let framing = framing.clone();
+        let answer = handle(state.clone(), ambiguous, req, peer);
+        async move { Ok::<_, Infallible>(answer.await.map(|body| ClientBody { body, framing })) }
+    });
+
+    if h2 {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder.timer(TokioTimer::new());
+        // Boxed, like the HTTP/1 connection below: see there.
+        let mut conn = Box::pin(builder.serve_connection(TokioIo::new(io), svc));
+        let served = draining
+            .serve(conn.as_mut(), |conn| conn.graceful_shutdown())
+            .await;
+        if let Err(e) = served {
+            debug!(%peer, error = %e, "client connection ended with an error");
+        }
+        return;
+    }
+
+    io.park_when_idle(PARK_AFTER);
+    let mut next = Some((io, svc));
+    while let Some((io, svc)) = next.take() {
+        // Boxed: the parked state of this task must not keep room for a
+        // hyper connection (and what it takes to run one) next to the
+        // socket.
+        let session = Box::pin(http1_session(io, svc, peer, &mut draining));
+        let Some((guard, svc)) = session.await else {
+            return;
+        };
+        // Parked: hyper's buffers are freed; wait for the next request.
+        if !next_request(guard.get_ref(), &mut draining).await {
+            return;
+        }
+        next = Some((guard, svc));
+    }
+}
+
+/// One hyper HTTP/1 connection on the client's socket, until it closes
+/// (`None`) or parks: then the socket and the service come back for the
+/// next one.
+async fn http1_session<S>(
+    io: FramingGuard<TcpStream>,
+    svc: S,
+    peer: SocketAddr,
+    draining: &mut Draining,
+) -> Option<(FramingGuard<TcpStream>, S)>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = ClientBody, Error = Infallible>
+        + Unpin
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    let mut conn = builder
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades();
+    let served = draining
+        .serve(Pin::new(&mut conn), |conn| conn.graceful_shutdown())
+        .await;
+    if let Err(e) = served {
+        debug!(%peer, error = %e, "client connection ended with an error");
+        return None;
+    }
+    // `None`: upgraded, the tunnel has the socket.
+    let parts = conn.into_parts()?;
+    let mut guard = parts.io.into_inner();
+    // Not parked: closed by the client or by hyper. Bytes hyper read but did
+    // not use (never expected when parked) could not be replayed.
+    (guard.take_parked() && parts.read_buf.is_empty()).then_some((guard, parts.service))
+}
+
+/// Parked: waits, holding nothing but the socket, for the client's next
+/// request. False if the client sent nothing within HEADER_READ_TIMEOUT (an
+/// idle keep-alive connection is closed then, as hyper's header timer did)
+/// or the listener is draining.
+async fn next_request(stream: &TcpStream, draining: &mut Draining) -> bool {
+    tokio::select! {
+        readable = stream.readable() => readable.is_ok(),
+        _ = tokio::time::sleep(HEADER_READ_TIMEOUT) => false,
+        _ = draining.started() => false,
+    }
+}
+
+/// Waits for the client's first bytes: `Some(true)` if they are the HTTP/2
+/// preface (h2c with prior knowledge), `Some(false)` for anything else
+/// (HTTP/1), `None` if the client closed, sent nothing within
+/// HEADER_READ_TIMEOUT, or the listener is draining. Peeked, not read: the
+/// bytes stay for hyper. Until then the connection holds nothing but the
+/// socket.
+async fn first_bytes_are_h2(stream: &TcpStream, draining: &mut Draining) -> Option<bool> {
+    const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let deadline = tokio::time::sleep(HEADER_READ_TIMEOUT);
+    tokio::pin!(deadline);
+    let mut buf = [0u8; 24];
+    loop {
+        let peeked = tokio::select! {
+            peeked = stream.peek(&mut buf) => peeked,
+            _ = &mut deadline => return None,
+            _ = draining.started() => return None,
+        };
+        match peeked {
+            Ok(0) | Err(_) => return None,
+            Ok(n) if buf[..n] != PREFACE[..n] => return Some(false),
+            Ok(n) if n == PREFACE.len() => return Some(true),
+            // A part of the preface: peek returns at once while those bytes
+            // wait, so wait a little for the rest (rare: it is one packet).
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// A response body on its way to the client. When hyper drops it (it has
+/// encoded all of it), the connection's framing state counts the response
+/// as finished, which is how the framing guard knows a connection is idle.
+struct ClientBody {
+    body: Body,
+    framing: Arc<FramingState>,
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = super::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for ClientBody {
+    fn drop(&mut self) {
+        self.framing.response_finished();
+    }
+}
+
 /// Per request: framing check, one config snapshot, route decision.
 async fn handle(
     state: Arc<ProxyState>,
-    framing: Arc<FramingState>,
+    ambiguous: bool,
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Body> {
     // Framing first: nothing of an ambiguous request reaches the pipeline
     // or the upstream.
-    let ambiguous = framing.next_request_is_ambiguous();
     if let Some(why) = ambiguous
         .then(|| "both Content-Length and Transfer-Encoding".to_owned())
         .or_else(|| check_framing(req.headers()).err())
@@ -174,14 +374,18 @@ async fn handle(
     }
 
     let cfg = state.config.load_full();
-    let path = req.uri().path().to_owned();
-    match cfg.routes.classify(req.method(), &path) {
+    // The path outlives `req` (moved on below): a clone of the URI shares
+    // its bytes, where `to_owned` would copy them.
+    let uri = req.uri().clone();
+    let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
             let params = params.into_iter().map(str::to_owned).collect();
-            state
-                .pipeline
-                .serve(cfg.clone(), route, params, req, peer)
-                .await
+            // Boxed: a future holds room for its largest branch, and this
+            // whole future is moved into a box per request (see `run`), so
+            // a read pipeline held inline would make every forwarded request
+            // copy it too.
+            let serve = Box::pin(state.pipeline.serve(cfg.clone(), route, params, req, peer));
+            return serve.await;
         }
         RouteMatch::BadParam(route, param) => {
             state
@@ -189,40 +393,38 @@ async fn handle(
                 .requests
                 .with_label_values(&[route.name.as_str(), "bad_request"])
                 .inc();
-            ProxyError::BadRequest(format!(
+            return ProxyError::BadRequest(format!(
                 "path parameter {param:?} does not match its pattern"
             ))
-            .to_response()
+            .to_response();
         }
         RouteMatch::Write(route, params) if route.invalidate_on_write => {
             let params: Vec<String> = params.into_iter().map(str::to_owned).collect();
-            count_forward(&state);
-            let resp = forward(
-                &state.client,
-                req,
-                peer,
-                cfg.upstream.timeout,
-                &state.metrics,
-            )
-            .await;
-            if resp.status().is_success() {
-                // Before the client sees the answer, so its next read is fresh.
-                state.pipeline.write_through(&cfg, &route, &params).await;
-            }
-            resp
+            Some((route, params))
         }
-        RouteMatch::Write(..) | RouteMatch::Forward => {
-            count_forward(&state);
-            forward(
-                &state.client,
-                req,
-                peer,
-                cfg.upstream.timeout,
-                &state.metrics,
-            )
-            .await
+        RouteMatch::Write(..) | RouteMatch::Forward => None,
+    };
+    count_forward(&state);
+    // One call site: a future keeps separate room for every `forward` it
+    // awaits (two of them doubled this future's size).
+    let resp = forward(
+        &state.client,
+        req,
+        peer,
+        cfg.upstream.timeout,
+        &state.metrics,
+    )
+    .await;
+    if let Some((route, params)) = invalidate {
+        if resp.status().is_success() {
+            // Before the client sees the answer, so its next read is fresh.
+            // Boxed in its own statement: a temporary in the statement of an
+            // `.await` stays in the future's layout (~3.8 KiB here).
+            let write_through = Box::pin(state.pipeline.write_through(&cfg, &route, &params));
+            write_through.await;
         }
     }
+    resp
 }
 
 fn count_forward(state: &ProxyState) {
