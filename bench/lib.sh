@@ -12,7 +12,10 @@ declare -A taken=()
 free_port() {
     local p i
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 30000))
+        # Below Linux's ephemeral range (32768-60999 by default): the idle
+        # scenario leaves thousands of client ports there in TIME_WAIT, and
+        # a server must not be handed one of them.
+        p=$((20000 + RANDOM % 12000))
         [[ -n ${taken[$p]:-} ]] && continue
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             taken[$p]=1
