@@ -12,6 +12,10 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `mi_option_purge_delay` (index 15 in both its v2 and v3
+/// headers; the Rust bindings name only some options).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 /// Exit code for an invalid config (and for usage errors, as clap does).
 const EXIT_CONFIG: u8 = 2;
 
@@ -47,6 +51,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Freed pages go back to the OS at once, not after mimalloc's delay
+    // (1 s, and only when the allocator runs again): after a burst of
+    // connections that then park, what their hyper buffers held would stay
+    // resident (bench/README.md, idle connections). An operator's
+    // MIMALLOC_PURGE_DELAY wins.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide allocator option; no other thread
+        // runs yet.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Run);
     // Needs no config: prints SQL for the operator to install.

@@ -183,7 +183,10 @@ async fn serve_client(
     state: Arc<ProxyState>,
     mut draining: Draining,
 ) {
-    let h2 = match first_bytes_are_h2(&stream, &mut draining).await {
+    // Boxed here and for HTTP/2 below: a task's future is as large as its
+    // largest state, and what a parked connection keeps resident is this
+    // task. Kept inline: only the socket, the service and the parked wait.
+    let h2 = match Box::pin(first_bytes_are_h2(&stream, &mut draining)).await {
         Some(h2) => h2,
         None => return,
     };
@@ -198,34 +201,42 @@ async fn serve_client(
     });
 
     if h2 {
-        let mut builder = http2::Builder::new(TokioExecutor::new());
-        builder.timer(TokioTimer::new());
-        // Boxed, like the HTTP/1 connection below: see there.
-        let mut conn = Box::pin(builder.serve_connection(TokioIo::new(io), svc));
-        let served = draining
-            .serve(conn.as_mut(), |conn| conn.graceful_shutdown())
-            .await;
-        if let Err(e) = served {
-            debug!(%peer, error = %e, "client connection ended with an error");
-        }
-        return;
+        return Box::pin(serve_h2(io, svc, peer, draining)).await;
     }
 
     io.park_when_idle(PARK_AFTER);
-    let mut next = Some((io, svc));
-    while let Some((io, svc)) = next.take() {
+    let mut conn = (io, svc);
+    loop {
         // Boxed: the parked state of this task must not keep room for a
         // hyper connection (and what it takes to run one) next to the
         // socket.
-        let session = Box::pin(http1_session(io, svc, peer, &mut draining));
-        let Some((guard, svc)) = session.await else {
-            return;
+        conn = match Box::pin(http1_session(conn.0, conn.1, peer, &mut draining)).await {
+            Some(conn) => conn,
+            None => return,
         };
         // Parked: hyper's buffers are freed; wait for the next request.
-        if !next_request(guard.get_ref(), &mut draining).await {
+        if !next_request(conn.0.get_ref(), &mut draining).await {
             return;
         }
-        next = Some((guard, svc));
+    }
+}
+
+/// An HTTP/2 (h2c) client connection, never parked.
+async fn serve_h2<S>(io: FramingGuard<TcpStream>, svc: S, peer: SocketAddr, mut draining: Draining)
+where
+    S: hyper::service::HttpService<Incoming, ResBody = ClientBody, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(io), svc));
+    let served = draining
+        .serve(conn.as_mut(), |conn| conn.graceful_shutdown())
+        .await;
+    if let Err(e) = served {
+        debug!(%peer, error = %e, "client connection ended with an error");
     }
 }
 
