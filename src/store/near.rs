@@ -141,24 +141,29 @@ impl NearCache {
         self.write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The object's entry and generation if held and younger than `max_age`.
+    /// The object's entry and generation if held and younger than
+    /// `max_age`; counted as a near-cache hit or miss.
     pub fn get(&self, keys: &ObjectKeys) -> Option<Snapshot> {
-        let found = split_key(&keys.entry).and_then(|(object, suffix)| {
-            let obj = self.objects.get(object)?;
-            if Instant::now() >= obj.expires {
-                return None;
-            }
-            let (_, entry) = obj.variants.iter().find(|(s, _)| &**s == suffix)?;
-            Some(Snapshot {
-                entry: Some(entry.clone()),
-                generation: Some(obj.generation.clone()),
-            })
-        });
+        let found = self.peek(keys);
         match found {
             Some(_) => self.metrics.hits.inc(),
             None => self.metrics.misses.inc(),
         }
         found
+    }
+
+    /// [`Self::get`] without counting (for a second look in the same read).
+    pub fn peek(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        let (object, suffix) = split_key(&keys.entry)?;
+        let obj = self.objects.get(object)?;
+        if Instant::now() >= obj.expires {
+            return None;
+        }
+        let (_, entry) = obj.variants.iter().find(|(s, _)| &**s == suffix)?;
+        Some(Snapshot {
+            entry: Some(entry.clone()),
+            generation: Some(obj.generation.clone()),
+        })
     }
 
     /// The tracked connection, if one is up.

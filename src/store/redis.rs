@@ -282,7 +282,8 @@ impl Store for RedisStore {
             // Over the tracked connection when there is one, so Redis
             // reports later changes of these keys and the answer may be kept.
             if let Some(near) = &self.near {
-                if let Some(snapshot) = near.get(keys) {
+                // Usually `read_near` just missed; a fill in between may not.
+                if let Some(snapshot) = near.peek(keys) {
                     return Ok(snapshot);
                 }
                 // Epoch first: a connection lost after this point bumps it,
