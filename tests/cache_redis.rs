@@ -9,7 +9,7 @@ use redis::Value;
 use std::time::{Duration, Instant};
 use support::client::x_cache;
 use support::redis::RedisServer;
-use support::{client, eventually, get_held, Origin, Reply, SidecacheBuilder};
+use support::{client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const OBJECT: &str = "sc:o:{app:acme:1}";
@@ -66,6 +66,16 @@ fn only_key(redis: &RedisServer, pattern: &str) -> String {
         "expected one key for {pattern}, found {found:?}"
     );
     found[0].clone()
+}
+
+/// Polls until `P` is a HIT again (a GET to refill, then one to check):
+/// the store is back and usable.
+async fn hits_return(sc: &Sidecache, what: &str) {
+    eventually(what, Duration::from_secs(10), || async {
+        client::get(&sc.url(P)).await;
+        x_cache(&client::get(&sc.url(P)).await) == "HIT"
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,15 +453,7 @@ async fn paused_redis_bounds_upstream_concurrency_and_recovers() {
     assert_eq!(sc.metric_sum("sidecache_breaker_open", &[]).await, 1.0);
 
     // After the pause the breaker's probe closes it and hits come back.
-    eventually(
-        "HITs to return after the pause",
-        Duration::from_secs(10),
-        || async {
-            client::get(&sc.url(P)).await;
-            x_cache(&client::get(&sc.url(P)).await) == "HIT"
-        },
-    )
-    .await;
+    hits_return(&sc, "HITs to return after the pause").await;
     assert_eq!(sc.metric_sum("sidecache_breaker_open", &[]).await, 0.0);
 }
 
@@ -467,14 +469,12 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
     // Until sidecache notices the closed connection, the near cache may
     // still answer (nothing can change in a dead Redis); noticing takes
     // one event-loop turn, not a timeout.
-    let noticed = Instant::now();
     eventually(
         "the near cache to drop its connection",
         Duration::from_secs(1),
         || async { sc.metric_sum("sidecache_near_cache_tracking", &[]).await == 0.0 },
     )
     .await;
-    assert!(noticed.elapsed() < Duration::from_secs(1));
     for _ in 0..3 {
         let t = Instant::now();
         let r = client::get(&sc.url(P)).await;
@@ -489,13 +489,5 @@ async fn killed_redis_degrades_then_recovers_with_scripts_reloaded() {
     // A restarted server has an empty script cache: EVALSHA gets NOSCRIPT
     // and the scripts are loaded again, transparently.
     redis.restart();
-    eventually(
-        "MISS then HIT after the restart",
-        Duration::from_secs(10),
-        || async {
-            client::get(&sc.url(P)).await;
-            x_cache(&client::get(&sc.url(P)).await) == "HIT"
-        },
-    )
-    .await;
+    hits_return(&sc, "MISS then HIT after the restart").await;
 }
