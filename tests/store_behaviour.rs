@@ -630,17 +630,21 @@ fn redis_store(server: &RedisServer) -> RedisStore {
     .expect("redis store")
 }
 
-/// A Redis store with the near cache on, its tracked connection up.
-async fn near_store(server: &RedisServer, metrics: &Metrics) -> RedisStore {
+/// A Redis store with the near cache on (`max_age` beyond any test).
+fn near_connect(server: &RedisServer, command_timeout: Duration, metrics: &Metrics) -> RedisStore {
     let cfg = RedisConfig {
         near_cache: Some(NearCacheConfig {
             max_bytes: 8 << 20,
             max_age: Duration::from_secs(30),
         }),
-        ..redis_config(server, Duration::from_secs(2))
+        ..redis_config(server, command_timeout)
     };
-    let store =
-        RedisStore::connect(&cfg, Duration::from_millis(100), metrics).expect("redis store");
+    RedisStore::connect(&cfg, Duration::from_millis(100), metrics).expect("redis store")
+}
+
+/// [`near_connect`], once its tracked connection is up.
+async fn near_store(server: &RedisServer, metrics: &Metrics) -> RedisStore {
+    let store = near_connect(server, Duration::from_secs(2), metrics);
     eventually("near cache tracking", || async {
         metrics.near_cache_tracking.get() == 1
     })
@@ -1121,14 +1125,7 @@ async fn near_cache_is_emptied_when_its_connection_dies() {
 async fn near_cache_does_not_outlive_redis() {
     let server = RedisServer::start();
     let metrics = Metrics::new();
-    let cfg = RedisConfig {
-        near_cache: Some(NearCacheConfig {
-            max_bytes: 8 << 20,
-            max_age: Duration::from_secs(30),
-        }),
-        ..redis_config(&server, COMMAND_TIMEOUT)
-    };
-    let inner = RedisStore::connect(&cfg, Duration::from_millis(100), &metrics).unwrap();
+    let inner = near_connect(&server, COMMAND_TIMEOUT, &metrics);
     let store = GuardedStore::new(Arc::new(inner), Some(COMMAND_TIMEOUT), COOLDOWN, &metrics);
     eventually("near cache tracking", || async {
         metrics.near_cache_tracking.get() == 1
@@ -1210,14 +1207,7 @@ async fn near_cache_falls_back_to_redis_reads_when_tracking_is_refused() {
         .cli(&["ACL", "SETUSER", "default", "-client|tracking"])
         .unwrap();
     let metrics = Metrics::new();
-    let cfg = RedisConfig {
-        near_cache: Some(NearCacheConfig {
-            max_bytes: 8 << 20,
-            max_age: Duration::from_secs(30),
-        }),
-        ..redis_config(&server, Duration::from_secs(2))
-    };
-    let a = RedisStore::connect(&cfg, Duration::from_millis(100), &metrics).unwrap();
+    let a = near_connect(&server, Duration::from_secs(2), &metrics);
     eventually("the refused CLIENT TRACKING in the ACL log", || async {
         let log = server.cli(&["ACL", "LOG"]).unwrap();
         format!("{log:?}").contains("tracking")

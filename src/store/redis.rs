@@ -202,7 +202,6 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(map_error)?;
-        self.forget(gen_key);
         Ok(Bytes::from(generation))
     }
 
@@ -407,7 +406,13 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(self.generation_script(&scripts::INVALIDATE, gen_key, nonce, gen_ttl))
+        Box::pin(async move {
+            let generation = self
+                .generation_script(&scripts::INVALIDATE, gen_key, nonce, gen_ttl)
+                .await?;
+            self.forget(gen_key);
+            Ok(generation)
+        })
     }
 
     fn invalidate_many<'a>(
