@@ -4,12 +4,12 @@
 //! under `/admin/*` (route table, invalidation, Bloom rebuilds), guarded by an optional
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
+use crate::bloom::Blooms;
+use crate::body::{full, Body};
 use crate::config::{Config, QueryMode, Route};
-use crate::invalidation::Event;
+use crate::invalidation::{ApplyOutcome, Event, Invalidator, Poison, Source};
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
-use crate::proxy::body::{full, Body};
-use crate::proxy::server::{accept_until, builder};
+use crate::server::listener::{accept_until, builder};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -33,7 +33,8 @@ const MAX_BODY: usize = 64 * 1024;
 
 pub struct AdminState {
     pub config: Arc<ArcSwap<Config>>,
-    pub pipeline: Arc<Pipeline>,
+    pub invalidator: Arc<Invalidator>,
+    pub blooms: Arc<Blooms>,
     pub metrics: Metrics,
     /// Set once the client listener is bound; cleared when draining.
     pub ready: Arc<AtomicBool>,
@@ -105,7 +106,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             }
             match (p, &method) {
                 ("/admin/routes", &Method::GET) => routes(&cfg),
-                ("/admin/invalidate", &Method::POST) => invalidate(state, &cfg, req).await,
+                ("/admin/invalidate", &Method::POST) => invalidate(state, req).await,
                 (p, &Method::POST) if bloom_route(p).is_some() => {
                     let route = bloom_route(p).unwrap_or_default().to_owned();
                     bloom_rebuild(state, &cfg, &route, req.uri().query()).await
@@ -199,7 +200,7 @@ fn as_written(anchored: &str) -> &str {
 }
 
 /// `POST /admin/invalidate`: replace one object's generation.
-async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) -> Response<Body> {
+async fn invalidate(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
     let body: Bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
@@ -207,33 +208,26 @@ async fn invalidate(state: &AdminState, cfg: &Config, req: Request<Incoming>) ->
         }
         Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the body"),
     };
-    let event = match Event::from_json(&body) {
-        Ok(ev) => ev,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad event: {e}")),
+    let event = Event::from_json(&body);
+    let (route, kind, revision) = match &event {
+        Ok(e) => (e.route.clone(), e.kind, e.revision),
+        Err(_) => (String::new(), Default::default(), None),
     };
-    let valid = match event.validate(cfg) {
-        Ok(v) => v,
-        Err(poison) => return error(StatusCode::BAD_REQUEST, &poison.to_string()),
-    };
-    match state.pipeline.invalidate(cfg, &valid).await {
-        Ok(()) => {
-            state
-                .metrics
-                .invalidations
-                .with_label_values(&["admin", "applied"])
-                .inc();
-            info!(route = %event.route, kind = ?event.kind, revision = ?event.revision, "invalidated via admin");
+    let outcome = state.invalidator.apply(Source::Admin, vec![event]).await;
+    match outcome.into_iter().next() {
+        Some(ApplyOutcome::Applied) => {
+            info!(route, ?kind, ?revision, "invalidated via admin");
             json_response(StatusCode::OK, &json!({"ok": true}))
         }
-        Err(e) => {
-            state
-                .metrics
-                .invalidations
-                .with_label_values(&["admin", "failed"])
-                .inc();
-            warn!(route = %event.route, error = %e, "admin invalidation failed: store unavailable");
+        Some(ApplyOutcome::Poison(p @ Poison::Malformed(_))) => {
+            error(StatusCode::BAD_REQUEST, &format!("bad event: {p}"))
+        }
+        Some(ApplyOutcome::Poison(poison)) => error(StatusCode::BAD_REQUEST, &poison.to_string()),
+        Some(ApplyOutcome::Failed(e)) => {
+            warn!(route, error = %e, "admin invalidation failed: store unavailable");
             error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
         }
+        None => error(StatusCode::INTERNAL_SERVER_ERROR, "no outcome"),
     }
 }
 
@@ -280,7 +274,7 @@ async fn bloom_rebuild(
             )
         }
     };
-    let result = state.pipeline.blooms().rebuild(cfg, route, &scope).await;
+    let result = state.blooms.rebuild(cfg, route, &scope).await;
     info!(route = %route.name, scope, outcome = ?result, "bloom rebuild via admin");
     match result {
         Ok(BuildOutcome::Activated { members }) => json_response(

@@ -1,15 +1,19 @@
-//! Wiring: builds metrics, the store, the upstream client and the read
-//! pipeline from a validated config, binds both listeners, starts the reload
-//! watcher, owns the readiness flag, and runs until a shutdown signal, then
-//! drains in-flight requests within a bounded time.
+//! Wiring, the one place that builds the parts and hands each what it
+//! needs: metrics, the store, the upstream client, the Bloom filter manager,
+//! the invalidator (and its background sources), the read pipeline; binds
+//! both listeners, starts the reload watcher, owns the readiness flag, and
+//! runs until a shutdown signal, then drains in-flight requests within a
+//! bounded time.
 
 use crate::admin::{self, AdminState};
+use crate::bloom::source::{IdSource, PgSource};
+use crate::bloom::Blooms;
 use crate::config::{watch, Config};
-use crate::invalidation;
+use crate::invalidation::{self, Invalidator};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
-use crate::proxy::server::{self, ProxyState};
+use crate::server::{self, ProxyState};
 use crate::store;
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -52,36 +56,34 @@ impl App {
             .await
             .context("cannot open the cache store")?;
         let client = UpstreamClient::new(&cfg.upstream);
+        let blooms = Blooms::new(store.clone(), bloom_source(&cfg), &metrics.registry);
         let pipeline = Arc::new(Pipeline::new(
             store.clone(),
             client.clone(),
+            blooms.clone(),
             metrics.clone(),
             &cfg,
         ));
         let (listen, admin_listen) = (cfg.listen, cfg.admin.listen);
         let config = Arc::new(ArcSwap::from_pointee(cfg));
-        pipeline.blooms().spawn_maintenance(config.clone());
+        blooms.spawn_maintenance(config.clone());
+        let invalidator = Arc::new(Invalidator::new(
+            config.clone(),
+            store,
+            Some(blooms.clone()),
+            metrics.clone(),
+        ));
         let ready = Arc::new(AtomicBool::new(false));
         let (stop_proxy, proxy_stopped) = signal_watch::channel(false);
         let (stop_admin, admin_stopped) = signal_watch::channel(false);
         let (stop_invalidation, invalidation_stopped) = signal_watch::channel(false);
-        let invalidation_tasks = invalidation::spawn_sources(
-            &config,
-            &store,
-            &metrics,
-            &invalidation_stopped,
-            Some(crate::bloom::BloomGrowth::hook(
-                config.clone(),
-                pipeline.blooms().clone(),
-            )),
-        );
+        let invalidation_tasks =
+            invalidation::spawn_sources(&config.load(), &invalidator, &invalidation_stopped);
 
-        watch::spawn(
-            config_path,
-            config.clone(),
-            pipeline.clone(),
-            metrics.clone(),
-        )
+        let reconfigure = pipeline.clone();
+        watch::spawn(config_path, config.clone(), metrics.clone(), move |next| {
+            reconfigure.reconfigure(next)
+        })
         .context("cannot watch the config file")?;
 
         let admin_listener = TcpListener::bind(admin_listen)
@@ -95,13 +97,15 @@ impl App {
 
         let admin_state = Arc::new(AdminState {
             config: config.clone(),
-            pipeline: pipeline.clone(),
+            invalidator: invalidator.clone(),
+            blooms,
             metrics: metrics.clone(),
             ready: ready.clone(),
         });
         let proxy_state = Arc::new(ProxyState {
             config,
             pipeline,
+            invalidator,
             client,
             metrics,
         });
@@ -154,6 +158,16 @@ impl App {
         }
         info!("stopped");
     }
+}
+
+/// The membership source of Bloom builds. SPEC §6: `source` runs on
+/// `invalidation.outbox.url`; without an outbox this instance builds no
+/// filters (it still uses those other instances build).
+fn bloom_source(cfg: &Config) -> Option<Arc<dyn IdSource>> {
+    cfg.invalidation
+        .outbox
+        .as_ref()
+        .map(|o| PgSource::new(o.url.clone()) as Arc<dyn IdSource>)
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

@@ -8,7 +8,7 @@
 //!
 //! Upstream 4xx/5xx answers are responses, not errors.
 
-use crate::proxy::body::{full, Body};
+use crate::body::{full, Body};
 use http::{header, Response, StatusCode};
 
 #[derive(Debug, Clone, thiserror::Error)]

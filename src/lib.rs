@@ -19,10 +19,13 @@
 pub mod admin;
 pub mod app;
 pub mod bloom;
+pub mod body;
 pub mod config;
 pub mod error;
 pub mod invalidation;
+pub mod keys;
 pub mod metrics;
 pub mod pipeline;
 pub mod proxy;
+pub mod server;
 pub mod store;

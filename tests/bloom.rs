@@ -491,6 +491,58 @@ async fn http_stage_four_rejects_only_certainly_absent_ids() {
     );
 }
 
+/// SPEC §6: every `create` event grows the filter, whatever its source; a
+/// `create` through `POST /admin/invalidate` too (it goes through the same
+/// invalidator as the outbox and the stream), while an `invalidate` event
+/// does not add the id.
+#[tokio::test]
+async fn http_admin_create_event_adds_the_id_to_the_filter() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = start(&redis, &origin, 1000).await;
+    let cfg = Arc::new(Config::parse(&sc.builder().render(), &|_| None).unwrap());
+    let r = route(&cfg);
+    let source = StaticSource::new();
+    source.set("acme", ids(1..100));
+    let blooms = Blooms::new(
+        redis_store(&redis),
+        Some(source),
+        &prometheus::Registry::new(),
+    );
+    blooms.rebuild(&cfg, &r, "acme").await.unwrap();
+    let event = |kind: &str, id: &str| {
+        format!(r#"{{"route":"app","params":{{"tenant":"acme","id":"{id}"}},"kind":"{kind}"}}"#)
+    };
+
+    let resp = client::post(
+        &sc.admin_url("/admin/invalidate"),
+        event("invalidate", "901"),
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let resp = client::get(&sc.url(&path("acme", "901"))).await;
+    assert_eq!(xcache(&resp), "BLOOM", "an invalidate event adds nothing");
+
+    let resp = client::post(&sc.admin_url("/admin/invalidate"), event("create", "902")).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let resp = client::get(&sc.url(&path("acme", "902"))).await;
+    assert_eq!(
+        (resp.status.as_u16(), xcache(&resp).as_str()),
+        (200, "MISS")
+    );
+    assert_eq!(origin.hits(&path("acme", "902")), 1);
+    assert_eq!(
+        sc.metric("sidecache_bloom_adds_total{outcome=\"applied\",route=\"app\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        sc.metric("sidecache_invalidations_total{outcome=\"applied\",source=\"admin\"}")
+            .await,
+        Some(2.0)
+    );
+}
+
 /// Redis restarted (empty): every filter is unknown and requests reach the
 /// origin; nothing is rejected.
 #[tokio::test]

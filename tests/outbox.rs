@@ -10,7 +10,7 @@ use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
 use sidecache::invalidation::outbox::OutboxWorker;
 use sidecache::invalidation::Source;
-use sidecache::pipeline::key;
+use sidecache::keys;
 use std::time::Duration;
 use support::postgres::PostgresServer;
 use support::redis::RedisServer;
@@ -31,9 +31,9 @@ fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: 
 
 /// Starts an outbox worker for `cfg`.
 async fn start_worker(cfg: Config) -> Background {
-    Background::start(cfg, Source::Outbox, |cfg, applier, stopped| {
+    Background::start(cfg, Source::Outbox, |cfg, invalidator, stopped| {
         let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
-        tokio::spawn(OutboxWorker::new(outbox, applier).run(stopped))
+        tokio::spawn(OutboxWorker::new(outbox, invalidator).run(stopped))
     })
     .await
 }
@@ -48,7 +48,7 @@ async fn setup(poll_interval: &str, batch: u32) -> (RedisServer, PostgresServer,
 
 fn gen_key(tenant: &str, id: u64) -> String {
     let id = id.to_string();
-    key::generation_key("sc:", &key::identity("app", &[tenant, id.as_str()]))
+    keys::generation_key("sc:", &keys::identity("app", &[tenant, id.as_str()]))
 }
 
 async fn redis_conn(redis: &RedisServer) -> redis::aio::MultiplexedConnection {

@@ -13,9 +13,10 @@ mod redis_support;
 use bytes::Bytes;
 use redis_support::{RedisCluster, RedisServer};
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
+use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use sidecache::store::{GuardedStore, PublishOutcome, Snapshot, Store, StoreError};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -368,15 +369,16 @@ async fn invalidate_many_replaces_every_generation_in_one_call(s: &dyn Store) {
 // ---------------------------------------------------------------------------
 
 use sidecache::bloom::hash::{positions, signature};
-use sidecache::bloom::sizing::Sizing;
-use sidecache::store::bloom::{BloomAnswer, BloomKeys};
+use sidecache::config::bloom_sizing::Sizing;
+use sidecache::keys::BloomKeys;
+use sidecache::store::bloom::BloomAnswer;
 
 const BLOOM_SIZE: Sizing = Sizing { m: 1024, k: 4 };
 const BLOOM_LOCK: Duration = Duration::from_secs(60);
 const BLOOM_CANDIDATE: Duration = Duration::from_secs(600);
 
 fn bloom_keys(scope: &str) -> BloomKeys {
-    sidecache::bloom::keys("sc:", "app", scope)
+    sidecache::keys::bloom_keys("sc:", "app", scope)
 }
 
 fn pos(scope: &str, id: &str) -> Vec<u64> {

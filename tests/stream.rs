@@ -9,7 +9,7 @@ mod support;
 use sidecache::config::Config;
 use sidecache::invalidation::stream::StreamConsumer;
 use sidecache::invalidation::Source;
-use sidecache::pipeline::key;
+use sidecache::keys;
 use std::time::Duration;
 use support::redis::RedisServer;
 use support::{eventually, Background};
@@ -31,16 +31,16 @@ fn config(store_redis: &RedisServer, claim_idle: &str) -> Config {
 /// Starts a stream consumer for `cfg` reading from `stream_redis`.
 async fn start_consumer(cfg: Config, stream_redis: &RedisServer) -> Background {
     let url = stream_redis.url();
-    Background::start(cfg, Source::Stream, move |cfg, applier, stopped| {
+    Background::start(cfg, Source::Stream, move |cfg, invalidator, stopped| {
         let stream = cfg.invalidation.stream.clone().expect("stream configured");
-        tokio::spawn(StreamConsumer::new(stream, url, applier).run(stopped))
+        tokio::spawn(StreamConsumer::new(stream, url, invalidator).run(stopped))
     })
     .await
 }
 
 fn gen_key(tenant: &str, id: u64) -> String {
     let id = id.to_string();
-    key::generation_key("sc:", &key::identity("app", &[tenant, id.as_str()]))
+    keys::generation_key("sc:", &keys::identity("app", &[tenant, id.as_str()]))
 }
 
 fn has_generation(redis: &RedisServer, tenant: &str, id: u64) -> bool {

@@ -21,7 +21,7 @@
 use super::hash;
 use super::source::{IdSource, SourceError};
 use crate::config::bloom::BloomConfig;
-use crate::store::bloom::BloomKeys;
+use crate::keys::BloomKeys;
 use crate::store::{GuardedStore, StoreError};
 use futures_util::StreamExt;
 use rand::Rng;

@@ -15,7 +15,7 @@
 //! wraps. The route and scope take part so that equal ids of two tenants
 //! or routes land on unrelated bits.
 
-use super::sizing::Sizing;
+use crate::config::bloom_sizing::Sizing;
 use sha2::{Digest, Sha256};
 
 /// Version of the bitmap format and hashing scheme. Part of the signature.

@@ -2,7 +2,6 @@
 //! store that lets stage 4 of the read pipeline reject ids that certainly
 //! do not exist, without ever rejecting a real object.
 //!
-//! - [`sizing`]: `m`, `k` from `capacity` and `fp_rate`.
 //! - [`hash`]: bit positions (double hashing over SHA-256, pinned by test
 //!   vectors) and the signature written to `ready`.
 //! - [`source`]: where members come from ([`source::IdSource`]; Postgres).
@@ -30,14 +29,13 @@
 
 pub mod build;
 pub mod hash;
-pub mod sizing;
 pub mod source;
 
 use crate::config::bloom::BloomConfig;
 use crate::config::{Config, Route};
+use crate::keys::{bloom_keys, BloomKeys};
 use crate::metrics::BloomMetrics;
-use crate::pipeline::key::encode_param;
-use crate::store::bloom::{BloomAnswer, BloomKeys};
+use crate::store::bloom::BloomAnswer;
 use crate::store::{GuardedStore, StoreError};
 use arc_swap::ArcSwap;
 use build::{BuildError, BuildOutcome};
@@ -58,22 +56,6 @@ pub const MAX_CONCURRENT_BUILDS: usize = 2;
 pub const MAX_SCOPES: usize = 1024;
 /// How often the maintenance task looks for due builds.
 const TICK: Duration = Duration::from_secs(1);
-
-/// The keys of one filter: `<ns>b:{<route>:<scope>}:<suffix>`. The scope
-/// value is percent-encoded like a param, so it cannot leave the hash tag.
-pub fn keys(namespace: &str, route: &str, scope: &str) -> BloomKeys {
-    let mut tag = String::with_capacity(route.len() + scope.len() + 1);
-    tag.push_str(route);
-    tag.push(':');
-    encode_param(scope, &mut tag);
-    let base = format!("{namespace}b:{{{tag}}}:");
-    BloomKeys {
-        bits: format!("{base}bits"),
-        ready: format!("{base}ready"),
-        lock: format!("{base}build-lock"),
-        candidate_prefix: format!("{base}build:"),
-    }
-}
 
 /// What this process knows about one filter.
 #[derive(Default)]
@@ -137,7 +119,7 @@ impl Blooms {
     ) -> Result<BloomAnswer, StoreError> {
         let scope = bloom.scope_value(params);
         let id = params.get(bloom.id_param).map_or("", String::as_str);
-        let keys = keys(&cfg.store.namespace, &route.name, &scope);
+        let keys = bloom_keys(&cfg.store.namespace, &route.name, &scope);
         let positions = hash::positions(&route.name, &scope, id, bloom.sizing);
         let signature = hash::signature(bloom.sizing);
         let answer = self
@@ -264,7 +246,7 @@ impl Blooms {
             state.building = true;
         }
         self.note(&route.name, scope, None);
-        let keys = keys(&cfg.store.namespace, &route.name, scope);
+        let keys = bloom_keys(&cfg.store.namespace, &route.name, scope);
         let started = Instant::now();
         let result = build::build(&self.store, source, &keys, &route.name, bloom, scope).await;
         let took = started.elapsed();
@@ -339,7 +321,7 @@ impl Blooms {
         let Some(bloom) = route.bloom.as_ref() else {
             return Ok(());
         };
-        let keys = keys(&cfg.store.namespace, &route.name, scope);
+        let keys = bloom_keys(&cfg.store.namespace, &route.name, scope);
         let positions = hash::positions(&route.name, scope, id, bloom.sizing);
         let result = self.store.bloom_add(&keys, &positions).await;
         let outcome = if result.is_ok() { "applied" } else { "failed" };
@@ -350,19 +332,20 @@ impl Blooms {
         result
     }
 
-    /// [`Blooms::add_member`] for a validated `create` event (the seam the
-    /// outbox and stream appliers call): scope and id from its params.
+    /// [`Blooms::add_member`] for a `create` event (the seam the
+    /// invalidator calls): scope and id from its params, in template order.
     pub async fn created(
         &self,
         cfg: &Config,
-        event: &crate::invalidation::Validated,
+        route: &Route,
+        params: &[String],
     ) -> Result<(), StoreError> {
-        let Some(bloom) = event.route.bloom.as_ref() else {
+        let Some(bloom) = route.bloom.as_ref() else {
             return Ok(());
         };
-        let scope = bloom.scope_value(&event.params);
-        let id = event.params.get(bloom.id_param).map_or("", String::as_str);
-        self.add_member(cfg, &event.route, &scope, id).await
+        let scope = bloom.scope_value(params);
+        let id = params.get(bloom.id_param).map_or("", String::as_str);
+        self.add_member(cfg, route, &scope, id).await
     }
 
     /// Starts the maintenance task: builds unscoped filters at once, then
@@ -437,52 +420,5 @@ impl Blooms {
             }
         }
         due
-    }
-}
-
-/// The growth seam of the invalidation sources: a `create` event adds its
-/// object to the route's filter ([`Blooms::created`]) under the live config.
-pub struct BloomGrowth {
-    config: Arc<ArcSwap<Config>>,
-    blooms: Arc<Blooms>,
-}
-
-impl BloomGrowth {
-    /// The hook to hand to the appliers.
-    pub fn hook(
-        config: Arc<ArcSwap<Config>>,
-        blooms: Arc<Blooms>,
-    ) -> Arc<dyn crate::invalidation::CreateHook> {
-        Arc::new(BloomGrowth { config, blooms })
-    }
-}
-
-impl crate::invalidation::CreateHook for BloomGrowth {
-    fn created<'a>(
-        &'a self,
-        event: &'a crate::invalidation::Validated,
-    ) -> crate::store::BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let cfg = self.config.load_full();
-            self.blooms.created(&cfg, event).await
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_hash_tag_and_encode_the_scope() {
-        let k = keys("sc:", "app", "acme");
-        assert_eq!(k.bits, "sc:b:{app:acme}:bits");
-        assert_eq!(k.ready, "sc:b:{app:acme}:ready");
-        assert_eq!(k.lock, "sc:b:{app:acme}:build-lock");
-        assert_eq!(k.candidate("u1"), "sc:b:{app:acme}:build:u1");
-        // A scope value cannot close the tag or split the key.
-        let k = keys("sc:", "app", "a}b:c d");
-        assert_eq!(k.bits, "sc:b:{app:a%7Db%3Ac%20d}:bits");
-        assert_eq!(keys("sc:", "app", "").bits, "sc:b:{app:}:bits");
     }
 }

@@ -10,7 +10,7 @@
 use super::file::FileBloom;
 use super::route::Param;
 use super::ConfigError;
-use crate::bloom::sizing::Sizing;
+use crate::config::bloom_sizing::Sizing;
 use std::time::Duration;
 
 /// Shortest `rebuild_every`: a build reads the whole catalogue of a scope.
@@ -98,8 +98,8 @@ pub fn validate(at: &str, raw: FileBloom, params: &[Param]) -> Result<BloomConfi
     }
     let sizing = Sizing::new(raw.capacity, raw.fp_rate).map_err(|e| {
         let field = match e {
-            crate::bloom::sizing::SizingError::ZeroCapacity => "capacity",
-            crate::bloom::sizing::SizingError::TooLarge { .. } => "capacity",
+            crate::config::bloom_sizing::SizingError::ZeroCapacity => "capacity",
+            crate::config::bloom_sizing::SizingError::TooLarge { .. } => "capacity",
             _ => "fp_rate",
         };
         ConfigError::invalid(path(field), e.to_string())

@@ -8,6 +8,7 @@
 //! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
 
 pub mod bloom;
+pub mod bloom_sizing;
 pub mod file;
 pub mod interpolate;
 pub mod route;

@@ -221,9 +221,8 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     format!("not a Postgres connection string: {e}"),
                 );
             }
-            crate::invalidation::ddl::check_identifier(&o.table)
-                .or_else(|m| err(format!("{at}.table"), m))?;
-            crate::invalidation::ddl::check_identifier(&o.notify_channel)
+            check_identifier(&o.table).or_else(|m| err(format!("{at}.table"), m))?;
+            check_identifier(&o.notify_channel)
                 .or_else(|m| err(format!("{at}.notify_channel"), m))?;
             if o.poll_interval.0 < Duration::from_millis(10) {
                 return err(format!("{at}.poll_interval"), "must be at least 10ms");
@@ -420,4 +419,53 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         invalidate_on_write: r.invalidate_on_write,
         bloom,
     })
+}
+
+/// SQL identifiers spliced into the outbox SQL (table, NOTIFY channel).
+/// Accepts `name` or `schema.name`, each part `[a-z_][a-z0-9_]*` and at most
+/// 63 bytes (Postgres' limit). Lower case only: unquoted identifiers fold to
+/// lower case, so `Outbox` would silently name `outbox`.
+pub fn check_identifier(name: &str) -> std::result::Result<(), String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 {
+        return Err(format!("{name:?}: at most one '.' (schema.name)"));
+    }
+    for part in parts {
+        let mut chars = part.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !first_ok || !rest_ok || part.len() > 63 {
+            return Err(format!(
+                "{name:?} is not a plain SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        for ok in ["sidecache_outbox", "_x", "app.outbox", "a1"] {
+            assert!(check_identifier(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "Outbox",
+            "a-b",
+            "a;drop table x",
+            "a.b.c",
+            "a.",
+            "x y",
+            &"a".repeat(64),
+        ] {
+            assert!(check_identifier(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -11,7 +11,6 @@
 
 use super::Config;
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
 use arc_swap::ArcSwap;
 use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{new_debouncer, DebounceEventResult};
@@ -45,12 +44,13 @@ impl ReloadOutcome {
 
 /// Starts watching. The returned task runs until the runtime stops; the
 /// SIGHUP handler is installed before this returns, so a SIGHUP sent after
-/// readiness never hits the default action (terminate).
+/// readiness never hits the default action (terminate). `applied` runs after
+/// each config swap, for what must follow the new config (limits).
 pub fn spawn(
     path: PathBuf,
     current: Arc<ArcSwap<Config>>,
-    pipeline: Arc<Pipeline>,
     metrics: Metrics,
+    applied: impl Fn(&Config) + Send + 'static,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let mut debouncer = new_debouncer(DEBOUNCE, None, move |res: DebounceEventResult| match res {
@@ -84,7 +84,7 @@ pub fn spawn(
             };
             // Coalesce triggers that queued up while we were busy.
             while rx.try_recv().is_ok() {}
-            let outcome = reload(&path, &current, &pipeline);
+            let outcome = reload(&path, &current, &applied);
             if outcome == ReloadOutcome::Unchanged {
                 debug!(trigger, outcome = outcome.as_str(), "config reload");
             } else {
@@ -107,7 +107,7 @@ fn watch_dir(path: &Path) -> PathBuf {
 
 /// One reload attempt. The running config stays unless the new one is
 /// valid, different and reloadable.
-pub fn reload(path: &Path, current: &ArcSwap<Config>, pipeline: &Pipeline) -> ReloadOutcome {
+pub fn reload(path: &Path, current: &ArcSwap<Config>, applied: &dyn Fn(&Config)) -> ReloadOutcome {
     let next = match Config::load(path) {
         Ok(next) => next,
         Err(e) => {
@@ -129,7 +129,7 @@ pub fn reload(path: &Path, current: &ArcSwap<Config>, pipeline: &Pipeline) -> Re
     }
     let next = Arc::new(next);
     current.store(next.clone());
-    pipeline.reconfigure(&next);
+    applied(&next);
     info!(routes = next.routes.routes.len(), "config reloaded");
     ReloadOutcome::Applied
 }

@@ -1,35 +1,14 @@
 //! The SQL that installs the outbox (`sidecache outbox-ddl`): the table with
 //! the SPEC §7 columns, a partial index over the rows a worker may claim, and
 //! a statement-level `AFTER INSERT` trigger that wakes `LISTEN`ing workers.
-//! Also the identifier check shared with config validation: table and
-//! channel names are spliced into SQL, so only plain identifiers pass.
+//! Table and channel names are spliced into SQL; config validation
+//! ([`check_identifier`]) lets only plain identifiers pass.
 
 /// The default table and notification channel (same as the config defaults).
 pub const DEFAULT_TABLE: &str = "sidecache_outbox";
 pub const DEFAULT_CHANNEL: &str = "sidecache_outbox";
 
-/// Accepts `name` or `schema.name`, each part `[a-z_][a-z0-9_]*` and at most
-/// 63 bytes (Postgres' limit). Lower case only: unquoted identifiers fold to
-/// lower case, so `Outbox` would silently name `outbox`.
-pub fn check_identifier(name: &str) -> Result<(), String> {
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 {
-        return Err(format!("{name:?}: at most one '.' (schema.name)"));
-    }
-    for part in parts {
-        let mut chars = part.chars();
-        let first_ok = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if !first_ok || !rest_ok || part.len() > 63 {
-            return Err(format!(
-                "{name:?} is not a plain SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
-            ));
-        }
-    }
-    Ok(())
-}
+use crate::config::validate::check_identifier;
 
 /// The DDL for `table` whose trigger notifies `channel`. Idempotent (`IF NOT
 /// EXISTS`, `CREATE OR REPLACE`), so it can be re-run. Errors name the bad
@@ -94,26 +73,6 @@ CREATE TRIGGER {trigger}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identifiers() {
-        for ok in ["sidecache_outbox", "_x", "app.outbox", "a1"] {
-            assert!(check_identifier(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "1abc",
-            "Outbox",
-            "a-b",
-            "a;drop table x",
-            "a.b.c",
-            "a.",
-            "x y",
-            &"a".repeat(64),
-        ] {
-            assert!(check_identifier(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn ddl_names_table_and_channel() {

@@ -5,7 +5,7 @@
 //! dead-lettered by its source, never retried.
 
 use crate::config::{Config, Route};
-use crate::pipeline::key;
+use crate::keys;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -153,12 +153,24 @@ impl Event {
             }
             values.push(v.clone());
         }
-        let identity = key::identity(&route.name, &values);
-        Ok(Validated {
-            gen_key: key::generation_key(&cfg.store.namespace, &identity),
-            route: route.clone(),
-            params: values,
-            kind: self.kind,
-        })
+        Ok(Validated::new(cfg, route, values, self.kind))
+    }
+}
+
+impl Validated {
+    /// An event for `params` that already match `route`'s patterns.
+    pub fn new(
+        cfg: &Config,
+        route: &Arc<Route>,
+        params: Vec<String>,
+        kind: EventKind,
+    ) -> Validated {
+        let identity = keys::identity(&route.name, &params);
+        Validated {
+            gen_key: keys::generation_key(&cfg.store.namespace, &identity),
+            route: Arc::clone(route),
+            params,
+            kind,
+        }
     }
 }

@@ -19,12 +19,13 @@
 //! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
 //! to Postgres is not supported yet.
 
-use super::apply::{Applier, ApplyOutcome};
 use super::backoff::{self, Backoff};
 use super::event::{Event, Poison};
+use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::OutboxConfig;
 use crate::metrics::Metrics;
 use std::future::poll_fn;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -72,7 +73,7 @@ pub struct CycleReport {
 /// spawn [`OutboxWorker::run`].
 pub struct OutboxWorker {
     cfg: OutboxConfig,
-    applier: Applier,
+    invalidator: Arc<Invalidator>,
     metrics: Metrics,
 }
 
@@ -135,11 +136,11 @@ impl Drop for AbortOnDrop {
 }
 
 impl OutboxWorker {
-    pub fn new(cfg: OutboxConfig, applier: Applier) -> OutboxWorker {
-        let metrics = applier.metrics().clone();
+    pub fn new(cfg: OutboxConfig, invalidator: Arc<Invalidator>) -> OutboxWorker {
+        let metrics = invalidator.metrics().clone();
         OutboxWorker {
             cfg,
-            applier,
+            invalidator,
             metrics,
         }
     }
@@ -280,7 +281,7 @@ impl OutboxWorker {
             attempts.push(row.try_get::<_, i32>(5)?);
             events.push(row_event(row));
         }
-        let outcomes = self.applier.apply(events).await;
+        let outcomes = self.invalidator.apply(Source::Outbox, events).await;
 
         let mut applied = Vec::new();
         let (mut retry_ids, mut retry_delays, mut retry_errors) =
@@ -321,7 +322,7 @@ impl OutboxWorker {
         }
         self.metrics
             .dead_letters
-            .with_label_values(&[self.applier.source().as_str()])
+            .with_label_values(&[Source::Outbox.as_str()])
             .inc_by(dead_ids.len() as u64);
         if let Some(e) = retry_errors.first() {
             warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");

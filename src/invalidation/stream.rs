@@ -21,14 +21,15 @@
 //! store's multiplexed connection would stall every request behind it. Its
 //! response timeout exceeds `BLOCK`.
 
-use super::apply::{Applier, ApplyOutcome};
 use super::backoff::Backoff;
 use super::event::{Event, Poison};
+use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::{StreamConfig, StreamStart};
 use crate::metrics::Metrics;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{AsyncConnectionConfig, RedisError, Value};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -53,20 +54,24 @@ pub struct StreamConsumer {
     cfg: StreamConfig,
     redis_url: String,
     consumer: String,
-    applier: Applier,
+    invalidator: Arc<Invalidator>,
     metrics: Metrics,
 }
 
 impl StreamConsumer {
     /// `redis_url` is the store's single-node URL; the consumer opens its own
     /// connection to it.
-    pub fn new(cfg: StreamConfig, redis_url: String, applier: Applier) -> StreamConsumer {
-        let metrics = applier.metrics().clone();
+    pub fn new(
+        cfg: StreamConfig,
+        redis_url: String,
+        invalidator: Arc<Invalidator>,
+    ) -> StreamConsumer {
+        let metrics = invalidator.metrics().clone();
         StreamConsumer {
             cfg,
             redis_url,
             consumer: consumer_name(),
-            applier,
+            invalidator,
             metrics,
         }
     }
@@ -280,7 +285,7 @@ impl StreamConsumer {
         entries: &[StreamId],
     ) -> Result<bool, RedisError> {
         let events = entries.iter().map(entry_event).collect();
-        let outcomes = self.applier.apply(events).await;
+        let outcomes = self.invalidator.apply(Source::Stream, events).await;
         let mut pipe = redis::pipe();
         let mut ack = Vec::new();
         let mut dead = 0u64;
@@ -325,7 +330,7 @@ impl StreamConsumer {
         }
         self.metrics
             .dead_letters
-            .with_label_values(&[self.applier.source().as_str()])
+            .with_label_values(&[Source::Stream.as_str()])
             .inc_by(dead);
         if failed {
             warn!("stream entries not applied (store unavailable); left pending for a retry");

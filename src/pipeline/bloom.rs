@@ -7,8 +7,8 @@
 
 use super::CacheStatus;
 use crate::bloom::Blooms;
+use crate::body::{self, Body};
 use crate::config::{Config, Route};
-use crate::proxy::body::{self, Body};
 use crate::store::bloom::BloomAnswer;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};

@@ -3,10 +3,10 @@
 //! takes a fill permit with try-acquire (full -> 503 at once), and reads the
 //! body up to `max_body`; a larger body is streamed through uncached.
 
+use crate::body::{self, Body};
 use crate::config::{Config, Route};
 use crate::error::{ProxyError, UpstreamError};
 use crate::metrics::{status_class, Metrics};
-use crate::proxy::body::{self, Body};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::headers::{append_forwarded, strip_hop_by_hop};
 use bytes::{Bytes, BytesMut};

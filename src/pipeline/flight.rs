@@ -5,8 +5,8 @@
 
 use super::entry::Entry;
 use super::status::CacheStatus;
+use crate::body::Body;
 use crate::error::ProxyError;
-use crate::proxy::body::Body;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Response;
 use std::collections::HashMap;

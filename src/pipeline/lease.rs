@@ -5,9 +5,9 @@
 //! lease expired cannot delete its successor's lease.
 
 use super::entry::Entry;
-use super::key::CacheKey;
 use super::lookup::lookup;
 use crate::config::Route;
+use crate::keys::CacheKey;
 use crate::metrics::Metrics;
 use crate::store::{GuardedStore, StoreError};
 use rand::Rng;

@@ -5,7 +5,7 @@
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
 use super::entry::Entry;
-use super::key::CacheKey;
+use crate::keys::CacheKey;
 use crate::metrics::Metrics;
 use crate::store::{GuardedStore, Snapshot, StoreError};
 use bytes::Bytes;
@@ -65,7 +65,7 @@ pub async fn lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::key::object_keys;
+    use crate::keys::object_keys;
 
     fn key() -> CacheKey {
         CacheKey {

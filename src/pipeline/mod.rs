@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! 0 validate + bypass   (route match in proxy::server; bypass() here)
-//! 1 key                 key::cache_key
+//! 1 key                 keys::cache_key
 //! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
 //! 4 bloom               bloom::stage (miss only, routes with `bloom`)
 //! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
@@ -21,19 +21,19 @@ pub mod bloom;
 pub mod entry;
 pub mod fill;
 pub mod flight;
-pub mod key;
 pub mod lease;
 pub mod lookup;
 pub mod publish;
 pub mod status;
 
+use crate::bloom::Blooms;
+use crate::body::{self, Body};
 use crate::config::{Config, Route};
 use crate::error::ProxyError;
-use crate::invalidation::Validated;
+use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
-use crate::proxy::body::{self, Body};
 use crate::proxy::client::UpstreamClient;
-use crate::store::{GuardedStore, PublishOutcome, StoreError};
+use crate::store::{GuardedStore, PublishOutcome};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest};
 use flight::{Answer, Flights};
@@ -41,7 +41,6 @@ use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use key::CacheKey;
 use lease::LeaseOutcome;
 use rand::Rng;
 use status::CacheStatus;
@@ -54,7 +53,7 @@ struct Shared {
     client: UpstreamClient,
     metrics: Metrics,
     permits: FillPermits,
-    blooms: Arc<crate::bloom::Blooms>,
+    blooms: Arc<Blooms>,
 }
 
 pub struct Pipeline {
@@ -75,6 +74,7 @@ impl Pipeline {
     pub fn new(
         store: Arc<GuardedStore>,
         client: UpstreamClient,
+        blooms: Arc<Blooms>,
         metrics: Metrics,
         cfg: &Config,
     ) -> Pipeline {
@@ -82,11 +82,7 @@ impl Pipeline {
             shared: Arc::new(Shared {
                 client,
                 permits: FillPermits::new(cfg.fill.max_concurrency),
-                blooms: crate::bloom::Blooms::new(
-                    Arc::clone(&store),
-                    bloom_source(cfg),
-                    &metrics.registry,
-                ),
+                blooms,
                 store,
                 metrics,
             }),
@@ -97,15 +93,6 @@ impl Pipeline {
     /// Applies limits from a reloaded config (fill permits).
     pub fn reconfigure(&self, cfg: &Config) {
         self.shared.permits.resize(cfg.fill.max_concurrency);
-    }
-
-    pub fn store(&self) -> &Arc<GuardedStore> {
-        &self.shared.store
-    }
-
-    /// The Bloom filter manager (stage 4, builds, growth).
-    pub fn blooms(&self) -> &Arc<crate::bloom::Blooms> {
-        &self.shared.blooms
     }
 
     /// Serves a cache read. `params` are the raw path param values in
@@ -153,7 +140,7 @@ impl Pipeline {
         }
         let head = req.method() == Method::HEAD;
         // Stage 1.
-        let key = key::cache_key(
+        let key = keys::cache_key(
             &cfg.store.namespace,
             route,
             &params,
@@ -226,55 +213,6 @@ impl Pipeline {
             )
         })
     }
-
-    /// Replaces the generation of one object (every variant goes stale).
-    pub async fn invalidate(&self, cfg: &Config, event: &Validated) -> Result<(), StoreError> {
-        self.shared
-            .store
-            .invalidate(&event.gen_key, &nonce(), cfg.gen_ttl)
-            .await
-            .map(drop)
-    }
-
-    /// Write-through: a 2xx answer to a write on a cached object's path
-    /// invalidates the object. Failure is logged and counted only; the
-    /// outbox or stream stays the reliable path.
-    pub async fn write_through(&self, cfg: &Config, route: &Route, params: &[String]) {
-        let identity = key::identity(&route.name, params);
-        let gen_key = key::generation_key(&cfg.store.namespace, &identity);
-        let outcome = match self
-            .shared
-            .store
-            .invalidate(&gen_key, &nonce(), cfg.gen_ttl)
-            .await
-        {
-            Ok(_) => "applied",
-            Err(e) => {
-                tracing::warn!(route = %route.name, object = %identity, error = %e, "write-through invalidation failed");
-                "failed"
-            }
-        };
-        self.shared
-            .metrics
-            .invalidations
-            .with_label_values(&["write_through", outcome])
-            .inc();
-    }
-
-    /// Number of fills in progress in this instance.
-    pub fn fills_in_flight(&self) -> usize {
-        self.flights.len()
-    }
-}
-
-/// The membership source of Bloom builds. SPEC §6: `source` runs on
-/// `invalidation.outbox.url`; without an outbox this instance builds no
-/// filters (it still uses those other instances build).
-fn bloom_source(cfg: &Config) -> Option<Arc<dyn crate::bloom::source::IdSource>> {
-    cfg.invalidation.outbox.as_ref().map(|o| {
-        crate::bloom::source::PgSource::new(o.url.clone())
-            as Arc<dyn crate::bloom::source::IdSource>
-    })
 }
 
 /// Stage 0: a request carrying credentials is cached only if the route

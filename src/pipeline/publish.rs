@@ -3,8 +3,8 @@
 //! publish script (which re-checks lease owner and generation atomically).
 
 use super::entry::Entry;
-use super::key::CacheKey;
 use crate::config::Route;
+use crate::keys::CacheKey;
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::store::{GuardedStore, PublishOutcome, StoreError};
 use bytes::Bytes;

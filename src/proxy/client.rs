@@ -12,7 +12,7 @@
 //! same job: the most recently used one is reused (LIFO, as hyper-util did),
 //! and a connection goes back when its response body has ended.
 
-use super::body::Body;
+use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
 use bytes::Bytes;

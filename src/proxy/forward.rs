@@ -3,9 +3,9 @@
 //! headers are dropped, `Host` is kept, `X-Forwarded-*` added, trailers pass
 //! where HTTP/1.1 chunked allows, and `Upgrade` (WebSocket) is tunnelled.
 
-use super::body::{boxed, Body};
 use super::client::UpstreamClient;
 use super::headers::{append_forwarded, strip_hop_by_hop, tokens};
+use crate::body::{boxed, Body};
 use crate::error::ProxyError;
 use crate::metrics::{status_class, Metrics};
 use http::header::{self, HeaderValue};

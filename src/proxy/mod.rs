@@ -1,11 +1,8 @@
-//! Forwarding: the client-facing hyper server (`server`), hop-by-hop and
-//! framing rules (`headers`, plus the connection-level `framing` guard),
-//! streaming pass-through (`forward`), the pooled upstream client (`client`)
-//! and the shared body type (`body`).
+//! The upstream side: streaming pass-through (`forward`), hop-by-hop and
+//! framing rules (`headers`), and the pooled upstream client (`client`).
+//! Used by the client-facing server (everything that is not a cache read)
+//! and by the read pipeline (fills, bypass).
 
-pub mod body;
 pub mod client;
 pub mod forward;
-pub mod framing;
 pub mod headers;
-pub mod server;

@@ -10,28 +10,8 @@
 
 use super::guarded::{GuardedStore, Op};
 use super::{BoxFuture, StoreError};
+use crate::keys::BloomKeys;
 use std::time::Duration;
-
-/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
-/// Built by `bloom::keys`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BloomKeys {
-    /// `…:bits`: the active bitmap.
-    pub bits: String,
-    /// `…:ready`: the active bitmap's signature; absent = filter unknown.
-    pub ready: String,
-    /// `…:build-lock`: owner token of the running build.
-    pub lock: String,
-    /// `…:build:`; a build's candidate is this plus its owner token.
-    pub candidate_prefix: String,
-}
-
-impl BloomKeys {
-    /// `…:build:<owner>`: the candidate bitmap of the build owned by `owner`.
-    pub fn candidate(&self, owner: &str) -> String {
-        format!("{}{owner}", self.candidate_prefix)
-    }
-}
 
 /// The three answers of a check. Only `Absent` may reject a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +49,7 @@ impl BloomAnswer {
 }
 
 /// Bloom operations of a store backend. Positions come from
-/// `bloom::hash`; `m` is the bitmap size in bits.
+/// `crate::bloom::hash`; `m` is the bitmap size in bits.
 pub trait BloomStore {
     /// Three-state check of one element (`bloom_check.lua`).
     fn bloom_check<'a>(

@@ -15,8 +15,9 @@
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::StoreConfig;
+use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use prometheus::IntCounter;
@@ -328,7 +329,7 @@ mod tests {
     impl crate::store::bloom::BloomStore for Faulty {
         fn bloom_check<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             sig: &'a str,
             m: u64,
             p: &'a [u64],
@@ -337,7 +338,7 @@ mod tests {
         }
         fn bloom_begin<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             o: &'a str,
             lt: Duration,
             m: u64,
@@ -354,7 +355,7 @@ mod tests {
         }
         fn bloom_activate<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             o: &'a str,
             sig: &'a str,
             m: u64,
@@ -363,7 +364,7 @@ mod tests {
         }
         fn bloom_renew<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             o: &'a str,
             lt: Duration,
             ct: Duration,
@@ -372,14 +373,14 @@ mod tests {
         }
         fn bloom_add<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             p: &'a [u64],
         ) -> BoxFuture<'a, Result<(), StoreError>> {
             self.gate(self.inner.bloom_add(k, p))
         }
         fn bloom_disable<'a>(
             &'a self,
-            k: &'a crate::store::bloom::BloomKeys,
+            k: &'a crate::keys::BloomKeys,
             o: Option<&'a str>,
         ) -> BoxFuture<'a, Result<(), StoreError>> {
             self.gate(self.inner.bloom_disable(k, o))

@@ -12,7 +12,8 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
-use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
+use crate::keys::ObjectKeys;
 
 #[path = "memory_bloom.rs"]
 mod bloom;

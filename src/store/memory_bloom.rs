@@ -5,9 +5,10 @@
 //! Lock and `ready` are ordinary string keys. Every operation runs under
 //! the store's one lock, like a script.
 
-use super::super::bloom::{BloomAnswer, BloomKeys, BloomStore};
+use super::super::bloom::{BloomAnswer, BloomStore};
 use super::super::{BoxFuture, StoreError};
 use super::{deadline, Inner, MemoryStore};
+use crate::keys::BloomKeys;
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -33,7 +34,7 @@ impl Bitmap {
     }
 
     fn set(&mut self, offset: u64) {
-        // Offsets come from positions mod m, and m is capped (bloom::sizing).
+        // Offsets come from positions mod m, and m is capped (config::bloom_sizing).
         let byte = usize::try_from(offset / 8).unwrap_or(usize::MAX);
         if byte >= self.bytes.len() {
             self.bytes.resize(byte.saturating_add(1), 0);

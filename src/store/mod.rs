@@ -28,6 +28,7 @@ pub mod near;
 pub mod redis;
 pub mod scripts;
 
+use crate::keys::ObjectKeys;
 use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
@@ -47,17 +48,6 @@ pub enum StoreError {
     Protocol(String),
     #[error("circuit breaker open")]
     BreakerOpen,
-}
-
-/// The keys of one object variant (SPEC §5.2), all in one hash slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectKeys {
-    /// `<ns>o:{<route>:<params>}:e:v1:<variant>`
-    pub entry: String,
-    /// `<ns>o:{<route>:<params>}:g`
-    pub generation: String,
-    /// `<ns>o:{<route>:<params>}:l:<variant>`
-    pub lease: String,
 }
 
 /// What one `read` round trip returned.

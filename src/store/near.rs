@@ -28,8 +28,9 @@
 //!   which bounds staleness if pushes stop arriving without the connection
 //!   noticing (a silent network partition).
 
-use super::{ObjectKeys, Snapshot};
+use super::Snapshot;
 use crate::config::NearCacheConfig;
+use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
@@ -387,7 +388,7 @@ async fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::key::object_keys;
+    use crate::keys::object_keys;
 
     fn cache(max_age: Duration) -> NearCache {
         NearCache::new(

@@ -21,8 +21,9 @@
 
 use super::near::{self, NearCache};
 use super::scripts;
-use super::{BoxFuture, ObjectKeys, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
+use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};

@@ -3,10 +3,11 @@
 //! for filling a candidate, `DEL` and `BITCOUNT` for the rest. A child of
 //! `store::redis` so it shares the connection and the error mapping.
 
-use super::super::bloom::{BloomAnswer, BloomKeys, BloomStore};
+use super::super::bloom::{BloomAnswer, BloomStore};
 use super::super::scripts;
 use super::super::{BoxFuture, StoreError};
 use super::{map_error, px, RedisStore};
+use crate::keys::BloomKeys;
 use std::time::Duration;
 
 /// `bloom_add` re-reads the lock owner and retries when a build started or

@@ -139,8 +139,8 @@ pub struct Background {
 }
 
 impl Background {
-    /// Builds the store and an applier for `source` from `cfg`, then
-    /// `spawn(&cfg, applier, stopped)` starts the task.
+    /// Builds the store and an invalidator from `cfg`, then
+    /// `spawn(&cfg, invalidator, stopped)` starts the `source` task.
     pub async fn start<F>(
         cfg: ::sidecache::config::Config,
         source: ::sidecache::invalidation::Source,
@@ -149,7 +149,7 @@ impl Background {
     where
         F: FnOnce(
             &::sidecache::config::Config,
-            ::sidecache::invalidation::Applier,
+            std::sync::Arc<::sidecache::invalidation::Invalidator>,
             tokio::sync::watch::Receiver<bool>,
         ) -> tokio::task::JoinHandle<()>,
     {
@@ -159,10 +159,14 @@ impl Background {
             Err(e) => panic!("store: {e}"),
         };
         let config = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(cfg));
-        let applier =
-            ::sidecache::invalidation::Applier::new(config.clone(), store, metrics.clone(), source);
+        let invalidator = std::sync::Arc::new(::sidecache::invalidation::Invalidator::new(
+            config.clone(),
+            store,
+            None,
+            metrics.clone(),
+        ));
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = spawn(&config.load(), applier, stopped);
+        let task = spawn(&config.load(), invalidator, stopped);
         Background {
             metrics,
             source,

@@ -1,15 +1,65 @@
-//! Stage 1: the cache key. Identity = route name + param values; variant =
-//! a hash of the normalized query (per the route's `query` mode) and the
-//! values of the route's `vary` headers. Keys follow SPEC §5.2:
+//! The key layout (SPEC §5.2), shared by the read pipeline (stage 1:
+//! [`cache_key`]), invalidation (generation keys) and the Bloom filter
+//! ([`bloom_keys`]). Identity = route name + param values; variant = a hash
+//! of the normalized query (per the route's `query` mode) and the values of
+//! the route's `vary` headers. Object keys are
 //! `<ns>o:{<route>:<p1>:<p2>…}:e:v1:<variant>` (entry), `…:g` (generation),
-//! `…:l:<variant>` (lease) — one hash tag per object, so every key of an
-//! object lives in one Redis Cluster slot and `MGET` works.
+//! `…:l:<variant>` (lease); Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
+//! One hash tag per object (and per filter), so all its keys live in one
+//! Redis Cluster slot and `MGET` and scripts work.
 
 use crate::config::{QueryMode, Route};
-use crate::store::ObjectKeys;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use std::fmt::Write;
+
+/// The keys of one object variant (SPEC §5.2), all in one hash slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectKeys {
+    /// `<ns>o:{<route>:<params>}:e:v1:<variant>`
+    pub entry: String,
+    /// `<ns>o:{<route>:<params>}:g`
+    pub generation: String,
+    /// `<ns>o:{<route>:<params>}:l:<variant>`
+    pub lease: String,
+}
+
+/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
+/// Built by [`bloom_keys`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BloomKeys {
+    /// `…:bits`: the active bitmap.
+    pub bits: String,
+    /// `…:ready`: the active bitmap's signature; absent = filter unknown.
+    pub ready: String,
+    /// `…:build-lock`: owner token of the running build.
+    pub lock: String,
+    /// `…:build:`; a build's candidate is this plus its owner token.
+    pub candidate_prefix: String,
+}
+
+impl BloomKeys {
+    /// `…:build:<owner>`: the candidate bitmap of the build owned by `owner`.
+    pub fn candidate(&self, owner: &str) -> String {
+        format!("{}{owner}", self.candidate_prefix)
+    }
+}
+
+/// The keys of one filter: `<ns>b:{<route>:<scope>}:<suffix>`. The scope
+/// value is percent-encoded like a param, so it cannot leave the hash tag.
+pub fn bloom_keys(namespace: &str, route: &str, scope: &str) -> BloomKeys {
+    let mut tag = String::with_capacity(route.len() + scope.len() + 1);
+    tag.push_str(route);
+    tag.push(':');
+    encode_param(scope, &mut tag);
+    let base = format!("{namespace}b:{{{tag}}}:");
+    BloomKeys {
+        bits: format!("{base}bits"),
+        ready: format!("{base}ready"),
+        lock: format!("{base}build-lock"),
+        candidate_prefix: format!("{base}build:"),
+    }
+}
 
 /// Where a request's cached answer lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +219,19 @@ pub fn cache_key<S: AsRef<str>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag_and_encode_the_scope() {
+        let k = bloom_keys("sc:", "app", "acme");
+        assert_eq!(k.bits, "sc:b:{app:acme}:bits");
+        assert_eq!(k.ready, "sc:b:{app:acme}:ready");
+        assert_eq!(k.lock, "sc:b:{app:acme}:build-lock");
+        assert_eq!(k.candidate("u1"), "sc:b:{app:acme}:build:u1");
+        // A scope value cannot close the tag or split the key.
+        let k = bloom_keys("sc:", "app", "a}b:c d");
+        assert_eq!(k.bits, "sc:b:{app:a%7Db%3Ac%20d}:bits");
+        assert_eq!(bloom_keys("sc:", "app", "").bits, "sc:b:{app:}:bits");
+    }
 
     fn route() -> std::sync::Arc<Route> {
         crate::config::testing::route(

@@ -12,20 +12,24 @@
 //! starts a new hyper connection on the same socket. Keep-alive clients that
 //! send their next request sooner never notice.
 //!
-//! [`accept_until`] is the accept loop with graceful drain that the admin
-//! listener shares.
+//! [`listener`] holds the accept loop with graceful drain that the admin
+//! listener shares; [`framing`] the connection-level framing guard.
 
-use super::body::Body;
-use super::client::UpstreamClient;
-use super::forward::forward;
-use super::framing::{FramingGuard, FramingState};
-use super::headers::check_framing;
+pub mod framing;
+pub mod listener;
+
+use crate::body::Body;
 use crate::config::{Config, RouteMatch};
 use crate::error::ProxyError;
+use crate::invalidation::Invalidator;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::proxy::client::UpstreamClient;
+use crate::proxy::forward::forward;
+use crate::proxy::headers::check_framing;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use framing::{FramingGuard, FramingState};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
@@ -33,9 +37,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use listener::{accept_until, Draining, HEADER_READ_TIMEOUT};
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -43,10 +46,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
-
-/// A client that sends no complete request head within this time is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+use tracing::debug;
 
 /// An HTTP/1 connection idle this long is parked (see the module doc).
 /// Long enough that a busy keep-alive client (its next request within
@@ -59,102 +59,10 @@ pub struct ProxyState {
     /// The live config; each request loads one snapshot and keeps it.
     pub config: Arc<ArcSwap<Config>>,
     pub pipeline: Arc<Pipeline>,
+    /// Write-through invalidations.
+    pub invalidator: Arc<Invalidator>,
     pub client: UpstreamClient,
     pub metrics: Metrics,
-}
-
-/// The admin listener's connection builder: HTTP/1.1 with keep-alive and a
-/// header timeout (which needs a timer, or hyper panics), and h2c.
-pub fn builder() -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true);
-    b.http2().timer(TokioTimer::new());
-    b
-}
-
-/// A connection's side of its listener's drain: [`Draining::started`]
-/// resolves once the listener stops, and the listener waits (bounded) until
-/// every `Draining` is dropped, i.e. every connection task has ended.
-pub struct Draining(watch::Receiver<bool>);
-
-impl Draining {
-    pub async fn started(&mut self) {
-        // An error means the listener is gone: draining as well.
-        let _ = self.0.wait_for(|draining| *draining).await;
-    }
-
-    /// Runs a hyper connection to its end; once draining starts, asks it to
-    /// finish the request in progress and close (`graceful`), and goes on
-    /// polling it.
-    pub async fn serve<C, T, E>(
-        &mut self,
-        mut conn: Pin<&mut C>,
-        graceful: impl FnOnce(Pin<&mut C>),
-    ) -> Result<T, E>
-    where
-        C: Future<Output = Result<T, E>>,
-    {
-        tokio::select! {
-            result = conn.as_mut() => result,
-            _ = self.started() => {
-                graceful(conn.as_mut());
-                conn.await
-            }
-        }
-    }
-}
-
-/// Accepts connections until `shutdown` turns true, handing each to
-/// `handle` together with its [`Draining`]; then stops accepting, tells the
-/// connections, and waits up to `drain` for them to finish.
-pub async fn accept_until<H>(
-    name: &'static str,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-    drain: Duration,
-    handle: H,
-) where
-    H: Fn(TcpStream, SocketAddr, Draining) + Send,
-{
-    let (draining_tx, draining) = watch::channel(false);
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => break,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                // Small responses should not wait for Nagle.
-                let _ = stream.set_nodelay(true);
-                handle(stream, peer, Draining(draining.clone()));
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                warn!(listener = name, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-    drop(listener);
-    drop(draining);
-    info!(
-        listener = name,
-        connections = draining_tx.receiver_count(),
-        "draining"
-    );
-    let _ = draining_tx.send(true);
-    if tokio::time::timeout(drain, draining_tx.closed())
-        .await
-        .is_err()
-    {
-        warn!(
-            listener = name,
-            "connections still open after the drain period; closing them"
-        );
-    }
 }
 
 /// Serves the client-facing listener until `shutdown`.
@@ -329,7 +237,7 @@ struct ClientBody {
 
 impl http_body::Body for ClientBody {
     type Data = Bytes;
-    type Error = super::body::BoxError;
+    type Error = crate::body::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -431,7 +339,7 @@ async fn handle(
             // Before the client sees the answer, so its next read is fresh.
             // Boxed in its own statement: a temporary in the statement of an
             // `.await` stays in the future's layout (~3.8 KiB here).
-            let write_through = Box::pin(state.pipeline.write_through(&cfg, &route, &params));
+            let write_through = Box::pin(state.invalidator.write_through(&cfg, &route, params));
             write_through.await;
         }
     }

@@ -1,17 +1,21 @@
-//! Applying invalidation events: validate a batch against the live config
-//! (the `ArcSwap` snapshot current when the batch is applied, so a reload
-//! that adds a route also makes its events valid), replace the generations
-//! of every valid event in one store call, and tell the source each event's
-//! outcome so it can acknowledge, retry or dead-letter it.
+//! The one path every invalidation takes, whatever its source (outbox,
+//! stream, write-through, `POST /admin/invalidate`): validate against the
+//! live config (the `ArcSwap` snapshot current when the batch is applied, so
+//! a reload that adds a route also makes its events valid), replace the
+//! generations of every valid event in one store call, grow the route's
+//! Bloom filter on `create` (SPEC §6), count
+//! `sidecache_invalidations_total{source,outcome}`, and tell the source each
+//! event's outcome so it can acknowledge, retry or dead-letter it.
 //!
 //! Idempotent by construction: a generation is replaced with a fresh value,
 //! so an event delivered twice (at-least-once sources) only causes one more
 //! cache miss.
 
 use super::event::{Event, EventKind, Poison, Validated};
-use crate::config::Config;
+use crate::bloom::Blooms;
+use crate::config::{Config, Route};
 use crate::metrics::Metrics;
-use crate::store::{BoxFuture, GuardedStore, StoreError};
+use crate::store::{GuardedStore, StoreError};
 use arc_swap::ArcSwap;
 use rand::Rng;
 use std::sync::Arc;
@@ -24,6 +28,8 @@ const CHUNK: usize = 256;
 pub enum Source {
     Outbox,
     Stream,
+    WriteThrough,
+    Admin,
 }
 
 impl Source {
@@ -31,6 +37,8 @@ impl Source {
         match self {
             Source::Outbox => "outbox",
             Source::Stream => "stream",
+            Source::WriteThrough => "write_through",
+            Source::Admin => "admin",
         }
     }
 }
@@ -56,50 +64,28 @@ impl ApplyOutcome {
     }
 }
 
-/// The seam for the Bloom filter's growth (SPEC §6): a `create` event must
-/// add the new id to the route's filter, or the filter could reject an
-/// object that exists. The Bloom issue implements this; until then the
-/// [`Applier`] has no hook and `create` behaves like `invalidate`.
-pub trait CreateHook: Send + Sync + 'static {
-    /// Adds the created object to whatever filters cover it. An error makes
-    /// the event `Failed` (retried), never lost.
-    fn created<'a>(&'a self, event: &'a Validated) -> BoxFuture<'a, Result<(), StoreError>>;
-}
-
-/// Applies events from one source. Cheap to clone.
-#[derive(Clone)]
-pub struct Applier {
+/// Applies events from every source. Shared (`Arc`) by the sources.
+pub struct Invalidator {
     config: Arc<ArcSwap<Config>>,
     store: Arc<GuardedStore>,
+    /// Bloom growth for `create` events; `None` in tests without filters.
+    blooms: Option<Arc<Blooms>>,
     metrics: Metrics,
-    source: Source,
-    create_hook: Option<Arc<dyn CreateHook>>,
 }
 
-impl Applier {
+impl Invalidator {
     pub fn new(
         config: Arc<ArcSwap<Config>>,
         store: Arc<GuardedStore>,
+        blooms: Option<Arc<Blooms>>,
         metrics: Metrics,
-        source: Source,
-    ) -> Applier {
-        Applier {
+    ) -> Invalidator {
+        Invalidator {
             config,
             store,
+            blooms,
             metrics,
-            source,
-            create_hook: None,
         }
-    }
-
-    /// Installs the Bloom growth hook for `create` events.
-    pub fn with_create_hook(mut self, hook: Arc<dyn CreateHook>) -> Applier {
-        self.create_hook = Some(hook);
-        self
-    }
-
-    pub fn source(&self) -> Source {
-        self.source
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -109,12 +95,39 @@ impl Applier {
     /// Applies a batch; the result has one outcome per input, in order.
     /// Inputs that already failed to parse are passed in as poison so that
     /// the outcome list lines up with the source's entries.
-    pub async fn apply(&self, events: Vec<Result<Event, Poison>>) -> Vec<ApplyOutcome> {
+    pub async fn apply(
+        &self,
+        source: Source,
+        events: Vec<Result<Event, Poison>>,
+    ) -> Vec<ApplyOutcome> {
         let cfg = self.config.load_full();
-        let checked: Vec<Result<Validated, Poison>> = events
+        let checked = events
             .into_iter()
             .map(|e| e.and_then(|e| e.validate(&cfg)))
             .collect();
+        self.apply_checked(source, &cfg, checked).await
+    }
+
+    /// Write-through (SPEC §7): a 2xx answer to a write on a cached
+    /// object's path invalidates the object. `params` were validated by the
+    /// route match. Failure is logged and counted only; the outbox or stream
+    /// stays the reliable path.
+    pub async fn write_through(&self, cfg: &Config, route: &Arc<Route>, params: Vec<String>) {
+        let event = Validated::new(cfg, route, params, EventKind::Invalidate);
+        let outcome = self
+            .apply_checked(Source::WriteThrough, cfg, vec![Ok(event)])
+            .await;
+        if let Some(ApplyOutcome::Failed(e)) = outcome.first() {
+            tracing::warn!(route = %route.name, error = %e, "write-through invalidation failed");
+        }
+    }
+
+    async fn apply_checked(
+        &self,
+        source: Source,
+        cfg: &Config,
+        checked: Vec<Result<Validated, Poison>>,
+    ) -> Vec<ApplyOutcome> {
         // One store call per chunk: a pipeline of a few hundred small
         // scripts stays well inside the store's command timeout, whatever
         // `batch` is. `stored[i]` is the result for the i-th valid event.
@@ -138,22 +151,33 @@ impl Applier {
                     .unwrap_or(Err(StoreError::Protocol("no result".into())))
                 {
                     Err(e) => ApplyOutcome::Failed(e),
-                    Ok(()) => match (&self.create_hook, v.kind) {
-                        (Some(hook), EventKind::Create) => match hook.created(&v).await {
-                            Ok(()) => ApplyOutcome::Applied,
-                            Err(e) => ApplyOutcome::Failed(e),
-                        },
-                        _ => ApplyOutcome::Applied,
-                    },
+                    Ok(()) => self.grow_bloom(cfg, &v).await,
                 },
             };
             self.metrics
                 .invalidations
-                .with_label_values(&[self.source.as_str(), outcome.as_str()])
+                .with_label_values(&[source.as_str(), outcome.as_str()])
                 .inc();
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    /// A `create` event adds its id to the route's filter, or the filter
+    /// could reject an object that exists. A store error makes the event
+    /// `Failed` (retried), never lost.
+    async fn grow_bloom(&self, cfg: &Config, event: &Validated) -> ApplyOutcome {
+        let Some(blooms) = self
+            .blooms
+            .as_ref()
+            .filter(|_| event.kind == EventKind::Create)
+        else {
+            return ApplyOutcome::Applied;
+        };
+        match blooms.created(cfg, &event.route, &event.params).await {
+            Ok(()) => ApplyOutcome::Applied,
+            Err(e) => ApplyOutcome::Failed(e),
+        }
     }
 }
 
@@ -168,7 +192,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    fn applier(metrics: &Metrics) -> (Applier, Arc<GuardedStore>) {
+    fn invalidator(metrics: &Metrics) -> (Invalidator, Arc<GuardedStore>) {
         let yaml = r#"
 version: 1
 listen: 127.0.0.1:1
@@ -189,7 +213,7 @@ routes:
         ));
         let config = Arc::new(ArcSwap::from_pointee(cfg));
         (
-            Applier::new(config, store.clone(), metrics.clone(), Source::Outbox),
+            Invalidator::new(config, store.clone(), None, metrics.clone()),
             store,
         )
     }
@@ -206,11 +230,11 @@ routes:
     #[tokio::test]
     async fn outcomes_line_up_with_inputs_across_chunks() {
         let metrics = Metrics::new();
-        let (applier, _) = applier(&metrics);
+        let (invalidator, _) = invalidator(&metrics);
         let mut events: Vec<_> = (1..=600).map(|i| event("a", &i.to_string())).collect();
         events.insert(3, event("a", "0"));
         events.insert(300, Err(Poison::Malformed("x".into())));
-        let outcomes = applier.apply(events).await;
+        let outcomes = invalidator.apply(Source::Outbox, events).await;
         assert_eq!(outcomes.len(), 602);
         assert!(matches!(
             outcomes[3],
@@ -237,14 +261,16 @@ routes:
     #[tokio::test]
     async fn applying_twice_replaces_the_generation_again() {
         let metrics = Metrics::new();
-        let (applier, store) = applier(&metrics);
-        let gen_key = crate::pipeline::key::generation_key(
-            "sc:",
-            &crate::pipeline::key::identity("app", &["a", "7"]),
-        );
-        applier.apply(vec![event("a", "7")]).await;
+        let (invalidator, store) = invalidator(&metrics);
+        let gen_key =
+            crate::keys::generation_key("sc:", &crate::keys::identity("app", &["a", "7"]));
+        invalidator
+            .apply(Source::Outbox, vec![event("a", "7")])
+            .await;
         let first = store.ticket(&gen_key, "n", Duration::from_secs(60)).await;
-        applier.apply(vec![event("a", "7")]).await;
+        invalidator
+            .apply(Source::Outbox, vec![event("a", "7")])
+            .await;
         let second = store.ticket(&gen_key, "n", Duration::from_secs(60)).await;
         assert_ne!(first.unwrap(), second.unwrap());
     }
