@@ -126,9 +126,10 @@ fn only_get(method: &Method) -> Option<Response<Body>> {
         .then(|| text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"))
 }
 
-/// With a token configured, `/admin/*` needs `Authorization: Bearer <token>`.
-/// Both sides are hashed first so the comparison takes the same time for
-/// every guess, whatever its length or its first wrong byte.
+/// With a token configured, `/admin/*` needs `Authorization: Bearer <token>`
+/// (the scheme is case-insensitive, RFC 9110 §11.1). Both sides are hashed
+/// first so the comparison takes the same time for every guess, whatever its
+/// length or its first wrong byte.
 fn authorized(cfg: &Config, headers: &http::HeaderMap) -> bool {
     let Some(token) = cfg.admin.token.as_deref().filter(|t| !t.is_empty()) else {
         return true;
@@ -136,8 +137,9 @@ fn authorized(cfg: &Config, headers: &http::HeaderMap) -> bool {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, credentials)| credentials.trim_start_matches(' '));
     use sha2::{Digest, Sha256};
     let (a, b) = (
         Sha256::digest(presented.as_bytes()),
@@ -319,4 +321,40 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body
 
 fn error(status: StatusCode, reason: &str) -> Response<Body> {
     json_response(status, &json!({"ok": false, "error": reason}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let yaml =
+            "version: 1\nlisten: 127.0.0.1:1\nadmin: { listen: 127.0.0.1:2, token: s3cret }\n\
+                    upstream: { url: \"http://127.0.0.1:3\" }\nroutes: []\n";
+        let cfg = Config::parse(yaml, &|_| None).expect("config");
+        let auth = |value: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            authorized(&cfg, &h)
+        };
+        for ok in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "Bearer  s3cret",
+        ] {
+            assert!(auth(ok), "{ok}");
+        }
+        for bad in [
+            "Bearer s3cre",
+            "Basic s3cret",
+            "s3cret",
+            "Bearers3cret",
+            "Bearer",
+        ] {
+            assert!(!auth(bad), "{bad}");
+        }
+        assert!(!authorized(&cfg, &http::HeaderMap::new()));
+    }
 }

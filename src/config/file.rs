@@ -40,6 +40,10 @@ pub struct FileAdmin {
     pub listen: String,
     #[serde(default)]
     pub token: Option<String>,
+    /// Lets a non-loopback `listen` run without a token (the operator's
+    /// explicit choice, e.g. a port only reachable inside the pod).
+    #[serde(default)]
+    pub allow_unauthenticated: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -184,12 +184,28 @@ impl Config {
     /// Reads and validates the file at `path`, interpolating from the process
     /// environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: name.clone(),
+        Config::from_file_text(path, &Config::read(path)?)
+    }
+
+    /// The file's text, for a caller that looks at it before parsing.
+    pub fn read(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.display().to_string(),
             source,
-        })?;
-        Config::parse(&text, &|k| std::env::var(k).ok()).map_err(|e| e.in_file(&name))
+        })
+    }
+
+    /// Parses `text` read from `path` (errors name the file), with
+    /// `${VAR}` taken from the process environment.
+    pub fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, &|k| std::env::var(k).ok())
+            .map_err(|e| e.in_file(&path.display().to_string()))
+    }
+
+    /// The digest a config parsed from `text` carries.
+    pub fn digest_of(text: &str) -> [u8; 32] {
+        use sha2::Digest;
+        sha2::Sha256::digest(text.as_bytes()).into()
     }
 
     /// Parses and validates config text; `env` looks up `${VAR}` values.
@@ -211,11 +227,7 @@ impl Config {
                 e.into_inner().to_string(),
             )
         })?;
-        let digest = {
-            use sha2::Digest;
-            sha2::Sha256::digest(text.as_bytes()).into()
-        };
-        validate::validate(raw, digest)
+        validate::validate(raw, Config::digest_of(text))
     }
 
     /// Names of settings that differ and cannot change without a restart.

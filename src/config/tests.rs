@@ -250,3 +250,26 @@ fn near_cache_defaults_and_limits() {
     ))
     .contains("store.redis.near_cache"));
 }
+
+#[test]
+fn admin_on_a_public_address_needs_a_token_or_an_explicit_opt_out() {
+    let public = BASE.replace(
+        "admin: { listen: 127.0.0.1:9090 }",
+        "admin: { listen: 0.0.0.0:9090 }",
+    );
+    let e = Config::parse(&format!("{public}{APP}"), &|_| None)
+        .map(|_| ())
+        .expect_err("public admin without a token");
+    assert!(e.to_string().contains("admin.token"), "{e}");
+    for admin in [
+        "admin: { listen: 0.0.0.0:9090, token: t }",
+        "admin: { listen: 0.0.0.0:9090, allow_unauthenticated: true }",
+        "admin: { listen: \"[::1]:9090\" }",
+    ] {
+        let yaml = BASE.replace("admin: { listen: 127.0.0.1:9090 }", admin);
+        assert!(
+            Config::parse(&format!("{yaml}{APP}"), &|_| None).is_ok(),
+            "{admin}"
+        );
+    }
+}

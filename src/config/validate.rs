@@ -36,6 +36,19 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     if admin.listen == listen {
         return err("admin.listen", "must differ from listen");
     }
+    // Whoever reaches /admin/* can invalidate everything and start builds.
+    if !admin.listen.ip().is_loopback() && admin.token.is_none() && !raw.admin.allow_unauthenticated
+    {
+        return err(
+            "admin.token",
+            format!(
+                "admin.listen {} is not a loopback address and no token is set: anyone who reaches it \
+                 could invalidate the cache; set admin.token, or admin.allow_unauthenticated: true \
+                 if only trusted peers can reach that port",
+                admin.listen
+            ),
+        );
+    }
     let upstream = upstream(&raw)?;
     let store = store(&raw)?;
     if raw.fill.max_concurrency == 0 {

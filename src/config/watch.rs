@@ -74,6 +74,7 @@ pub fn spawn(
     Ok(tokio::spawn(async move {
         // The debouncer stops watching when dropped: keep it in the task.
         let _debouncer = debouncer;
+        let mut reloader = Reloader::new(path, current, applied);
         loop {
             let trigger = tokio::select! {
                 got = rx.recv() => match got {
@@ -84,7 +85,7 @@ pub fn spawn(
             };
             // Coalesce triggers that queued up while we were busy.
             while rx.try_recv().is_ok() {}
-            let outcome = reload(&path, &current, &applied);
+            let outcome = reloader.reload();
             if outcome == ReloadOutcome::Unchanged {
                 debug!(trigger, outcome = outcome.as_str(), "config reload");
             } else {
@@ -105,31 +106,119 @@ fn watch_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// One reload attempt. The running config stays unless the new one is
-/// valid, different and reloadable.
-pub fn reload(path: &Path, current: &ArcSwap<Config>, applied: &dyn Fn(&Config)) -> ReloadOutcome {
-    let next = match Config::load(path) {
-        Ok(next) => next,
-        Err(e) => {
-            warn!(error = %e, "config reload rejected; the running config stays");
+/// Reload attempts against one file. Remembers the digest of the last
+/// content it looked at, so a file that was rejected is warned about once,
+/// not on every later event (a log file written into the config's directory
+/// would otherwise make each warning trigger the next).
+pub struct Reloader<F> {
+    path: PathBuf,
+    current: Arc<ArcSwap<Config>>,
+    applied: F,
+    last_seen: [u8; 32],
+}
+
+impl<F: Fn(&Config)> Reloader<F> {
+    pub fn new(path: PathBuf, current: Arc<ArcSwap<Config>>, applied: F) -> Self {
+        let last_seen = current.load().digest;
+        Reloader {
+            path,
+            current,
+            applied,
+            last_seen,
+        }
+    }
+
+    /// One reload attempt. The running config stays unless the new one is
+    /// valid, different and reloadable.
+    pub fn reload(&mut self) -> ReloadOutcome {
+        let text = match Config::read(&self.path) {
+            Ok(text) => text,
+            Err(e) => {
+                warn!(error = %e, "config reload rejected; the running config stays");
+                return ReloadOutcome::Rejected;
+            }
+        };
+        let digest = Config::digest_of(&text);
+        if digest == self.last_seen {
+            return ReloadOutcome::Unchanged;
+        }
+        self.last_seen = digest;
+        let next = match Config::from_file_text(&self.path, &text) {
+            Ok(next) => next,
+            Err(e) => {
+                warn!(error = %e, "config reload rejected; the running config stays");
+                return ReloadOutcome::Rejected;
+            }
+        };
+        let running = self.current.load();
+        if running.digest == digest {
+            // Back to the running content after a rejected edit.
+            return ReloadOutcome::Unchanged;
+        }
+        let needs_restart = running.restart_only_changes(&next);
+        if !needs_restart.is_empty() {
+            warn!(
+                fields = ?needs_restart,
+                "config change needs a restart; refused, the running config stays"
+            );
             return ReloadOutcome::Rejected;
         }
-    };
-    let running = current.load();
-    if running.digest == next.digest {
-        return ReloadOutcome::Unchanged;
+        let next = Arc::new(next);
+        self.current.store(next.clone());
+        (self.applied)(&next);
+        info!(routes = next.routes.routes.len(), "config reloaded");
+        ReloadOutcome::Applied
     }
-    let needs_restart = running.restart_only_changes(&next);
-    if !needs_restart.is_empty() {
-        warn!(
-            fields = ?needs_restart,
-            "config change needs a restart; refused, the running config stays"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "version: 1\nlisten: 127.0.0.1:1\nadmin: { listen: 127.0.0.1:2 }\n\
+                        upstream: { url: \"http://127.0.0.1:3\" }\nroutes: []\n";
+
+    #[test]
+    fn a_rejected_file_is_rejected_once_per_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sidecache.yaml");
+        std::fs::write(&path, GOOD).expect("write");
+        let current = Arc::new(ArcSwap::from_pointee(Config::load(&path).expect("good")));
+        let applied = std::sync::atomic::AtomicUsize::new(0);
+        let mut reloader = Reloader::new(path.clone(), current.clone(), |_: &Config| {
+            applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(reloader.reload(), ReloadOutcome::Unchanged);
+
+        std::fs::write(&path, format!("{GOOD}colour: blue\n")).expect("write");
+        assert_eq!(reloader.reload(), ReloadOutcome::Rejected);
+        // Later events with the same bad content: nothing new to say.
+        assert_eq!(reloader.reload(), ReloadOutcome::Unchanged);
+        assert_eq!(reloader.reload(), ReloadOutcome::Unchanged);
+        // Another bad content is warned about again.
+        std::fs::write(&path, format!("{GOOD}colour: red\n")).expect("write");
+        assert_eq!(reloader.reload(), ReloadOutcome::Rejected);
+
+        let fixed = GOOD.replace("routes: []", "routes: []\nlog_format: json");
+        std::fs::write(&path, &fixed).expect("write");
+        assert_eq!(
+            reloader.reload(),
+            ReloadOutcome::Rejected,
+            "log_format needs a restart"
         );
-        return ReloadOutcome::Rejected;
+        std::fs::write(
+            &path,
+            GOOD.replace(
+                "admin: { listen: 127.0.0.1:2 }",
+                "admin: { listen: 127.0.0.1:2, token: t }",
+            ),
+        )
+        .expect("write");
+        assert_eq!(reloader.reload(), ReloadOutcome::Applied);
+        assert_eq!(applied.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(current.load().admin.token.as_deref(), Some("t"));
+        // Back to a content seen before (the original): a real change again.
+        std::fs::write(&path, GOOD).expect("write");
+        assert_eq!(reloader.reload(), ReloadOutcome::Applied);
     }
-    let next = Arc::new(next);
-    current.store(next.clone());
-    applied(&next);
-    info!(routes = next.routes.routes.len(), "config reloaded");
-    ReloadOutcome::Applied
 }
