@@ -20,6 +20,8 @@ pub mod names {
     pub const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
     pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
     pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
+    pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
+    pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
     pub const PUBLISH: &str = "sidecache_publish_total";
     pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
@@ -52,6 +54,8 @@ pub struct Metrics {
     /// `{op}`: the store operation that failed or timed out.
     pub store_errors: IntCounterVec,
     pub breaker_open: IntGauge,
+    pub store_write_refusals: IntCounterVec,
+    pub store_writes_refused: IntGauge,
     pub fill_inflight: IntGaugeVec,
     /// `{route, outcome}`: `published`, `publish_rejected`, `write_failure`, `uncacheable`.
     pub publish: IntCounterVec,
@@ -131,6 +135,19 @@ impl Metrics {
                 &registry,
                 IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open.")
                     .expect("valid metric"),
+            ),
+            store_write_refusals: counter(
+                STORE_WRITE_REFUSALS,
+                "Store writes refused by the store (OOM, READONLY, NOREPLICAS, MISCONF); the breaker stays closed.",
+                &["op"],
+            ),
+            store_writes_refused: reg(
+                &registry,
+                IntGauge::new(
+                    STORE_WRITES_REFUSED,
+                    "1 while the store refuses writes (since the last refusal, until a write succeeds).",
+                )
+                .expect("valid metric"),
             ),
             fill_inflight: reg(
                 &registry,

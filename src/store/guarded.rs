@@ -8,7 +8,12 @@
 //! 8 s+ otherwise).
 //!
 //! A business "no" (lease taken, publish rejected, compare-and-delete
-//! mismatch) is a successful call. A call skipped because the breaker is open
+//! mismatch) is a successful call. So, for the breaker, is a write the store
+//! refuses ([`StoreError::WriteRefused`]: Redis at `maxmemory`, a read-only
+//! replica): the store answers, reads work, and opening the breaker would
+//! stop hits too. Refusals are counted per op instead, and
+//! `sidecache_store_writes_refused` is 1 from a refusal until a write
+//! succeeds (logged once each way). A call skipped because the breaker is open
 //! returns [`StoreError::BreakerOpen`] without touching the store and is not
 //! counted as a store error (the failure that opened the breaker was).
 
@@ -20,7 +25,8 @@ use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGauge};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +39,11 @@ pub struct GuardedStore {
     timeout: Option<Duration>,
     /// `store_errors{op}` handles, resolved once instead of per call.
     errors: [IntCounter; Op::COUNT],
+    /// `store_write_refusals{op}` handles.
+    refusals: [IntCounter; Op::COUNT],
+    /// True from a refused write until a write succeeds.
+    refusing_writes: AtomicBool,
+    refusing_gauge: IntGauge,
 }
 
 /// Store operations, as named in the `op` label.
@@ -65,6 +76,15 @@ impl Op {
         Op::BloomAdd,
     ];
 
+    /// Ops that need the store to take more memory: a success shows it
+    /// accepts writes again (deletes succeed even at `maxmemory`).
+    fn writes(self) -> bool {
+        matches!(
+            self,
+            Op::TryLease | Op::Ticket | Op::Publish | Op::Invalidate | Op::BloomAdd
+        )
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Op::Read => "read",
@@ -96,6 +116,13 @@ impl GuardedStore {
             breaker: Breaker::new(cooldown, metrics.breaker_open.clone()),
             timeout,
             errors: Op::ALL.map(|op| metrics.store_errors.with_label_values(&[op.as_str()])),
+            refusals: Op::ALL.map(|op| {
+                metrics
+                    .store_write_refusals
+                    .with_label_values(&[op.as_str()])
+            }),
+            refusing_writes: AtomicBool::new(false),
+            refusing_gauge: metrics.store_writes_refused.clone(),
         }
     }
 
@@ -122,7 +149,17 @@ impl GuardedStore {
             None => future.await,
         };
         match &result {
-            Ok(_) => permit.success(),
+            Ok(_) => {
+                permit.success();
+                if op.writes() && self.refusing_writes.load(Ordering::Relaxed) {
+                    self.writes_refused(false, op, None);
+                }
+            }
+            Err(error @ StoreError::WriteRefused(_)) => {
+                permit.success();
+                self.refusals[op as usize].inc();
+                self.writes_refused(true, op, Some(error));
+            }
             Err(error) => {
                 self.errors[op as usize].inc();
                 tracing::debug!(op = op.as_str(), %error, probe = permit.is_probe(), "store call failed");
@@ -130,6 +167,22 @@ impl GuardedStore {
             }
         }
         result
+    }
+
+    /// Records whether the store refuses writes; logs the change once.
+    fn writes_refused(&self, refused: bool, op: Op, error: Option<&StoreError>) {
+        if self.refusing_writes.swap(refused, Ordering::Relaxed) == refused {
+            return;
+        }
+        self.refusing_gauge.set(i64::from(refused));
+        match error {
+            Some(error) => tracing::warn!(
+                op = op.as_str(),
+                %error,
+                "the store refuses writes: hits are still served, misses go to the upstream uncached"
+            ),
+            None => tracing::info!(op = op.as_str(), "the store accepts writes again"),
+        }
     }
 
     pub async fn read(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {

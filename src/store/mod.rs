@@ -37,7 +37,8 @@ use std::time::Duration;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a store call failed. Every kind means "store unavailable" to the read
-/// pipeline (degraded path); the kinds only differ in logs and metrics.
+/// pipeline (degraded path); the kinds differ in logs and metrics, and in
+/// one more way: [`StoreError::WriteRefused`] does not open the breaker.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store call timed out")]
@@ -48,6 +49,12 @@ pub enum StoreError {
     Protocol(String),
     #[error("circuit breaker open")]
     BreakerOpen,
+    /// The store answered but refuses writes (Redis `OOM` at `maxmemory`
+    /// with `noeviction`, `READONLY` replica, `NOREPLICAS`, `MISCONF`).
+    /// Reads still work, so this one does not open the breaker: hits go on
+    /// being served, and misses go to the origin without caching.
+    #[error("store refuses writes: {0}")]
+    WriteRefused(String),
 }
 
 /// What one `read` round trip returned.

@@ -255,6 +255,14 @@ fn map_error(e: RedisError) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout;
     }
+    // Answered, but no writes (maxmemory with noeviction, a read-only
+    // replica, too few replicas, failed RDB save): reads still work.
+    if matches!(
+        e.code(),
+        Some("OOM" | "READONLY" | "NOREPLICAS" | "MISCONF")
+    ) {
+        return StoreError::WriteRefused(e.to_string());
+    }
     match e.kind() {
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Protocol(e.to_string()),
         // I/O, server errors (OOM, LOADING, BUSY, CLUSTERDOWN, ...), client
