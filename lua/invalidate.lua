@@ -8,7 +8,12 @@
 --
 -- Returns: the new generation (bulk string). It never equals the old one,
 -- even if a caller reuses a nonce within one microsecond.
+--
+-- The DEL comes first so that an invalidation is applied even at maxmemory
+-- with noeviction: Redis refuses a script's first write if it may use
+-- memory (SET), but lets a script that has already written run to its end.
 local old = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[1])
 local t = redis.call('TIME')
 local gen = string.format('%s.%06d-%s', t[1], tonumber(t[2]), ARGV[1])
 if gen == old then

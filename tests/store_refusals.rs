@@ -30,7 +30,12 @@ fn builder(redis: &RedisServer, origin: &Origin) -> SidecacheBuilder {
         ))
 }
 
-async fn refusals(redis: &RedisServer, refuse: &[&str], accept: &[&str]) {
+async fn refusals(
+    redis: &RedisServer,
+    refuse: &[&str],
+    accept: &[&str],
+    invalidation: Option<u16>,
+) {
     let origin = Origin::start().await;
     let sc = builder(redis, &origin).start().await;
     client::get(&sc.url(HOT)).await;
@@ -60,6 +65,20 @@ async fn refusals(redis: &RedisServer, refuse: &[&str], accept: &[&str]) {
         .await
             >= 3.0
     );
+    if let Some(expected) = invalidation {
+        // An invalidation while writes are refused: applied (OOM) or
+        // refused (read-only replica); a refused one is retried by its
+        // source, the admin endpoint answers 503.
+        let resp = client::post(
+            &sc.admin_url("/admin/invalidate"),
+            r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#,
+        )
+        .await;
+        assert_eq!(resp.status, expected, "{}", resp.text());
+        if expected == 200 {
+            assert_eq!(x_cache(&client::get(&sc.url(HOT)).await), "DEGRADED");
+        }
+    }
     let log = sc.stderr_text();
     assert_eq!(
         log.matches("the store refuses writes").count(),
@@ -89,6 +108,7 @@ async fn out_of_memory_redis_keeps_serving_hits() {
         &redis,
         &["CONFIG", "SET", "maxmemory", "1"],
         &["CONFIG", "SET", "maxmemory", "0"],
+        Some(200),
     )
     .await;
 }
@@ -102,6 +122,7 @@ async fn read_only_redis_keeps_serving_hits() {
         // and serves reads (replica-serve-stale-data), refuses writes.
         &["REPLICAOF", "127.0.0.1", "1"],
         &["REPLICAOF", "NO", "ONE"],
+        Some(503),
     )
     .await;
 }

@@ -76,13 +76,11 @@ impl Op {
         Op::BloomAdd,
     ];
 
-    /// Ops that need the store to take more memory: a success shows it
-    /// accepts writes again (deletes succeed even at `maxmemory`).
+    /// The writes a fill needs: a success shows the store accepts writes
+    /// again (deletes, and the invalidate script, succeed even at
+    /// `maxmemory`).
     fn writes(self) -> bool {
-        matches!(
-            self,
-            Op::TryLease | Op::Ticket | Op::Publish | Op::Invalidate | Op::BloomAdd
-        )
+        matches!(self, Op::TryLease | Op::Ticket | Op::Publish)
     }
 
     fn as_str(self) -> &'static str {
