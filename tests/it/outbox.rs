@@ -4,23 +4,21 @@
 //! lost across Redis and Postgres failures and a crash between apply and
 //! commit, several workers on one table, poison rows).
 
-mod support;
-
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
 use sidecache::invalidation::outbox::OutboxWorker;
 use sidecache::invalidation::Source;
 use sidecache::pipeline::key;
 use std::time::Duration;
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::{eventually, Background};
 use tokio::time::Instant;
 
 const TABLE: &str = "sidecache_outbox";
 
 fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: u32) -> Config {
-    support::library_config(
+    crate::support::library_config(
         &redis.url(),
         &format!(
             r#"outbox: {{ url: "{}", poll_interval: {poll_interval}, batch: {batch} }}"#,

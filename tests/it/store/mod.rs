@@ -7,11 +7,8 @@
 //!
 //! No sleep-and-hope: expiry is awaited by polling with a bounded deadline.
 
-#[path = "support/redis.rs"]
-mod redis_support;
-
+use crate::support::redis::{RedisCluster, RedisServer};
 use bytes::Bytes;
-use redis_support::{RedisCluster, RedisServer};
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;

@@ -3,14 +3,12 @@
 //! `X-Forwarded-*`, streams both ways, tunnels WebSocket, and fails as
 //! 400 (ambiguous framing, bad route param), 502 (unreachable), 504 (slow).
 
-mod support;
-
+use crate::support::client::{self, request, request_h2};
+use crate::support::{Origin, Reply, Sidecache, SidecacheBuilder};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::HeaderMap;
 use std::time::Duration;
-use support::client::{self, request, request_h2};
-use support::{Origin, Reply, Sidecache, SidecacheBuilder};
 use tokio_tungstenite::tungstenite::Message;
 
 fn values(echo: &serde_json::Value, header: &str) -> Vec<String> {
@@ -265,7 +263,7 @@ async fn bad_route_param_is_400_and_touches_nothing() {
 
 #[tokio::test]
 async fn unreachable_upstream_is_502() {
-    let nothing = support::sidecache::free_addr();
+    let nothing = crate::support::sidecache::free_addr();
     let sc = Sidecache::start(&format!("http://{nothing}")).await;
     let resp = client::get(&sc.url("/anything")).await;
     assert_eq!(resp.status, 502);

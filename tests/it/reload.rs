@@ -1,11 +1,9 @@
 //! Hot reload (SPEC §9): rename-replace picked up, invalid files and
 //! restart-only changes refused with the old config still serving, SIGHUP.
 
-mod support;
-
+use crate::support::client;
+use crate::support::{eventually, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::client;
-use support::{eventually, Origin, Sidecache, SidecacheBuilder};
 
 const TWO_ROUTES: &str = r#"routes:
   - name: app
@@ -93,7 +91,7 @@ async fn listen_change_is_refused() {
 
     let moved = sc
         .builder()
-        .addrs(support::sidecache::free_addr(), sc.admin_addr())
+        .addrs(crate::support::sidecache::free_addr(), sc.admin_addr())
         .routes(TWO_ROUTES)
         .render();
     sc.rewrite_config(&moved);

@@ -3,12 +3,10 @@
 //! negative caching, bypass, what is never cached, vary and query variants,
 //! the stale-backfill race (held origin response), fill permits.
 
-mod support;
-
+use crate::support::client::x_cache;
+use crate::support::redis::RedisServer;
+use crate::support::{client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::client::x_cache;
-use support::redis::RedisServer;
-use support::{client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 

@@ -5,10 +5,10 @@
 //!
 //! The membership database is replaced by `IdSource` implementations here;
 //! the Postgres source, growth through the outbox and a build killed
-//! mid-way run against a private Postgres in `tests/bloom_postgres.rs`.
+//! mid-way run against a private Postgres in `bloom_postgres`.
 
-mod support;
-
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sidecache::bloom::build::BuildOutcome;
@@ -22,8 +22,6 @@ use sidecache::store::redis::RedisStore;
 use sidecache::store::{GuardedStore, Store};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::redis::RedisServer;
-use support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 
 fn routes(capacity: u64, fp_rate: f64) -> String {
     format!(

@@ -4,7 +4,7 @@
 //! test.
 //!
 //! # `origin::Origin` — the upstream service
-//! - `Origin::start().await`, `.url()` (`http://127.0.0.1:PORT`), `.addr()`.
+//! - `Origin::start().await`, `.url()` (`http://127.0.0.1:PORT`).
 //! - Replies per path (query ignored): `origin.reply("/p", Reply::ok("x")
 //!   .status..header(k, v).trailer(k, v).delay(d))`; also `Reply::status(404)`,
 //!   `Reply::echo()`, `Reply::stream(len)`, `Reply::pipe()`, `Reply::sink()`.
@@ -16,9 +16,8 @@
 //!   `x-origin-version`, where `origin.bump(path)` increments the version and
 //!   `origin.default_body(path)` tells the current text.
 //! - Counters: `hits(path)` (on arrival, before holds), `total()`,
-//!   `concurrency()`, `max_concurrency()`, `requests()` / `last_request(path)`
-//!   (`Recorded`: method, path, query, version, headers, body (first MiB),
-//!   body_len, trailers), `reset_counts()`.
+//!   `max_concurrency()`, `last_request(path)` (`Recorded`: method, path,
+//!   query, headers, body (first MiB)), `reset_counts()`.
 //! - Holds: `let gate = origin.hold("/p")`; requests to `/p` wait;
 //!   `gate.arrived(n).await` (panics after 10 s), `gate.count()`,
 //!   `gate.release()`; dropping the gate releases it.
@@ -28,8 +27,7 @@
 //!   `DEFAULT_ROUTES`: route `app` at `/api/tenants/{tenant}/apps/{id}`), or
 //!   `SidecacheBuilder::new(url)` with `.store(yaml)`, `.routes(yaml)`,
 //!   `.fill(yaml)`, `.extra(yaml)` (each a whole top-level section),
-//!   `.upstream_timeout("500ms")`, `.connect_timeout(..)`, `.token(t)`,
-//!   `.env(k, v)`, `.template(yaml with {listen} {admin} {upstream})`,
+//!   `.upstream_timeout("500ms")`, `.token(t)`, `.env(k, v)`,
 //!   `.addrs(listen, admin)`, then `.start().await`. Ports are picked free on
 //!   loopback (retried if taken); readiness is `/readyz` == 200.
 //! - `url(path)`, `admin_url(path)`, `addr()`, `admin_addr()`,
@@ -37,8 +35,9 @@
 //!   `builder()` (same addresses; `.render()` gives YAML),
 //!   `rewrite_config(yaml)` (temp file + rename), `sighup()`,
 //!   `signal("TERM")`, `kill()`, `wait_exit(d)`, `pid()`, `peak_rss_kib()`,
-//!   `rss_kib()`, `stderr_text()`, `metrics().await`,
-//!   `metric("name{labels}").await -> Option<f64>`. Drop kills the child
+//!   `stderr_text()`, `metrics().await`,
+//!   `metric("name{labels}").await -> Option<f64>`, `metric_sum(name,
+//!   &[(label, value)]).await` (sum over series). Drop kills the child
 //!   and, if the test panicked, prints the stderr tail.
 //!
 //! # `client` — HTTP helpers
@@ -52,7 +51,6 @@
 //!
 //! # Here
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
-#![allow(dead_code, unused_imports)]
 
 pub mod client;
 pub mod origin;

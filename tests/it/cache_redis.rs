@@ -3,13 +3,11 @@
 //! cache), direct tampering with keys (ABA, corrupt entries), and Redis
 //! failures (paused, killed and restarted, writes blocked).
 
-mod support;
-
+use crate::support::client::x_cache;
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 use redis::Value;
 use std::time::{Duration, Instant};
-use support::client::x_cache;
-use support::redis::RedisServer;
-use support::{client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const OBJECT: &str = "sc:o:{app:acme:1}";

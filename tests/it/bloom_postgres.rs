@@ -18,12 +18,10 @@
 //! the test observes it waiting (`pg_stat_activity`, `wait_event =
 //! 'PgSleep'`) and lifts the gate when the interleaving is in place.
 
-mod support;
-
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 
 const WITHIN: Duration = Duration::from_secs(20);
 const LOCK: &str = "sc:b:{app:acme}:build-lock";

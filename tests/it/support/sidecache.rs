@@ -28,13 +28,11 @@ pub const DEFAULT_ROUTES: &str = r#"routes:
 pub struct SidecacheBuilder {
     upstream: String,
     upstream_timeout: String,
-    connect_timeout: String,
     token: Option<String>,
     store: String,
     fill: String,
     routes: String,
     extra: String,
-    template: Option<String>,
     env: Vec<(String, String)>,
     listen: Option<SocketAddr>,
     admin: Option<SocketAddr>,
@@ -45,29 +43,19 @@ impl SidecacheBuilder {
         SidecacheBuilder {
             upstream: upstream_url.into(),
             upstream_timeout: "10s".into(),
-            connect_timeout: "1s".into(),
             token: None,
             store: String::new(),
             fill: String::new(),
             routes: DEFAULT_ROUTES.into(),
             extra: String::new(),
-            template: None,
             env: Vec::new(),
             listen: None,
             admin: None,
         }
     }
-    pub fn upstream(mut self, url: impl Into<String>) -> Self {
-        self.upstream = url.into();
-        self
-    }
     /// `upstream.timeout`, e.g. `"500ms"`.
     pub fn upstream_timeout(mut self, d: &str) -> Self {
         self.upstream_timeout = d.into();
-        self
-    }
-    pub fn connect_timeout(mut self, d: &str) -> Self {
-        self.connect_timeout = d.into();
         self
     }
     /// `admin.token`.
@@ -95,12 +83,6 @@ impl SidecacheBuilder {
         self.extra = yaml.into();
         self
     }
-    /// Replaces the generated file entirely; `{listen}`, `{admin}` and
-    /// `{upstream}` are filled in.
-    pub fn template(mut self, yaml: &str) -> Self {
-        self.template = Some(yaml.into());
-        self
-    }
     /// An environment variable for the child (e.g. `SIDECACHE_LOG`).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.into(), value.into()));
@@ -123,26 +105,16 @@ impl SidecacheBuilder {
             .admin
             .map(|a| a.to_string())
             .unwrap_or_else(|| "127.0.0.1:0".into());
-        let text = match &self.template {
-            Some(t) => t.clone(),
-            None => {
-                let token = match &self.token {
-                    Some(t) => format!("  token: \"{t}\"\n"),
-                    None => String::new(),
-                };
-                format!(
-                    "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
-                     upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: {}\n  timeout: {}\n\
-                     {}\n{}\n{}\n{}\n",
-                    self.connect_timeout,
-                    self.upstream_timeout,
-                    self.store,
-                    self.fill,
-                    self.routes,
-                    self.extra
-                )
-            }
+        let token = match &self.token {
+            Some(t) => format!("  token: \"{t}\"\n"),
+            None => String::new(),
         };
+        let text = format!(
+            "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
+             upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: 1s\n  timeout: {}\n\
+             {}\n{}\n{}\n{}\n",
+            self.upstream_timeout, self.store, self.fill, self.routes, self.extra
+        );
         text.replace("{listen}", &listen)
             .replace("{admin}", &admin)
             .replace("{upstream}", &self.upstream)
@@ -201,10 +173,6 @@ impl Sidecache {
     /// Default config (embedded store, [`DEFAULT_ROUTES`]) for `upstream_url`.
     pub async fn start(upstream_url: &str) -> Sidecache {
         SidecacheBuilder::new(upstream_url).start().await
-    }
-
-    pub fn builder_for(upstream_url: &str) -> SidecacheBuilder {
-        SidecacheBuilder::new(upstream_url)
     }
 
     async fn spawn(b: SidecacheBuilder) -> Result<Sidecache, String> {
@@ -331,9 +299,6 @@ impl Sidecache {
     /// Peak resident set size in KiB (`VmHWM`).
     pub fn peak_rss_kib(&self) -> u64 {
         self.proc_status_kib("VmHWM:")
-    }
-    pub fn rss_kib(&self) -> u64 {
-        self.proc_status_kib("VmRSS:")
     }
     fn proc_status_kib(&self, field: &str) -> u64 {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
