@@ -5,21 +5,18 @@
 
 use crate::support::client::x_cache;
 use crate::support::redis::RedisServer;
-use crate::support::{client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
+use crate::support::{app_routes, client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 use std::time::Duration;
 
 const P: &str = "/api/tenants/acme/apps/1";
 
-pub const ROUTES: &str = r#"routes:
-  - name: app
-    path: /api/tenants/{tenant}/apps/{id}
-    params:
-      tenant: "[A-Za-z0-9_-]{1,64}"
-      id: "[1-9][0-9]{0,17}"
-    ttl: 60s
-    jitter: 5s
-    negative_ttl: 60s
-  - name: varied
+/// The `app` route (with jitter and a negative TTL) and three routes for
+/// vary and the query modes.
+fn routes() -> String {
+    app_routes("jitter: 5s\nnegative_ttl: 60s") + MORE_ROUTES
+}
+
+const MORE_ROUTES: &str = r#"  - name: varied
     path: /varied/{id}
     params: { id: "[0-9]+" }
     vary: [Accept, Authorization]
@@ -48,7 +45,7 @@ impl Backend {
     }
 
     fn builder(&self, origin: &Origin) -> SidecacheBuilder {
-        let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
+        let b = SidecacheBuilder::new(origin.url()).routes(&routes());
         match self {
             Backend::Embedded => b,
             Backend::Redis(r) => b.store(&format!(

@@ -24,7 +24,8 @@
 //!
 //! # `sidecache::Sidecache` — the real binary
 //! - `Sidecache::start(&origin.url()).await` (embedded store,
-//!   `DEFAULT_ROUTES`: route `app` at `/api/tenants/{tenant}/apps/{id}`), or
+//!   `app_routes("")`: route `app` at `/api/tenants/{tenant}/apps/{id}`,
+//!   ttl 60s; `app_routes("negative_ttl: 2s")` adds keys to it), or
 //!   `SidecacheBuilder::new(url)` with `.store(yaml)`, `.routes(yaml)`,
 //!   `.fill(yaml)`, `.extra(yaml)` (each a whole top-level section),
 //!   `.upstream_timeout("500ms")`, `.token(t)`, `.env(k, v)`,
@@ -59,7 +60,7 @@ pub mod redis;
 pub mod sidecache;
 
 pub use origin::{Gate, Origin, Reply};
-pub use sidecache::{Sidecache, SidecacheBuilder};
+pub use sidecache::{app_routes, Sidecache, SidecacheBuilder};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -114,12 +115,8 @@ store:
   breaker: {{ cooldown: 200ms }}
 invalidation:
   {invalidation}
-routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
-    ttl: 60s
-"#
+{routes}"#,
+        routes = app_routes("")
     );
     match ::sidecache::config::Config::parse(&yaml, &|_| None) {
         Ok(cfg) => cfg,

@@ -11,15 +11,30 @@ use std::time::{Duration, Instant};
 /// Startup (to `/readyz` 200) must finish within this time.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `app` route used when a test does not set its own routes.
-pub const DEFAULT_ROUTES: &str = r#"routes:
+/// The `routes:` section most tests use: the `app` route at
+/// `/api/tenants/{tenant}/apps/{id}` (tenant `[A-Za-z0-9_-]{1,64}`, id
+/// `[1-9][0-9]{0,17}`, `ttl: 60s`) plus `keys`, more keys of that route
+/// written at the route's own level (`"negative_ttl: 2s\nwait: 5s"`; a
+/// nested block keeps its relative indentation). Further routes can be
+/// appended as `  - name: ...` items. `app_routes("")` is the default.
+pub fn app_routes(keys: &str) -> String {
+    let mut yaml = String::from(
+        r#"routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
     params:
       tenant: "[A-Za-z0-9_-]{1,64}"
       id: "[1-9][0-9]{0,17}"
     ttl: 60s
-"#;
+"#,
+    );
+    for line in keys.lines().filter(|l| !l.trim().is_empty()) {
+        yaml.push_str("    ");
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    yaml
+}
 
 /// Builds a config and starts the binary. Sections are whole top-level YAML
 /// blocks (`store:\n  ...`, `routes:\n  ...`); `{upstream}` in any of them
@@ -46,7 +61,7 @@ impl SidecacheBuilder {
             token: None,
             store: String::new(),
             fill: String::new(),
-            routes: DEFAULT_ROUTES.into(),
+            routes: app_routes(""),
             extra: String::new(),
             env: Vec::new(),
             listen: None,
@@ -73,7 +88,7 @@ impl SidecacheBuilder {
         self.fill = yaml.into();
         self
     }
-    /// The whole `routes:` section (default [`DEFAULT_ROUTES`]).
+    /// The whole `routes:` section (default `app_routes("")`).
     pub fn routes(mut self, yaml: &str) -> Self {
         self.routes = yaml.into();
         self
@@ -170,7 +185,7 @@ pub struct Sidecache {
 }
 
 impl Sidecache {
-    /// Default config (embedded store, [`DEFAULT_ROUTES`]) for `upstream_url`.
+    /// Default config (embedded store, `app_routes("")`) for `upstream_url`.
     pub async fn start(upstream_url: &str) -> Sidecache {
         SidecacheBuilder::new(upstream_url).start().await
     }
