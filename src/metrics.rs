@@ -37,6 +37,7 @@ pub mod names {
     pub const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
     pub const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
     pub const NEAR_CACHE_TRACKING: &str = "sidecache_near_cache_tracking";
+    pub const CONNECTIONS_PARKED: &str = "sidecache_connections_parked";
 }
 
 /// All metrics of one process.
@@ -80,6 +81,8 @@ pub struct Metrics {
     pub near_cache_invalidations: IntCounter,
     pub near_cache_flushes: IntCounter,
     pub near_cache_tracking: IntGauge,
+    /// Idle HTTP/1 client connections parked (socket only, no hyper state).
+    pub connections_parked: IntGauge,
 }
 
 impl Metrics {
@@ -235,6 +238,14 @@ impl Metrics {
                 IntGauge::new(
                     NEAR_CACHE_TRACKING,
                     "1 while the near cache's tracked Redis connection is up.",
+                )
+                .expect("valid metric"),
+            ),
+            connections_parked: reg(
+                &registry,
+                IntGauge::new(
+                    CONNECTIONS_PARKED,
+                    "Idle HTTP/1 client connections parked (socket kept, hyper state freed).",
                 )
                 .expect("valid metric"),
             ),

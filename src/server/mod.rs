@@ -99,6 +99,7 @@ async fn serve_client(
         None => return,
     };
     let (mut io, framing) = FramingGuard::new(stream);
+    let parked = state.metrics.connections_parked.clone();
     let svc = service_fn(move |req: Request<Incoming>| {
         // Here, not in `handle`: hyper calls the service in request order,
         // and only the answer's body needs the state after this.
@@ -123,7 +124,10 @@ async fn serve_client(
             None => return,
         };
         // Parked: hyper's buffers are freed; wait for the next request.
-        if !next_request(conn.0.get_ref(), &mut draining).await {
+        parked.inc();
+        let resumed = next_request(conn.0.get_ref(), &mut draining).await;
+        parked.dec();
+        if !resumed {
             return;
         }
     }

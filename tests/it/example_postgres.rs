@@ -9,16 +9,14 @@
 //! --example upstream` (cargo prints where it put the executable), since
 //! cargo provides `CARGO_BIN_EXE_*` only for `[[bin]]` targets.
 
-mod support;
-
+use crate::support::client::{self, Resp};
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::sidecache::free_addr;
+use crate::support::{eventually, SidecacheBuilder};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::client::{self, Resp};
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::sidecache::free_addr;
-use support::{eventually, SidecacheBuilder};
 
 /// Bound on "the outbox row has reached the cache".
 const FRESH_WITHIN: Duration = Duration::from_secs(5);

@@ -113,12 +113,9 @@ pub struct Recorded {
     pub method: String,
     pub path: String,
     pub query: Option<String>,
-    pub version: http::Version,
     pub headers: HeaderMap,
     /// The first `RECORD_LIMIT` bytes (empty for pipe/sink/stream replies).
     pub body: Bytes,
-    pub body_len: u64,
-    pub trailers: Option<HeaderMap>,
 }
 
 struct Hold {
@@ -230,10 +227,6 @@ impl Origin {
         Origin { addr, state, task }
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// `http://127.0.0.1:PORT`, for `upstream.url`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -287,18 +280,8 @@ impl Origin {
         self.state.total.load(Ordering::SeqCst)
     }
 
-    /// Requests being handled right now (held ones included).
-    pub fn concurrency(&self) -> usize {
-        self.state.inflight.load(Ordering::SeqCst)
-    }
-
     pub fn max_concurrency(&self) -> usize {
         self.state.max_inflight.load(Ordering::SeqCst)
-    }
-
-    /// Every received request, in the order their bodies were read.
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.state.inner.lock().unwrap().requests.clone()
     }
 
     pub fn last_request(&self, path: &str) -> Option<Recorded> {
@@ -376,13 +359,13 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<OriginBod
     }
     match reply.kind {
         Kind::Pipe => {
-            record(&state, &req, Bytes::new(), 0, None);
+            record(&state, &req, Bytes::new());
             let mut resp = Response::new(req.into_body().map_err(BoxError::from).boxed());
             *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap();
             return resp;
         }
         Kind::Stream(len) => {
-            record(&state, &req, Bytes::new(), 0, None);
+            record(&state, &req, Bytes::new());
             return build(&reply, generated(len));
         }
         Kind::Sink => {
@@ -394,13 +377,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<OriginBod
                     Err(e) => return build(&Reply::status(400), full(format!("body error: {e}"))),
                 }
             }
-            record(
-                &state,
-                &Request::from_parts(parts, ()),
-                Bytes::new(),
-                len,
-                None,
-            );
+            record(&state, &Request::from_parts(parts, ()), Bytes::new());
             return build(&reply, full(len.to_string()));
         }
         Kind::Fixed | Kind::Echo => {}
@@ -413,7 +390,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<OriginBod
     let (parts, body) = req.into_parts();
     let (kept, len, trailers) = read_body(body).await;
     let head = Request::from_parts(parts, ());
-    record(&state, &head, kept.clone(), len, trailers.clone());
+    record(&state, &head, kept.clone());
     match reply.kind {
         Kind::Echo => {
             let echo = echo_json(&head, &kept, len, trailers.as_ref());
@@ -509,22 +486,13 @@ async fn read_body(mut body: Incoming) -> (Bytes, u64, Option<HeaderMap>) {
     (Bytes::from(kept), len, trailers)
 }
 
-fn record<B>(
-    state: &State,
-    req: &Request<B>,
-    body: Bytes,
-    body_len: u64,
-    trailers: Option<HeaderMap>,
-) {
+fn record<B>(state: &State, req: &Request<B>, body: Bytes) {
     let rec = Recorded {
         method: req.method().to_string(),
         path: req.uri().path().to_owned(),
         query: req.uri().query().map(str::to_owned),
-        version: req.version(),
         headers: req.headers().clone(),
         body,
-        body_len,
-        trailers,
     };
     state.inner.lock().unwrap().requests.push(rec);
 }
@@ -564,7 +532,7 @@ fn websocket(state: &State, mut req: Request<Incoming>) -> Response<OriginBody> 
     let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
         return build(&Reply::status(400), full("missing sec-websocket-key"));
     };
-    record(state, &req, Bytes::new(), 0, None);
+    record(state, &req, Bytes::new());
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else { return };

@@ -18,12 +18,10 @@
 //! the test observes it waiting (`pg_stat_activity`, `wait_event =
 //! 'PgSleep'`) and lifts the gate when the interleaving is in place.
 
-mod support;
-
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::{app_routes, client, eventually, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 
 const WITHIN: Duration = Duration::from_secs(20);
 const LOCK: &str = "sc:b:{app:acme}:build-lock";
@@ -37,22 +35,14 @@ const PLAIN_SOURCE: &str = "SELECT id::text FROM app_config WHERE tenant = $1";
 const GATED_SOURCE: &str = "SELECT * FROM app_ids($1)";
 
 fn routes(source: &str) -> String {
-    format!(
-        r#"routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params:
-      tenant: "[A-Za-z0-9_-]{{1,64}}"
-      id: "[1-9][0-9]{{0,17}}"
-    ttl: 60s
-    bloom:
-      scope: "{{tenant}}"
-      source: "{source}"
-      capacity: 1000
-      fp_rate: 0.01
-      rebuild_every: 10m
-"#
-    )
+    app_routes(&format!(
+        r#"bloom:
+  scope: "{{tenant}}"
+  source: "{source}"
+  capacity: 1000
+  fp_rate: 0.01
+  rebuild_every: 10m"#
+    ))
 }
 
 /// Catalogue: `acme` owns 1..=50, `zeta` owns 1001..=1050. Plus the outbox

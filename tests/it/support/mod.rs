@@ -4,7 +4,7 @@
 //! test.
 //!
 //! # `origin::Origin` — the upstream service
-//! - `Origin::start().await`, `.url()` (`http://127.0.0.1:PORT`), `.addr()`.
+//! - `Origin::start().await`, `.url()` (`http://127.0.0.1:PORT`).
 //! - Replies per path (query ignored): `origin.reply("/p", Reply::ok("x")
 //!   .status..header(k, v).trailer(k, v).delay(d))`; also `Reply::status(404)`,
 //!   `Reply::echo()`, `Reply::stream(len)`, `Reply::pipe()`, `Reply::sink()`.
@@ -16,20 +16,19 @@
 //!   `x-origin-version`, where `origin.bump(path)` increments the version and
 //!   `origin.default_body(path)` tells the current text.
 //! - Counters: `hits(path)` (on arrival, before holds), `total()`,
-//!   `concurrency()`, `max_concurrency()`, `requests()` / `last_request(path)`
-//!   (`Recorded`: method, path, query, version, headers, body (first MiB),
-//!   body_len, trailers), `reset_counts()`.
+//!   `max_concurrency()`, `last_request(path)` (`Recorded`: method, path,
+//!   query, headers, body (first MiB)), `reset_counts()`.
 //! - Holds: `let gate = origin.hold("/p")`; requests to `/p` wait;
 //!   `gate.arrived(n).await` (panics after 10 s), `gate.count()`,
 //!   `gate.release()`; dropping the gate releases it.
 //!
 //! # `sidecache::Sidecache` — the real binary
 //! - `Sidecache::start(&origin.url()).await` (embedded store,
-//!   `DEFAULT_ROUTES`: route `app` at `/api/tenants/{tenant}/apps/{id}`), or
+//!   `app_routes("")`: route `app` at `/api/tenants/{tenant}/apps/{id}`,
+//!   ttl 60s; `app_routes("negative_ttl: 2s")` adds keys to it), or
 //!   `SidecacheBuilder::new(url)` with `.store(yaml)`, `.routes(yaml)`,
 //!   `.fill(yaml)`, `.extra(yaml)` (each a whole top-level section),
-//!   `.upstream_timeout("500ms")`, `.connect_timeout(..)`, `.token(t)`,
-//!   `.env(k, v)`, `.template(yaml with {listen} {admin} {upstream})`,
+//!   `.upstream_timeout("500ms")`, `.token(t)`, `.env(k, v)`,
 //!   `.addrs(listen, admin)`, then `.start().await`. Ports are picked free on
 //!   loopback (retried if taken); readiness is `/readyz` == 200.
 //! - `url(path)`, `admin_url(path)`, `addr()`, `admin_addr()`,
@@ -37,8 +36,9 @@
 //!   `builder()` (same addresses; `.render()` gives YAML),
 //!   `rewrite_config(yaml)` (temp file + rename), `sighup()`,
 //!   `signal("TERM")`, `kill()`, `wait_exit(d)`, `pid()`, `peak_rss_kib()`,
-//!   `rss_kib()`, `stderr_text()`, `metrics().await`,
-//!   `metric("name{labels}").await -> Option<f64>`. Drop kills the child
+//!   `stderr_text()`, `metrics().await`,
+//!   `metric("name{labels}").await -> Option<f64>`, `metric_sum(name,
+//!   &[(label, value)]).await` (sum over series). Drop kills the child
 //!   and, if the test panicked, prints the stderr tail.
 //!
 //! # `client` — HTTP helpers
@@ -52,7 +52,6 @@
 //!
 //! # Here
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
-#![allow(dead_code, unused_imports)]
 
 pub mod client;
 pub mod origin;
@@ -61,7 +60,7 @@ pub mod redis;
 pub mod sidecache;
 
 pub use origin::{Gate, Origin, Reply};
-pub use sidecache::{Sidecache, SidecacheBuilder};
+pub use sidecache::{app_routes, Sidecache, SidecacheBuilder};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -116,12 +115,8 @@ store:
   breaker: {{ cooldown: 200ms }}
 invalidation:
   {invalidation}
-routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params: {{ tenant: "[a-z0-9]+", id: "[1-9][0-9]*" }}
-    ttl: 60s
-"#
+{routes}"#,
+        routes = app_routes("")
     );
     match ::sidecache::config::Config::parse(&yaml, &|_| None) {
         Ok(cfg) => cfg,

@@ -4,23 +4,21 @@
 //! lost across Redis and Postgres failures and a crash between apply and
 //! commit, several workers on one table, poison rows).
 
-mod support;
-
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
 use sidecache::invalidation::outbox::OutboxWorker;
 use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::{eventually, Background};
 use tokio::time::Instant;
 
 const TABLE: &str = "sidecache_outbox";
 
 fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: u32) -> Config {
-    support::library_config(
+    crate::support::library_config(
         &redis.url(),
         &format!(
             r#"outbox: {{ url: "{}", poll_interval: {poll_interval}, batch: {batch} }}"#,
@@ -263,6 +261,14 @@ async fn two_workers_on_one_table_apply_every_row_none_twice() {
     let a = start_worker(cfg).await;
     let b = start_worker(yaml_twin).await;
     warm_up(&pg, &redis).await;
+    // The generation is in Redis before the worker counts the row: wait for
+    // the count too, or the warm-up row could land in the deltas below.
+    eventually(
+        "the warm-up row is counted",
+        Duration::from_secs(5),
+        || async { a.applied() + b.applied() == 1 },
+    )
+    .await;
     let (a0, b0) = (a.applied(), b.applied());
 
     let client = pg.client().await;

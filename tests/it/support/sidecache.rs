@@ -11,15 +11,30 @@ use std::time::{Duration, Instant};
 /// Startup (to `/readyz` 200) must finish within this time.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `app` route used when a test does not set its own routes.
-pub const DEFAULT_ROUTES: &str = r#"routes:
+/// The `routes:` section most tests use: the `app` route at
+/// `/api/tenants/{tenant}/apps/{id}` (tenant `[A-Za-z0-9_-]{1,64}`, id
+/// `[1-9][0-9]{0,17}`, `ttl: 60s`) plus `keys`, more keys of that route
+/// written at the route's own level (`"negative_ttl: 2s\nwait: 5s"`; a
+/// nested block keeps its relative indentation). Further routes can be
+/// appended as `  - name: ...` items. `app_routes("")` is the default.
+pub fn app_routes(keys: &str) -> String {
+    let mut yaml = String::from(
+        r#"routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
     params:
       tenant: "[A-Za-z0-9_-]{1,64}"
       id: "[1-9][0-9]{0,17}"
     ttl: 60s
-"#;
+"#,
+    );
+    for line in keys.lines().filter(|l| !l.trim().is_empty()) {
+        yaml.push_str("    ");
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    yaml
+}
 
 /// Builds a config and starts the binary. Sections are whole top-level YAML
 /// blocks (`store:\n  ...`, `routes:\n  ...`); `{upstream}` in any of them
@@ -28,13 +43,11 @@ pub const DEFAULT_ROUTES: &str = r#"routes:
 pub struct SidecacheBuilder {
     upstream: String,
     upstream_timeout: String,
-    connect_timeout: String,
     token: Option<String>,
     store: String,
     fill: String,
     routes: String,
     extra: String,
-    template: Option<String>,
     env: Vec<(String, String)>,
     listen: Option<SocketAddr>,
     admin: Option<SocketAddr>,
@@ -45,29 +58,19 @@ impl SidecacheBuilder {
         SidecacheBuilder {
             upstream: upstream_url.into(),
             upstream_timeout: "10s".into(),
-            connect_timeout: "1s".into(),
             token: None,
             store: String::new(),
             fill: String::new(),
-            routes: DEFAULT_ROUTES.into(),
+            routes: app_routes(""),
             extra: String::new(),
-            template: None,
             env: Vec::new(),
             listen: None,
             admin: None,
         }
     }
-    pub fn upstream(mut self, url: impl Into<String>) -> Self {
-        self.upstream = url.into();
-        self
-    }
     /// `upstream.timeout`, e.g. `"500ms"`.
     pub fn upstream_timeout(mut self, d: &str) -> Self {
         self.upstream_timeout = d.into();
-        self
-    }
-    pub fn connect_timeout(mut self, d: &str) -> Self {
-        self.connect_timeout = d.into();
         self
     }
     /// `admin.token`.
@@ -85,7 +88,7 @@ impl SidecacheBuilder {
         self.fill = yaml.into();
         self
     }
-    /// The whole `routes:` section (default [`DEFAULT_ROUTES`]).
+    /// The whole `routes:` section (default `app_routes("")`).
     pub fn routes(mut self, yaml: &str) -> Self {
         self.routes = yaml.into();
         self
@@ -93,12 +96,6 @@ impl SidecacheBuilder {
     /// Any other top-level YAML (e.g. `invalidation:`), appended as is.
     pub fn extra(mut self, yaml: &str) -> Self {
         self.extra = yaml.into();
-        self
-    }
-    /// Replaces the generated file entirely; `{listen}`, `{admin}` and
-    /// `{upstream}` are filled in.
-    pub fn template(mut self, yaml: &str) -> Self {
-        self.template = Some(yaml.into());
         self
     }
     /// An environment variable for the child (e.g. `SIDECACHE_LOG`).
@@ -123,26 +120,16 @@ impl SidecacheBuilder {
             .admin
             .map(|a| a.to_string())
             .unwrap_or_else(|| "127.0.0.1:0".into());
-        let text = match &self.template {
-            Some(t) => t.clone(),
-            None => {
-                let token = match &self.token {
-                    Some(t) => format!("  token: \"{t}\"\n"),
-                    None => String::new(),
-                };
-                format!(
-                    "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
-                     upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: {}\n  timeout: {}\n\
-                     {}\n{}\n{}\n{}\n",
-                    self.connect_timeout,
-                    self.upstream_timeout,
-                    self.store,
-                    self.fill,
-                    self.routes,
-                    self.extra
-                )
-            }
+        let token = match &self.token {
+            Some(t) => format!("  token: \"{t}\"\n"),
+            None => String::new(),
         };
+        let text = format!(
+            "version: 1\nlisten: \"{{listen}}\"\nadmin:\n  listen: \"{{admin}}\"\n{token}\
+             upstream:\n  url: \"{{upstream}}\"\n  connect_timeout: 1s\n  timeout: {}\n\
+             {}\n{}\n{}\n{}\n",
+            self.upstream_timeout, self.store, self.fill, self.routes, self.extra
+        );
         text.replace("{listen}", &listen)
             .replace("{admin}", &admin)
             .replace("{upstream}", &self.upstream)
@@ -198,13 +185,9 @@ pub struct Sidecache {
 }
 
 impl Sidecache {
-    /// Default config (embedded store, [`DEFAULT_ROUTES`]) for `upstream_url`.
+    /// Default config (embedded store, `app_routes("")`) for `upstream_url`.
     pub async fn start(upstream_url: &str) -> Sidecache {
         SidecacheBuilder::new(upstream_url).start().await
-    }
-
-    pub fn builder_for(upstream_url: &str) -> SidecacheBuilder {
-        SidecacheBuilder::new(upstream_url)
     }
 
     async fn spawn(b: SidecacheBuilder) -> Result<Sidecache, String> {
@@ -331,9 +314,6 @@ impl Sidecache {
     /// Peak resident set size in KiB (`VmHWM`).
     pub fn peak_rss_kib(&self) -> u64 {
         self.proc_status_kib("VmHWM:")
-    }
-    pub fn rss_kib(&self) -> u64 {
-        self.proc_status_kib("VmRSS:")
     }
     fn proc_status_kib(&self, field: &str) -> u64 {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))

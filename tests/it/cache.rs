@@ -3,25 +3,20 @@
 //! negative caching, bypass, what is never cached, vary and query variants,
 //! the stale-backfill race (held origin response), fill permits.
 
-mod support;
-
+use crate::support::client::x_cache;
+use crate::support::redis::RedisServer;
+use crate::support::{app_routes, client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::client::x_cache;
-use support::redis::RedisServer;
-use support::{client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 
-pub const ROUTES: &str = r#"routes:
-  - name: app
-    path: /api/tenants/{tenant}/apps/{id}
-    params:
-      tenant: "[A-Za-z0-9_-]{1,64}"
-      id: "[1-9][0-9]{0,17}"
-    ttl: 60s
-    jitter: 5s
-    negative_ttl: 60s
-  - name: varied
+/// The `app` route (with jitter and a negative TTL) and three routes for
+/// vary and the query modes.
+fn routes() -> String {
+    app_routes("jitter: 5s\nnegative_ttl: 60s") + MORE_ROUTES
+}
+
+const MORE_ROUTES: &str = r#"  - name: varied
     path: /varied/{id}
     params: { id: "[0-9]+" }
     vary: [Accept, Authorization]
@@ -50,7 +45,7 @@ impl Backend {
     }
 
     fn builder(&self, origin: &Origin) -> SidecacheBuilder {
-        let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
+        let b = SidecacheBuilder::new(origin.url()).routes(&routes());
         match self {
             Backend::Embedded => b,
             Backend::Redis(r) => b.store(&format!(
@@ -453,9 +448,25 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
     assert_eq!(client::get(&sc.url(other)).await.status, 200);
 }
 
+/// Stage 5 inside one instance: 50 concurrent misses join one flight and
+/// share one upstream call. The cross-instance lease alone would also give
+/// one upstream call, so the test pins what only joining gives: the joiners
+/// never take part in the lease. They are not held to its `wait` budget (the
+/// origin holds the one fill for four times that budget and every request
+/// still gets the answer; a request left to poll the lease would answer 503),
+/// and on Redis the server sees exactly one lease attempt (`SET … NX`) for
+/// the key.
 async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
+    const WAIT: Duration = Duration::from_millis(200);
     let origin = Origin::start().await;
-    let sc = b.start(&origin).await;
+    let sc = b
+        .builder(&origin)
+        .routes(&app_routes("lease: 30s\nwait: 200ms"))
+        .start()
+        .await;
+    if let Backend::Redis(redis) = &b {
+        record_every_command(redis);
+    }
     let gate = origin.hold(P);
     let mut tasks = Vec::new();
     for _ in 0..50 {
@@ -463,6 +474,14 @@ async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
         tasks.push(tokio::spawn(async move { client::get(&url).await }));
     }
     gate.arrived(1).await;
+    // The thing under test is a duration: joiners outlast the lease's wait
+    // budget. Nothing can have answered meanwhile.
+    tokio::time::sleep(4 * WAIT).await;
+    let answered = tasks.iter().filter(|t| t.is_finished()).count();
+    assert_eq!(
+        answered, 0,
+        "requests answered while the one fill was held (lease wait budget spent?)"
+    );
     gate.release();
     for t in tasks {
         let r = t.await.expect("task");
@@ -473,6 +492,55 @@ async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
         1,
         "50 concurrent misses share one upstream call"
     );
+    if let Backend::Redis(redis) = &b {
+        assert_eq!(
+            lease_attempts(redis, "sc:o:{app:acme:1}:l:"),
+            1,
+            "one lease attempt for the key: the other 49 joined the flight"
+        );
+    }
+}
+
+/// Makes `redis` log every command with its arguments in the slow log (the
+/// commands a script runs are not logged, only the script call).
+fn record_every_command(redis: &RedisServer) {
+    for args in [
+        &["CONFIG", "SET", "slowlog-max-len", "100000"][..],
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+        &["SLOWLOG", "RESET"],
+    ] {
+        redis.cli(args).expect("slow log setup");
+    }
+}
+
+/// `SET <key> <owner> NX …` calls on a key starting with `lease_prefix`
+/// since [`record_every_command`].
+fn lease_attempts(redis: &RedisServer, lease_prefix: &str) -> usize {
+    use ::redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    };
+    let Ok(Value::Array(entries)) = redis.cli(&["SLOWLOG", "GET", "100000"]) else {
+        panic!("SLOWLOG GET did not answer an array");
+    };
+    entries
+        .iter()
+        .filter_map(|entry| match entry {
+            Value::Array(fields) => match fields.get(3) {
+                Some(Value::Array(args)) => Some(args.iter().map(text).collect::<Vec<_>>()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .filter(|args| {
+            args.len() > 3
+                && args[0].eq_ignore_ascii_case("SET")
+                && args[1].starts_with(lease_prefix)
+                && args.iter().any(|a| a.eq_ignore_ascii_case("NX"))
+        })
+        .count()
 }
 
 async fn successful_writes_invalidate_the_object(b: Backend) {

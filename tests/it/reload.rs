@@ -1,20 +1,16 @@
 //! Hot reload (SPEC §9): rename-replace picked up, invalid files and
 //! restart-only changes refused with the old config still serving, SIGHUP.
 
-mod support;
-
+use crate::support::client;
+use crate::support::{app_routes, eventually, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::client;
-use support::{eventually, Origin, Sidecache, SidecacheBuilder};
 
-const TWO_ROUTES: &str = r#"routes:
-  - name: app
-    path: /api/tenants/{tenant}/apps/{id}
-    params:
-      tenant: "[A-Za-z0-9_-]{1,64}"
-      id: "[1-9][0-9]{0,17}"
-    ttl: 60s
-  - name: tenant
+/// The default `app` route and a second one, `tenant`.
+fn two_routes() -> String {
+    app_routes("") + TENANT_ROUTE
+}
+
+const TENANT_ROUTE: &str = r#"  - name: tenant
     path: /api/tenants/{tenant}
     params:
       tenant: "[a-z]{1,8}"
@@ -45,7 +41,7 @@ async fn rename_replace_adds_a_route_within_2s() {
     let sc = Sidecache::start(&origin.url()).await;
     assert_eq!(route_names(&sc).await, ["app"]);
 
-    sc.rewrite_config(&sc.builder().routes(TWO_ROUTES).render());
+    sc.rewrite_config(&sc.builder().routes(&two_routes()).render());
     eventually(
         "route `tenant` visible in /admin/routes",
         Duration::from_secs(2),
@@ -66,7 +62,7 @@ async fn invalid_file_keeps_the_old_config() {
 
     let broken = sc
         .builder()
-        .routes(&TWO_ROUTES.replace("ttl: 30s", "ttl: thirty"))
+        .routes(&two_routes().replace("ttl: 30s", "ttl: thirty"))
         .render();
     sc.rewrite_config(&broken);
     eventually(
@@ -93,8 +89,8 @@ async fn listen_change_is_refused() {
 
     let moved = sc
         .builder()
-        .addrs(support::sidecache::free_addr(), sc.admin_addr())
-        .routes(TWO_ROUTES)
+        .addrs(crate::support::sidecache::free_addr(), sc.admin_addr())
+        .routes(&two_routes())
         .render();
     sc.rewrite_config(&moved);
     eventually(
@@ -124,7 +120,11 @@ async fn sighup_reloads() {
         .await;
 
     // Written in place (no rename) and announced with SIGHUP.
-    std::fs::write(sc.config_path(), sc.builder().routes(TWO_ROUTES).render()).unwrap();
+    std::fs::write(
+        sc.config_path(),
+        sc.builder().routes(&two_routes()).render(),
+    )
+    .unwrap();
     sc.sighup();
     eventually(
         "route `tenant` after SIGHUP",

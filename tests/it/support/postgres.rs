@@ -13,8 +13,6 @@
 //! `client().await` opens a tokio-postgres connection whose driver runs on a
 //! spawned task (fine for queries; a LISTEN needs its own driver).
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -120,10 +118,6 @@ impl PostgresServer {
             }
         }
         panic!("could not start postgres: {last_error}");
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`

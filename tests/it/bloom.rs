@@ -5,10 +5,10 @@
 //!
 //! The membership database is replaced by `IdSource` implementations here;
 //! the Postgres source, growth through the outbox and a build killed
-//! mid-way run against a private Postgres in `tests/bloom_postgres.rs`.
+//! mid-way run against a private Postgres in `bloom_postgres`.
 
-mod support;
-
+use crate::support::redis::RedisServer;
+use crate::support::{app_routes, client, eventually, Origin, Sidecache, SidecacheBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sidecache::bloom::build::BuildOutcome;
@@ -22,26 +22,16 @@ use sidecache::store::redis::RedisStore;
 use sidecache::store::{GuardedStore, Store};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::redis::RedisServer;
-use support::{client, eventually, Origin, Sidecache, SidecacheBuilder};
 
 fn routes(capacity: u64, fp_rate: f64) -> String {
-    format!(
-        r#"routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params:
-      tenant: "[A-Za-z0-9_-]{{1,64}}"
-      id: "[1-9][0-9]{{0,17}}"
-    ttl: 60s
-    bloom:
-      scope: "{{tenant}}"
-      source: "SELECT id::text FROM apps WHERE tenant = $1"
-      capacity: {capacity}
-      fp_rate: {fp_rate}
-      rebuild_every: 10m
-"#
-    )
+    app_routes(&format!(
+        r#"bloom:
+  scope: "{{tenant}}"
+  source: "SELECT id::text FROM apps WHERE tenant = $1"
+  capacity: {capacity}
+  fp_rate: {fp_rate}
+  rebuild_every: 10m"#
+    ))
 }
 
 fn config(capacity: u64, fp_rate: f64) -> Arc<Config> {

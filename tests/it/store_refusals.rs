@@ -3,26 +3,17 @@
 //! closed, hits are served, misses go to the origin uncached, and caching
 //! resumes once writes are accepted again.
 
-mod support;
-
+use crate::support::client::x_cache;
+use crate::support::redis::RedisServer;
+use crate::support::{app_routes, client, eventually, Origin, SidecacheBuilder};
 use std::time::Duration;
-use support::client::x_cache;
-use support::redis::RedisServer;
-use support::{client, eventually, Origin, SidecacheBuilder};
 
 const HOT: &str = "/api/tenants/acme/apps/1";
 const COLD: &str = "/api/tenants/acme/apps/2";
 
 fn builder(redis: &RedisServer, origin: &Origin) -> SidecacheBuilder {
     SidecacheBuilder::new(origin.url())
-        .routes(
-            r#"routes:
-  - name: app
-    path: /api/tenants/{tenant}/apps/{id}
-    params: { tenant: "[a-z]+", id: "[1-9][0-9]*" }
-    ttl: 60s
-"#,
-        )
+        .routes(&app_routes(""))
         // Near cache off: every hit is a read from this Redis.
         .store(&format!(
             "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n    near_cache: {{ enabled: false }}\n  breaker:\n    cooldown: 500ms\n",

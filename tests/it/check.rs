@@ -1,10 +1,8 @@
 //! `sidecache check`: a valid file prints the route table and exits 0; each
 //! kind of invalid file exits 2 with a message that names the YAML path.
 
-mod support;
-
+use crate::support::sidecache::binary;
 use std::process::{Command, Output};
-use support::sidecache::binary;
 
 const VALID: &str = r#"version: 1
 listen: 127.0.0.1:18080

@@ -5,12 +5,10 @@
 //! the stale-backfill guarantee with invalidations arriving from the outbox
 //! and the stream, and the `outbox-ddl` command.
 
-mod support;
-
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, get_held, Origin, SidecacheBuilder};
 use std::time::Duration;
-use support::postgres::PostgresServer;
-use support::redis::RedisServer;
-use support::{client, eventually, get_held, Origin, SidecacheBuilder};
 
 const PATH: &str = "/api/tenants/acme/apps/7";
 const GEN_KEY: &str = "sc:o:{app:acme:7}:g";
@@ -55,7 +53,7 @@ async fn insert_row(pg: &tokio_postgres::Client) {
 }
 
 fn ddl() -> String {
-    let out = std::process::Command::new(support::sidecache::binary())
+    let out = std::process::Command::new(crate::support::sidecache::binary())
         .arg("outbox-ddl")
         .output()
         .expect("run sidecache outbox-ddl");
@@ -69,7 +67,7 @@ fn ddl() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_ddl_command_rejects_bad_names() {
-    let out = std::process::Command::new(support::sidecache::binary())
+    let out = std::process::Command::new(crate::support::sidecache::binary())
         .args(["outbox-ddl", "--table", "x; drop table y"])
         .output()
         .expect("run sidecache outbox-ddl");

@@ -3,14 +3,12 @@
 //! `X-Forwarded-*`, streams both ways, tunnels WebSocket, and fails as
 //! 400 (ambiguous framing, bad route param), 502 (unreachable), 504 (slow).
 
-mod support;
-
+use crate::support::client::{self, request, request_h2};
+use crate::support::{eventually, Origin, Reply, Sidecache, SidecacheBuilder};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::HeaderMap;
 use std::time::Duration;
-use support::client::{self, request, request_h2};
-use support::{Origin, Reply, Sidecache, SidecacheBuilder};
 use tokio_tungstenite::tungstenite::Message;
 
 fn values(echo: &serde_json::Value, header: &str) -> Vec<String> {
@@ -265,7 +263,7 @@ async fn bad_route_param_is_400_and_touches_nothing() {
 
 #[tokio::test]
 async fn unreachable_upstream_is_502() {
-    let nothing = support::sidecache::free_addr();
+    let nothing = crate::support::sidecache::free_addr();
     let sc = Sidecache::start(&format!("http://{nothing}")).await;
     let resp = client::get(&sc.url("/anything")).await;
     assert_eq!(resp.status, 502);
@@ -416,9 +414,15 @@ async fn connect_is_refused() {
 /// The upstream client keeps connections alive and reuses them, and a
 /// connection the upstream closed while it was idle is not used again: the
 /// next request goes out on a new one and succeeds.
+///
+/// No pause between requests: sidecache hands a connection back to its pool
+/// as it reads the end of the upstream body, before its client has the whole
+/// answer. After the third answer the test waits until sidecache has seen
+/// the upstream's close (the origin reads sidecache's own close of that
+/// connection), so the fourth request meets a pool whose connection is gone.
 #[tokio::test]
 async fn upstream_connections_are_reused_and_closed_ones_skipped() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -426,16 +430,16 @@ async fn upstream_connections_are_reused_and_closed_ones_skipped() {
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
     let counter = accepted.clone();
+    let first_closed = Arc::new(AtomicBool::new(false));
+    let closed = first_closed.clone();
     // A bare HTTP/1.1 origin: the first connection answers three requests
     // and then closes (its keep-alive "ran out"); later ones stay open.
     let origin = tokio::spawn(async move {
         loop {
             let (mut stream, _) = listener.accept().await.unwrap();
-            let limit = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-                3
-            } else {
-                usize::MAX
-            };
+            let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+            let limit = if first { 3 } else { usize::MAX };
+            let closed = closed.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 for _ in 0..limit {
@@ -453,6 +457,14 @@ async fn upstream_connections_are_reused_and_closed_ones_skipped() {
                         return;
                     }
                 }
+                // Keep-alive ran out: close our side, then read until
+                // sidecache closes its side too, i.e. it saw the close.
+                let _ = stream.shutdown().await;
+                let mut rest = [0u8; 1024];
+                while matches!(stream.read(&mut rest).await, Ok(n) if n > 0) {}
+                if first {
+                    closed.store(true, Ordering::SeqCst);
+                }
             });
         }
     });
@@ -462,8 +474,14 @@ async fn upstream_connections_are_reused_and_closed_ones_skipped() {
         let resp = client::get(&sc.url("/plain")).await;
         assert_eq!(resp.status, 200, "request {i}");
         assert_eq!(resp.text(), "ok");
-        // Time for the client to see the close after the third answer.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if i == 2 {
+            eventually(
+                "sidecache closes the upstream connection the origin closed",
+                Duration::from_secs(5),
+                || async { first_closed.load(Ordering::SeqCst) },
+            )
+            .await;
+        }
     }
     assert_eq!(
         accepted.load(Ordering::SeqCst),
@@ -474,8 +492,9 @@ async fn upstream_connections_are_reused_and_closed_ones_skipped() {
 }
 
 /// A keep-alive connection that sits idle is parked (hyper's connection and
-/// buffers dropped, the socket kept): the next requests on the same socket,
-/// with or without a body, are answered as if nothing happened.
+/// buffers dropped, the socket kept; `sidecache_connections_parked` counts
+/// it): the next requests on the same socket, with or without a body, are
+/// answered as if nothing happened, and a connection in use is not parked.
 #[tokio::test]
 async fn idle_keep_alive_connection_is_parked_and_resumed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -512,6 +531,19 @@ async fn idle_keep_alive_connection_is_parked_and_resumed() {
         (status, body)
     }
 
+    async fn parked(sc: &Sidecache) -> Option<f64> {
+        sc.metric("sidecache_connections_parked").await
+    }
+    /// Idle past the parking delay (200 ms): the connection gets parked.
+    async fn until_parked(sc: &Sidecache) {
+        eventually(
+            "the idle connection is parked",
+            Duration::from_secs(5),
+            || async { parked(sc).await == Some(1.0) },
+        )
+        .await;
+    }
+
     let origin = Origin::start().await;
     origin.reply("/plain", Reply::ok("plain answer"));
     let sc = Sidecache::start(&origin.url()).await;
@@ -525,8 +557,8 @@ async fn idle_keep_alive_connection_is_parked_and_resumed() {
     assert!(status.contains(" 200 "), "{status}");
     assert_eq!(body, "plain answer");
 
-    // Idle well past the parking delay (200 ms), twice: a body, then none.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Parked, then resumed twice: a request with a body, then one without.
+    until_parked(&sc).await;
     stream
         .write_all(b"POST /echo/after-park HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
         .await
@@ -537,12 +569,31 @@ async fn idle_keep_alive_connection_is_parked_and_resumed() {
     assert_eq!(echo["path"], "/echo/after-park");
     assert_eq!(echo["body"], "hello");
 
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    until_parked(&sc).await;
+    // Held at the origin, the request is in flight: not parked any more.
+    let gate = origin.hold("/plain");
     stream
         .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
+    gate.arrived(1).await;
+    assert_eq!(
+        parked(&sc).await,
+        Some(0.0),
+        "a busy connection is not parked"
+    );
+    gate.release();
     let (status, body) = read_answer(&mut stream).await;
     assert!(status.contains(" 200 "), "{status}");
     assert_eq!(body, "plain answer");
+
+    // The client closes a parked connection: it is no longer counted.
+    until_parked(&sc).await;
+    drop(stream);
+    eventually(
+        "the closed connection leaves the parked count",
+        Duration::from_secs(5),
+        || async { parked(&sc).await == Some(0.0) },
+    )
+    .await;
 }

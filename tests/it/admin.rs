@@ -1,11 +1,9 @@
 //! The admin listener: liveness, readiness, metrics text, the route table,
 //! the bearer token, and input validation of `/admin/invalidate`.
 
-mod support;
-
+use crate::support::client::{self, request};
+use crate::support::{get_held, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
-use support::client::{self, request};
-use support::{get_held, Origin, Sidecache, SidecacheBuilder};
 
 #[tokio::test]
 async fn health_ready_metrics_routes() {
@@ -157,7 +155,7 @@ async fn sigterm_drains_in_flight_requests() {
 
     sc.signal("TERM");
     let addr = sc.addr();
-    support::eventually(
+    crate::support::eventually(
         "the client listener stops accepting",
         Duration::from_secs(5),
         || async move { tokio::net::TcpStream::connect(addr).await.is_err() },

@@ -5,8 +5,6 @@
 //! Every method is synchronous so it works from plain and async tests alike;
 //! each blocks at most for a bounded readiness wait.
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -61,10 +59,6 @@ impl RedisServer {
             }
         }
         panic!("could not start redis-server: {last_error}");
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// `redis://127.0.0.1:<port>/0`

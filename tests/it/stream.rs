@@ -4,15 +4,13 @@
 //! claimed after `claim_idle`, poison entries dead-lettered and acked,
 //! store failures leave entries pending until they apply).
 
-mod support;
-
+use crate::support::redis::RedisServer;
+use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::stream::StreamConsumer;
 use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;
-use support::redis::RedisServer;
-use support::{eventually, Background};
 use tokio::time::Instant;
 
 const STREAM: &str = "sc:inv";
@@ -20,7 +18,7 @@ const GROUP: &str = "sidecache";
 
 /// The store in `store_redis`, the stream in the consumer's `stream_redis`.
 fn config(store_redis: &RedisServer, claim_idle: &str) -> Config {
-    support::library_config(
+    crate::support::library_config(
         &store_redis.url(),
         &format!(
             r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: {claim_idle} }}"#

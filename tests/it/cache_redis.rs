@@ -3,34 +3,22 @@
 //! cache), direct tampering with keys (ABA, corrupt entries), and Redis
 //! failures (paused, killed and restarted, writes blocked).
 
-mod support;
-
+use crate::support::client::x_cache;
+use crate::support::redis::RedisServer;
+use crate::support::{
+    app_routes, client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder,
+};
 use redis::Value;
 use std::time::{Duration, Instant};
-use support::client::x_cache;
-use support::redis::RedisServer;
-use support::{client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const OBJECT: &str = "sc:o:{app:acme:1}";
 
-fn routes(extra: &str) -> String {
-    format!(
-        r#"routes:
-  - name: app
-    path: /api/tenants/{{tenant}}/apps/{{id}}
-    params:
-      tenant: "[A-Za-z0-9_-]{{1,64}}"
-      id: "[1-9][0-9]{{0,17}}"
-    ttl: 60s
-    negative_ttl: 2s
-{extra}"#
-    )
-}
-
-fn builder(redis: &RedisServer, origin: &Origin, route_extra: &str) -> SidecacheBuilder {
+/// An instance on `redis` with the `app` route (`negative_ttl: 2s`) and
+/// `route_keys` (e.g. `"lease: 5s\nwait: 5s"`) added to it.
+fn builder(redis: &RedisServer, origin: &Origin, route_keys: &str) -> SidecacheBuilder {
     SidecacheBuilder::new(origin.url())
-        .routes(&routes(route_extra))
+        .routes(&app_routes(&format!("negative_ttl: 2s\n{route_keys}")))
         .store(&format!(
             "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
             redis.url()
@@ -88,7 +76,7 @@ async fn stampede_across_three_instances_calls_origin_once() {
         P,
         Reply::ok("the one answer").delay(Duration::from_millis(300)),
     );
-    let extra = "    lease: 5s\n    wait: 5s\n";
+    let extra = "lease: 5s\nwait: 5s";
     let instances = [
         builder(&redis, &origin, extra).start().await,
         builder(&redis, &origin, extra).start().await,
@@ -117,7 +105,7 @@ async fn stampede_across_three_instances_calls_origin_once() {
 async fn waiters_give_up_after_wait_budget_without_calling_origin() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let extra = "    lease: 10s\n    wait: 400ms\n";
+    let extra = "lease: 10s\nwait: 400ms";
     let a = builder(&redis, &origin, extra).start().await;
     let b = builder(&redis, &origin, extra).start().await;
     let (gate, filler) = get_held(&origin, P, a.url(P)).await;
@@ -153,7 +141,7 @@ async fn waiters_give_up_after_wait_budget_without_calling_origin() {
 async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let extra = "    lease: 2s\n    wait: 600ms\n";
+    let extra = "lease: 2s\nwait: 600ms";
     let a = builder(&redis, &origin, extra).start().await;
     let b = builder(&redis, &origin, extra).start().await;
 

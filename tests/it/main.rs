@@ -1,0 +1,21 @@
+//! All integration tests, in one test binary (one link instead of one per
+//! file). Each module is one concern; `support` is the shared harness of
+//! real servers (see its module doc). Run one module with e.g.
+//! `cargo test --test it cache::`.
+
+mod support;
+
+mod admin;
+mod bloom;
+mod bloom_postgres;
+mod cache;
+mod cache_redis;
+mod check;
+mod example_postgres;
+mod forwarding;
+mod invalidation_binary;
+mod outbox;
+mod reload;
+mod store;
+mod store_refusals;
+mod stream;
