@@ -1,20 +1,27 @@
 //! sidecache: a transparent caching sidecar reverse proxy.
 //!
-//! Module map:
-//! - [`config`]: the YAML file model, validation into a typed `Config`, route
-//!   templates and matching, hot reload.
-//! - [`proxy`]: the client-facing hyper server, the pooled upstream client and
-//!   streaming forwarding of everything that is not a cache read.
-//! - [`pipeline`]: the read pipeline for cached routes, one file per stage.
+//! Modules by layer, top to bottom; each imports only from layers below it:
+//! - [`app`]: wiring, the one place that builds the parts and hands each
+//!   what it needs (store, Bloom manager, invalidator, pipeline, listeners).
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
+//! - [`server`]: the client-facing hyper server: connections, the framing
+//!   guard, and per request the choice between the read pipeline, plain
+//!   forwarding and write-through invalidation.
+//! - [`pipeline`] and [`invalidation`], side by side: the read pipeline for
+//!   cached routes (one file per stage), and the [`invalidation::Invalidator`]
+//!   that every change feed goes through.
+//! - [`bloom`]: the Bloom filter: hashing (test vectors), builds, growth by
+//!   `create` events, and the checks of pipeline stage 4.
 //! - [`store`]: the `Store` trait with the Redis and embedded backends, the
 //!   Lua scripts, and the circuit breaker that guards every store call.
-//! - [`bloom`]: the Bloom filter: sizing, hashing (test vectors), builds,
-//!   growth by `create` events, and the checks of pipeline stage 4.
-//! - [`invalidation`]: the event model and the sources that apply events.
-//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
-//! - [`metrics`]: metric names and the Prometheus registry.
-//! - [`error`]: error kinds and the one mapping from errors to HTTP answers.
-//! - [`app`]: wiring: builds the store, listeners and background tasks.
+//! - [`keys`]: the key layout (identity, variant, key names, hash tags),
+//!   shared by the pipeline, invalidation, Bloom filters and the store.
+//! - [`proxy`]: the upstream side: streaming forwarding and the pooled
+//!   upstream client.
+//! - [`config`]: the YAML file model, validation into a typed `Config`, route
+//!   templates and matching, the reload watcher.
+//! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
+//!   one body type, metric names and the Prometheus registry.
 
 pub mod admin;
 pub mod app;
