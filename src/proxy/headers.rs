@@ -127,7 +127,7 @@ fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
 /// hyper's HTTP/1 parser already answers 400 itself for differing or invalid
 /// `Content-Length` values and non-chunked `Transfer-Encoding`, but it accepts
 /// CL + TE by dropping the CL before we see the headers; the connection-level
-/// [`super::framing`] guard catches that case. This check covers what is left
+/// [`crate::server::framing`] guard catches that case. This check covers what is left
 /// visible in the header map (and HTTP/2, where hyper checks less).
 pub fn check_framing(h: &HeaderMap) -> Result<(), String> {
     if h.contains_key(header::TRANSFER_ENCODING) && h.contains_key(header::CONTENT_LENGTH) {
