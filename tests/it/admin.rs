@@ -91,6 +91,12 @@ async fn token_guards_admin_endpoints_only() {
             .status,
         200
     );
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    for scheme in ["bearer", "BEARER"] {
+        let value = format!("{scheme} s3cret");
+        let resp = request("GET", &routes, &[("authorization", &value)], "").await;
+        assert_eq!(resp.status, 200, "{value}");
+    }
     let inv = sc.admin_url("/admin/invalidate");
     assert_eq!(client::post(&inv, r#"{"route":"app"}"#).await.status, 401);
 

@@ -142,6 +142,20 @@ fn duplicate_route_name() {
 }
 
 #[test]
+fn public_admin_listener_without_a_token() {
+    rejects(
+        &VALID.replace("listen: 127.0.0.1:19090", "listen: 0.0.0.0:19090"),
+        "admin.token",
+        "not a loopback address",
+    );
+    let opted_out = VALID.replace(
+        "listen: 127.0.0.1:19090",
+        "listen: 0.0.0.0:19090\n  allow_unauthenticated: true",
+    );
+    assert_eq!(check(&opted_out).status.code(), Some(0));
+}
+
+#[test]
 fn unreadable_file_and_missing_flag() {
     let out = Command::new(binary())
         .args(["check", "--config", "/nonexistent/sidecache.yaml"])

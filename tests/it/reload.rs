@@ -82,6 +82,40 @@ async fn invalid_file_keeps_the_old_config() {
     assert_eq!(reloads(&sc, "applied").await, 0.0);
 }
 
+/// A rejected file is warned about once, however many events the
+/// directory sees afterwards (a log file written next to the config would
+/// otherwise turn each warning into the next event).
+#[tokio::test]
+async fn a_rejected_file_is_warned_about_once() {
+    let origin = Origin::start().await;
+    let sc = Sidecache::start(&origin.url()).await;
+    let broken = sc
+        .builder()
+        .routes(&two_routes().replace("ttl: 30s", "ttl: thirty"))
+        .render();
+    sc.rewrite_config(&broken);
+    eventually("the rejection", Duration::from_secs(5), || async {
+        reloads(&sc, "rejected").await >= 1.0
+    })
+    .await;
+    for i in 0..5 {
+        let before = reloads(&sc, "unchanged").await;
+        std::fs::write(sc.config_dir().join("sidecache.log"), format!("line {i}\n"))
+            .expect("write a file next to the config");
+        eventually("the event is looked at", Duration::from_secs(5), || async {
+            reloads(&sc, "unchanged").await > before
+        })
+        .await;
+    }
+    assert_eq!(reloads(&sc, "rejected").await, 1.0);
+    let log = sc.stderr_text();
+    assert_eq!(
+        log.matches("config reload rejected").count(),
+        1,
+        "warned once:\n{log}"
+    );
+}
+
 #[tokio::test]
 async fn listen_change_is_refused() {
     let origin = Origin::start().await;
