@@ -378,6 +378,22 @@ async fn start(redis: &RedisServer, origin: &Origin, capacity: u64) -> Sidecache
         .await
 }
 
+/// The running instance's config and route, and a Bloom manager of the
+/// test's own (the binary has no membership source) whose source lists
+/// tenant `acme`'s ids 1..100.
+fn acme_blooms(redis: &RedisServer, sc: &Sidecache) -> (Arc<Config>, Arc<Route>, Arc<Blooms>) {
+    let cfg = Arc::new(Config::parse(&sc.builder().render(), &|_| None).unwrap());
+    let r = route(&cfg);
+    let source = StaticSource::new();
+    source.set("acme", ids(1..100));
+    let blooms = Blooms::new(
+        redis_store(redis),
+        Some(source),
+        &prometheus::Registry::new(),
+    );
+    (cfg, r, blooms)
+}
+
 fn path(tenant: &str, id: &str) -> String {
     format!("/api/tenants/{tenant}/apps/{id}")
 }
@@ -390,15 +406,7 @@ async fn http_stage_four_rejects_only_certainly_absent_ids() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
     let sc = start(&redis, &origin, 1000).await;
-    let cfg = Arc::new(Config::parse(&sc.builder().render(), &|_| None).unwrap());
-    let r = route(&cfg);
-    let source = StaticSource::new();
-    source.set("acme", ids(1..100));
-    let blooms = Blooms::new(
-        redis_store(&redis),
-        Some(source),
-        &prometheus::Registry::new(),
-    );
+    let (cfg, r, blooms) = acme_blooms(&redis, &sc);
 
     // Not built yet: unknown -> origin (the binary has no source to build).
     let resp = client::get(&sc.url(&path("acme", "5000"))).await;
@@ -490,15 +498,7 @@ async fn http_admin_create_event_adds_the_id_to_the_filter() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
     let sc = start(&redis, &origin, 1000).await;
-    let cfg = Arc::new(Config::parse(&sc.builder().render(), &|_| None).unwrap());
-    let r = route(&cfg);
-    let source = StaticSource::new();
-    source.set("acme", ids(1..100));
-    let blooms = Blooms::new(
-        redis_store(&redis),
-        Some(source),
-        &prometheus::Registry::new(),
-    );
+    let (cfg, r, blooms) = acme_blooms(&redis, &sc);
     blooms.rebuild(&cfg, &r, "acme").await.unwrap();
     let event = |kind: &str, id: &str| {
         format!(r#"{{"route":"app","params":{{"tenant":"acme","id":"{id}"}},"kind":"{kind}"}}"#)
