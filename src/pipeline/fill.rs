@@ -129,6 +129,23 @@ impl FillPermits {
     }
 }
 
+/// `sidecache_fill_inflight{route}` held up while a fill's upstream call
+/// runs; the drop brings it down on every path (error, panic, cancel).
+pub struct Inflight(prometheus::IntGauge);
+
+impl Inflight {
+    pub fn enter(gauge: prometheus::IntGauge) -> Inflight {
+        gauge.inc();
+        Inflight(gauge)
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// What upstream answered, for the publish stage.
 pub enum Fetched {
     /// The whole body fitted in `max_body`.

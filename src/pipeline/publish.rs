@@ -38,6 +38,34 @@ impl Cacheability {
     }
 }
 
+/// What became of one fill's answer: the `outcome` label of
+/// `sidecache_publish_total`, one string per value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillOutcome {
+    /// Written under our lease and ticket.
+    Published,
+    /// The publish script refused: the lease or the generation moved on.
+    Rejected,
+    /// The store failed the publish; the answer was still returned.
+    WriteFailure,
+    /// Not storable (status, cookies, `Cache-Control`).
+    Uncacheable,
+    /// Larger than `fill.max_body`: streamed through to one client.
+    TooLarge,
+}
+
+impl FillOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FillOutcome::Published => "published",
+            FillOutcome::Rejected => "publish_rejected",
+            FillOutcome::WriteFailure => "write_failure",
+            FillOutcome::Uncacheable => "uncacheable",
+            FillOutcome::TooLarge => "too_large",
+        }
+    }
+}
+
 pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
     if headers.contains_key(header::SET_COOKIE) || cache_control_has(headers, "private") {
         return Cacheability::Private;
