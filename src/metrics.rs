@@ -26,6 +26,7 @@ pub mod names {
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
     pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
     pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
+    pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
@@ -60,6 +61,8 @@ pub struct Metrics {
     /// `{route, reason}`: why an answer was not stored (a
     /// `pipeline::publish::Uncacheable` string; a handful of values).
     pub uncacheable: IntCounterVec,
+    /// `{route}`: misses that joined a fill already running in this process.
+    pub coalesced: IntCounterVec,
     pub corrupt: IntCounterVec,
     pub unlock_failed: IntCounterVec,
     /// `{route}`: fill leases dropped without release (task panicked or
@@ -166,6 +169,11 @@ impl Metrics {
             lease_abandoned: counter(
                 LEASE_ABANDONED,
                 "Fill leases dropped without release (task panicked or cancelled).",
+                &["route"],
+            ),
+            coalesced: counter(
+                COALESCED,
+                "Misses that joined a fill already running in this process.",
                 &["route"],
             ),
             uncacheable: counter(

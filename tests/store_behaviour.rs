@@ -256,6 +256,41 @@ async fn unlock_only_deletes_own_lease(s: &dyn Store) {
     assert!(s.try_lease(&k.lease, "b", LEASE).await.unwrap());
 }
 
+async fn renew_lease_extends_only_the_owners_live_lease(s: &dyn Store) {
+    let k = keys("renew");
+    let short = Duration::from_millis(300);
+    assert!(
+        !s.renew_lease(&k.lease, "a", LEASE).await.unwrap(),
+        "renewing creates nothing"
+    );
+    assert!(s.try_lease(&k.lease, "a", short).await.unwrap());
+    assert!(
+        !s.renew_lease(&k.lease, "b", LEASE).await.unwrap(),
+        "not b's"
+    );
+    assert!(s.renew_lease(&k.lease, "a", LEASE).await.unwrap());
+    // Well past the first TTL the renewed lease is still held.
+    tokio::time::sleep(short * 2).await;
+    assert!(!s.try_lease(&k.lease, "b", short).await.unwrap());
+    assert!(s.unlock(&k.lease, "a").await.unwrap());
+    assert!(
+        !s.renew_lease(&k.lease, "a", LEASE).await.unwrap(),
+        "a released lease is not revived"
+    );
+    // An expired lease cannot be renewed, and a late renewal leaves the
+    // next owner's lease alone.
+    assert!(s.try_lease(&k.lease, "b", short).await.unwrap());
+    eventually("b's lease to expire", || async {
+        s.try_lease(&k.lease, "c", LEASE).await.unwrap()
+    })
+    .await;
+    assert!(!s.renew_lease(&k.lease, "b", short).await.unwrap());
+    assert!(
+        !s.try_lease(&k.lease, "d", LEASE).await.unwrap(),
+        "c still holds it"
+    );
+}
+
 async fn delete_if_equals_only_deletes_the_value_seen(s: &dyn Store) {
     let k = keys("cad");
     let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
@@ -705,6 +740,7 @@ suite!(
     publish_rejected_after_generation_lost_and_recreated_aba,
     publish_rejected_when_lease_expired_and_taken,
     unlock_only_deletes_own_lease,
+    renew_lease_extends_only_the_owners_live_lease,
     delete_if_equals_only_deletes_the_value_seen,
     entry_expires_after_its_ttl,
     generation_expires_after_gen_ttl_and_is_recreated_fresh,

@@ -4,6 +4,12 @@
 //! `wait` budget is spent. Release is compare-and-delete, so a filler whose
 //! lease expired cannot delete its successor's lease.
 //!
+//! A fill slower than its lease keeps it with [`LeaseGuard::renew_while`]:
+//! every third of the lease, a compare-and-`PEXPIRE` (`lua/lease_renew.lua`)
+//! sets it back to its full length while the upstream call runs (the call
+//! itself ends by `upstream.timeout`), like the Bloom build lock. A filler
+//! that crashes stops renewing, so the key is blocked for at most one lease.
+//!
 //! A won lease is a [`LeaseGuard`]: released on every path. A guard dropped
 //! without [`LeaseGuard::release`] (the fill task panicked or was aborted)
 //! is the pingora cache lock's "dangling" case: it is counted in
@@ -102,6 +108,45 @@ impl LeaseGuard {
     /// The owner token the publish script checks.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// Runs `work` (the upstream fetch) while renewing the lease to `ttl`
+    /// every `ttl / 3`, for at most `limit`. Renewal stops early if the
+    /// lease is no longer ours (the publish will then be refused as
+    /// `lease_lost`); a failed renewal call is retried at the next tick.
+    pub async fn renew_while<F: std::future::Future>(
+        &self,
+        ttl: Duration,
+        limit: Duration,
+        work: F,
+    ) -> F::Output {
+        let period = ttl / 3;
+        let stop_at = Instant::now() + limit;
+        let mut next = Instant::now() + period;
+        let mut renewing = true;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next), if renewing => {
+                    if Instant::now() >= stop_at {
+                        renewing = false;
+                        continue;
+                    }
+                    match self.store.renew_lease(&self.lease_key, &self.owner, ttl).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            renewing = false;
+                            tracing::debug!(route = %self.route, key = %self.lease_key, "lease lost during the fill; not renewing");
+                        }
+                        Err(e) => {
+                            tracing::debug!(route = %self.route, key = %self.lease_key, error = %e, "lease renewal failed; retrying");
+                        }
+                    }
+                    next = Instant::now() + period;
+                }
+            }
+        }
     }
 
     /// Stage 9: compare-and-delete. Failure is only counted: the lease

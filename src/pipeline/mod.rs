@@ -43,7 +43,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
-use publish::{Cacheability, FillOutcome};
+use publish::{Cacheability, FillOutcome, Uncacheable};
 use rand::Rng;
 use status::CacheStatus;
 use std::net::SocketAddr;
@@ -92,9 +92,13 @@ impl Pipeline {
         }
     }
 
-    /// Applies limits from a reloaded config (fill permits).
+    /// Applies limits from a reloaded config (fill permits; route budgets
+    /// are read from the route at each fill) and logs its warnings.
     pub fn reconfigure(&self, cfg: &Config) {
         self.shared.permits.resize(cfg.fill.max_concurrency);
+        for w in &cfg.warnings {
+            tracing::warn!(path = %w.path, "config: {}", w.message);
+        }
     }
 
     /// Serves a cache read. `params` are the raw path param values in
@@ -128,8 +132,11 @@ impl Pipeline {
     ) -> (CacheStatus, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
-        // response personal: forward untouched.
-        if bypass(route, req.headers()) {
+        // response personal, and a query parameter outside the route's
+        // allow-list could change the answer behind the key's back (or bust
+        // the cache): forward untouched.
+        if bypass(route, req.headers()) || keys::has_unlisted_param(&route.query, req.uri().query())
+        {
             let resp = crate::proxy::forward::forward(
                 &sh.client,
                 req,
@@ -171,14 +178,7 @@ impl Pipeline {
         // Stage 5 (in-process): join or start the fill for this key.
         let fill = Fill {
             shared: Arc::clone(sh),
-            request: fill::fill_request(
-                route,
-                req.uri().path(),
-                &key.query,
-                req.uri().authority(),
-                req.headers(),
-                peer,
-            ),
+            request: fill::fill_request(route, req.uri().path(), &key.query, req.headers()),
             cfg,
             route: Arc::clone(route),
             key,
@@ -201,6 +201,9 @@ impl Pipeline {
             }
             .boxed()
         });
+        if !started {
+            sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
+        }
         let answer = flight.await;
         if let Some(answered) = to_client(&answer, started, head) {
             return answered;
@@ -261,6 +264,7 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
 
 /// Stages 6-8 while holding the lease.
 async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
+    let started = std::time::Instant::now();
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
@@ -279,25 +283,49 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
         Ok(t) => t,
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     };
-    let fetched = match fetch_with_permit(fill).await {
+    // Stage 7, under the lease: renewed while upstream takes its time.
+    let fetched = lease
+        .renew_while(
+            route.lease,
+            fill.cfg.upstream.timeout,
+            fetch_with_permit(fill),
+        )
+        .await;
+    let fetched = match fetched {
         Ok(f) => f,
         Err(e) => return Answer::Failed(CacheStatus::Miss, e),
     };
     let (entry, kind) = match judge(fill, fetched, ticket.clone()) {
-        Judged::OneClient(resp, outcome) => {
-            count_publish(fill, outcome);
+        Judged::TooLarge(resp) => {
+            count_publish(fill, FillOutcome::TooLarge);
+            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        }
+        Judged::OneClient(resp, reason) => {
+            count_uncacheable(fill, reason);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
         }
         Judged::Shareable(entry, kind) => (entry, kind),
     };
-    let outcome = if kind.is_cacheable() {
+    let Cacheability::Uncacheable(reason) = kind else {
         let ttl = publish::entry_ttl(route, kind);
         let published =
             publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await;
-        match published {
+        let outcome = match published {
             Ok(PublishOutcome::Published) => FillOutcome::Published,
-            Ok(PublishOutcome::LeaseLost) | Ok(PublishOutcome::GenerationChanged) => {
-                tracing::info!(key = %fill.key.keys.entry, outcome = ?published, "publish rejected");
+            Ok(PublishOutcome::LeaseLost) => {
+                // The fill outlived its lease and could not renew it: the
+                // answer is not cached. Worth an operator's attention.
+                tracing::warn!(
+                    route = %route.name,
+                    key = %fill.key.keys.entry,
+                    fill_ms = started.elapsed().as_millis() as u64,
+                    lease_ms = route.lease.as_millis() as u64,
+                    "publish rejected: lease lost during the fill"
+                );
+                FillOutcome::LeaseLost
+            }
+            Ok(PublishOutcome::GenerationChanged) => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: generation changed during the fill");
                 FillOutcome::Rejected
             }
             // The answer is still good: return it, never fetch again.
@@ -305,11 +333,11 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
                 tracing::debug!(key = %fill.key.keys.entry, error = %e, "publish failed");
                 FillOutcome::WriteFailure
             }
-        }
-    } else {
-        FillOutcome::Uncacheable
+        };
+        count_publish(fill, outcome);
+        return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
     };
-    count_publish(fill, outcome);
+    count_uncacheable(fill, reason);
     Answer::Shared(CacheStatus::Miss, Arc::new(entry))
 }
 
@@ -319,7 +347,9 @@ async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
     match fetch_with_permit(fill).await {
         Err(e) => Answer::Failed(status, e),
         Ok(fetched) => match judge(fill, fetched, bytes::Bytes::new()) {
-            Judged::OneClient(resp, _) => Answer::Exclusive(status, Mutex::new(Some(resp))),
+            Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
+                Answer::Exclusive(status, Mutex::new(Some(resp)))
+            }
             Judged::Shareable(entry, _) => Answer::Shared(status, Arc::new(entry)),
         },
     }
@@ -330,16 +360,18 @@ enum Judged {
     /// Coalesced requests may all receive it; `Cacheability` says whether
     /// it may also be stored.
     Shareable(Entry, Cacheability),
-    /// For the request that started the fill only, with the reason it is
-    /// not stored.
-    OneClient(Response<Body>, FillOutcome),
+    /// Larger than `max_body`: streams to the request that started the fill.
+    TooLarge(Response<Body>),
+    /// For the request that started the fill only (the origin refused to
+    /// let it be shared), with the reason.
+    OneClient(Response<Body>, Uncacheable),
 }
 
 /// Turns what upstream answered into a shareable entry stamped with
 /// `generation`, or a one-client response (too large, or private).
 fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     let (code, headers, body) = match fetched {
-        Fetched::Streamed(resp) => return Judged::OneClient(resp, FillOutcome::TooLarge),
+        Fetched::Streamed(resp) => return Judged::TooLarge(resp),
         Fetched::Buffered {
             status,
             headers,
@@ -347,8 +379,8 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         } => (status, headers, body),
     };
     let kind = publish::cacheability(&fill.route, code, &headers);
-    if !kind.is_shareable() {
-        return Judged::OneClient(one_client(code, headers, body), FillOutcome::Uncacheable);
+    if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
+        return Judged::OneClient(one_client(code, headers, body), reason);
     }
     let entry = publish::build_entry(
         &fill.key,
@@ -363,7 +395,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
-    let _permit = sh.permits.try_acquire()?;
+    let _permit = sh.permits.try_acquire(&fill.route)?;
     let _inflight = Inflight::enter(
         sh.metrics
             .fill_inflight
@@ -384,6 +416,17 @@ fn count_publish(fill: &Fill, outcome: FillOutcome) {
         .metrics
         .publish
         .with_label_values(&[&fill.route.name, outcome.as_str()])
+        .inc();
+}
+
+/// Counts an answer that was not stored, with its reason.
+fn count_uncacheable(fill: &Fill, reason: Uncacheable) {
+    tracing::debug!(route = %fill.route.name, reason = reason.as_str(), "answer not stored");
+    count_publish(fill, FillOutcome::Uncacheable);
+    fill.shared
+        .metrics
+        .uncacheable
+        .with_label_values(&[&fill.route.name, reason.as_str()])
         .inc();
 }
 

@@ -42,6 +42,7 @@ pub(super) enum Op {
     TryLease,
     Ticket,
     Publish,
+    RenewLease,
     Unlock,
     DeleteIfEquals,
     Invalidate,
@@ -51,12 +52,13 @@ pub(super) enum Op {
 }
 
 impl Op {
-    const COUNT: usize = 10;
+    const COUNT: usize = 11;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TryLease,
         Op::Ticket,
         Op::Publish,
+        Op::RenewLease,
         Op::Unlock,
         Op::DeleteIfEquals,
         Op::Invalidate,
@@ -71,6 +73,7 @@ impl Op {
             Op::TryLease => "try_lease",
             Op::Ticket => "ticket",
             Op::Publish => "publish",
+            Op::RenewLease => "renew_lease",
             Op::Unlock => "unlock",
             Op::DeleteIfEquals => "delete_if_equals",
             Op::Invalidate => "invalidate",
@@ -171,6 +174,16 @@ impl GuardedStore {
         ttl: Duration,
     ) -> Result<PublishOutcome, StoreError> {
         self.call(Op::Publish, |s| s.publish(keys, owner, ticket, entry, ttl))
+            .await
+    }
+
+    pub async fn renew_lease(
+        &self,
+        lease_key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::RenewLease, |s| s.renew_lease(lease_key, owner, ttl))
             .await
     }
 
@@ -305,6 +318,14 @@ mod tests {
             t: Duration,
         ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
             self.gate(self.inner.publish(k, o, tk, e, t))
+        }
+        fn renew_lease<'a>(
+            &'a self,
+            k: &'a str,
+            o: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.renew_lease(k, o, t))
         }
         fn unlock<'a>(&'a self, k: &'a str, o: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
             self.gate(self.inner.unlock(k, o))
