@@ -518,7 +518,8 @@ async fn private_answers_are_never_shared_with_coalesced_requests(b: Backend) {
         let url = sc.url(personal);
         let me = format!("client-{n}");
         tasks.push(tokio::spawn(async move {
-            let r = client::request("GET", &url, &[("x-client", me.as_str())], "").await;
+            // x-request-id: a fill carries it (default `fill_headers`).
+            let r = client::request("GET", &url, &[("x-request-id", me.as_str())], "").await;
             (me, r)
         }));
     }
@@ -528,7 +529,7 @@ async fn private_answers_are_never_shared_with_coalesced_requests(b: Backend) {
         let (me, r) = t.await.expect("task");
         assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "MISS".into()));
         // Each client gets the answer its own request caused, never another's.
-        let seen = r.json()["headers"]["x-client"][0]
+        let seen = r.json()["headers"]["x-request-id"][0]
             .as_str()
             .unwrap_or("")
             .to_owned();
