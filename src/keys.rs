@@ -156,6 +156,21 @@ pub fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
     pairs.join("&")
 }
 
+/// True if `raw` names a parameter outside an allow-list (`query: [..]`).
+/// Such a request is not cached (BYPASS): dropping the parameter from the
+/// key would serve one cached answer for requests the service may answer
+/// differently, and keeping it would let random values (cache-busting)
+/// turn every request into a fill. `include` and `ignore` never refuse.
+pub fn has_unlisted_param(mode: &QueryMode, raw: Option<&str>) -> bool {
+    let (QueryMode::Allow(names), Some(raw)) = (mode, raw) else {
+        return false;
+    };
+    raw.split('&').filter(|p| !p.is_empty()).any(|p| {
+        let name = p.split_once('=').map_or(p, |(n, _)| n);
+        !names.iter().any(|n| n == name)
+    })
+}
+
 /// Hex digest (128 bits) of the normalized query and the vary header values.
 /// An absent header and an empty one are different variants.
 pub fn variant(query: &str, route: &Route, headers: &HeaderMap) -> String {
@@ -290,6 +305,17 @@ mod tests {
             "a=1&c=3"
         );
         assert_eq!(normalize_query(&QueryMode::Include, None), "");
+    }
+
+    #[test]
+    fn unlisted_params_are_found_only_for_allow_lists() {
+        let allow = QueryMode::Allow(vec!["a".into(), "c".into()]);
+        assert!(has_unlisted_param(&allow, Some("a=1&bust=9")));
+        assert!(has_unlisted_param(&allow, Some("bust")));
+        assert!(!has_unlisted_param(&allow, Some("c=3&a=1&&")));
+        assert!(!has_unlisted_param(&allow, None));
+        assert!(!has_unlisted_param(&QueryMode::Include, Some("bust=1")));
+        assert!(!has_unlisted_param(&QueryMode::Ignore, Some("bust=1")));
     }
 
     #[test]

@@ -80,6 +80,9 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Check => {
+            for w in &cfg.warnings {
+                eprintln!("sidecache: warning: {w}");
+            }
             print_routes(&path, &cfg);
             ExitCode::SUCCESS
         }
@@ -103,6 +106,9 @@ fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
 
 fn run(path: PathBuf, cfg: Config) -> ExitCode {
     init_tracing(cfg.log_format);
+    for w in &cfg.warnings {
+        tracing::warn!(path = %w.path, "config: {}", w.message);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -26,6 +26,9 @@ pub mod names {
     pub const PUBLISH: &str = "sidecache_publish_total";
     pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
+    pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
+    pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
+    pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
@@ -58,10 +61,18 @@ pub struct Metrics {
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
     pub fill_inflight: IntGaugeVec,
-    /// `{route, outcome}`: `published`, `publish_rejected`, `write_failure`, `uncacheable`.
+    /// `{route, outcome}`: a `pipeline::publish::FillOutcome` string.
     pub publish: IntCounterVec,
+    /// `{route, reason}`: why an answer was not stored (a
+    /// `pipeline::publish::Uncacheable` string; a handful of values).
+    pub uncacheable: IntCounterVec,
+    /// `{route}`: misses that joined a fill already running in this process.
+    pub coalesced: IntCounterVec,
     pub corrupt: IntCounterVec,
     pub unlock_failed: IntCounterVec,
+    /// `{route}`: fill leases dropped without release (task panicked or
+    /// aborted); their release was spawned, or they expire.
+    pub lease_abandoned: IntCounterVec,
     /// `{source, outcome}`.
     pub invalidations: IntCounterVec,
     /// `{outcome}`: `applied`, `unchanged`, `rejected`.
@@ -174,6 +185,21 @@ impl Metrics {
                 LEASE_UNLOCK_FAILED,
                 "Lease releases that failed (the lease then expires).",
                 &["route"],
+            ),
+            lease_abandoned: counter(
+                LEASE_ABANDONED,
+                "Fill leases dropped without release (task panicked or cancelled).",
+                &["route"],
+            ),
+            coalesced: counter(
+                COALESCED,
+                "Misses that joined a fill already running in this process.",
+                &["route"],
+            ),
+            uncacheable: counter(
+                UNCACHEABLE,
+                "Fill answers not stored, by reason.",
+                &["route", "reason"],
             ),
             invalidations: counter(
                 INVALIDATIONS,

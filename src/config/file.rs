@@ -211,6 +211,27 @@ pub struct FileRoute {
     pub invalidate_on_write: bool,
     #[serde(default)]
     pub bloom: Option<FileBloom>,
+    /// `Host` sent on fills; absent = the upstream's authority.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Client headers copied onto fills besides `vary`; absent = the
+    /// tracing defaults.
+    #[serde(default)]
+    pub fill_headers: Option<Vec<String>>,
+    #[serde(default)]
+    pub origin_cache_control: FileOriginCacheControl,
+    /// This route's share of `fill.max_concurrency`; absent = the default share.
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+}
+
+/// `origin_cache_control: honor | ignore`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileOriginCacheControl {
+    #[default]
+    Honor,
+    Ignore,
 }
 
 /// `query: include | ignore | [names]`.
@@ -320,6 +341,11 @@ pub(super) mod defaults {
     }
     pub fn yes() -> bool {
         true
+    }
+    pub fn fill_headers() -> Vec<String> {
+        ["traceparent", "tracestate", "x-request-id"]
+            .map(str::to_owned)
+            .to_vec()
     }
     pub fn rebuild_every() -> HumanDuration {
         HumanDuration(Duration::from_secs(600))

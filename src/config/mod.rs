@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-pub use route::{QueryMode, Route, RouteMatch, RouteTable};
+pub use route::{OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable};
 
 /// A validated, typed configuration. Immutable once built; a reload builds a
 /// new one and swaps it in whole.
@@ -34,8 +34,12 @@ pub struct Config {
     pub fill: FillConfig,
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
-    /// TTL of generation keys: max(ttl + jitter) + max(lease) + 60 s (SPEC §5.1).
+    /// TTL of generation keys: max(ttl + jitter) + max(lease) +
+    /// upstream.timeout (a renewed lease lasts that long) + 60 s (SPEC §5.1).
     pub gen_ttl: Duration,
+    /// Valid but doubtful settings, logged at start, on `check` and on
+    /// reload (never an error).
+    pub warnings: Vec<ConfigWarning>,
     /// SHA-256 of the file text, to skip reloads that change nothing.
     pub digest: [u8; 32],
 }
@@ -136,6 +140,20 @@ pub struct StreamConfig {
     pub start: StreamStart,
     /// Entries pending longer than this on any consumer are claimed.
     pub claim_idle: Duration,
+}
+
+/// A setting that is valid but likely not what the operator wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// YAML path, like `routes[0].lease`.
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

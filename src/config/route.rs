@@ -53,6 +53,27 @@ pub struct Route {
     pub invalidate_on_write: bool,
     /// Stage 4: the route's Bloom filter, if configured.
     pub bloom: Option<super::bloom::BloomConfig>,
+    /// `Host` on fill requests; `None`: the upstream's authority.
+    pub host: Option<http::HeaderValue>,
+    /// Client headers copied onto fill requests besides `vary` (lower case).
+    pub fill_headers: Vec<http::HeaderName>,
+    /// Whether the origin's `Cache-Control` freshness and `Vary` may refuse
+    /// storing an answer.
+    pub origin_cache_control: OriginCacheControl,
+    /// Upstream fetches for fills this route may run at once, within
+    /// `fill.max_concurrency`.
+    pub fill_budget: usize,
+}
+
+/// `origin_cache_control`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OriginCacheControl {
+    /// `no-cache`, zero `max-age`/`s-maxage` and a `Vary` outside the key
+    /// keep an answer out of the cache.
+    Honor,
+    /// The route owner promises the service never varies silently: only
+    /// `no-store`, `private` and `Set-Cookie` keep an answer out.
+    Ignore,
 }
 
 impl Route {

@@ -82,8 +82,96 @@ fn defaults_and_gen_ttl() {
     assert_eq!(r.lease, std::time::Duration::from_secs(3));
     assert!(r.invalidate_on_write);
     assert!(cfg.store.redis.is_none());
-    // 60 s ttl + 0 jitter + 3 s lease + 60 s.
-    assert_eq!(cfg.gen_ttl, std::time::Duration::from_secs(123));
+    // 60 s ttl + 0 jitter + 3 s lease + 10 s upstream.timeout + 60 s.
+    assert_eq!(cfg.gen_ttl, std::time::Duration::from_secs(133));
+}
+
+#[test]
+fn fill_settings_defaults_limits_and_warnings() {
+    let cfg = parse(APP).expect("valid");
+    let r = &cfg.routes.routes[0];
+    let names: Vec<&str> = r.fill_headers.iter().map(|h| h.as_str()).collect();
+    assert_eq!(names, ["traceparent", "tracestate", "x-request-id"]);
+    assert_eq!(r.host, None);
+    assert_eq!(r.origin_cache_control, OriginCacheControl::Honor);
+    assert_eq!(r.fill_budget, 8, "a lone route may use every permit");
+    // Default lease 3 s < upstream.timeout 10 s: a warning, not an error.
+    assert_eq!(cfg.warnings.len(), 1);
+    assert_eq!(cfg.warnings[0].path, "routes[0].lease");
+
+    let two = r#"
+fill: { max_concurrency: 5 }
+routes:
+  - { name: a, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 1s, lease: 20s,
+      host: "svc.internal:8080", fill_headers: [], origin_cache_control: ignore }
+  - { name: b, path: "/b/{id}", params: { id: "[0-9]+" }, ttl: 1s, max_concurrency: 5 }
+"#;
+    let cfg = parse(two).expect("valid");
+    let (a, b) = (&cfg.routes.routes[0], &cfg.routes.routes[1]);
+    assert_eq!(a.fill_budget, 3, "half of 5, rounded up");
+    assert_eq!(b.fill_budget, 5);
+    assert_eq!(
+        a.host.as_ref().map(|h| h.as_bytes()),
+        Some(&b"svc.internal:8080"[..])
+    );
+    assert!(a.fill_headers.is_empty());
+    assert_eq!(a.origin_cache_control, OriginCacheControl::Ignore);
+    let paths: Vec<&str> = cfg.warnings.iter().map(|w| w.path.as_str()).collect();
+    assert_eq!(paths, ["routes[1].lease"]);
+
+    let route = |extra: &str| {
+        format!("routes:\n  - {{ name: a, path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: 1s, {extra} }}\n")
+    };
+    for (extra, path, words) in [
+        ("fill_headers: [Host]", "routes[0].fill_headers[0]", "host"),
+        (
+            "fill_headers: [x-a, cookie]",
+            "routes[0].fill_headers[1]",
+            "vary",
+        ),
+        (
+            "fill_headers: [accept-encoding]",
+            "routes[0].fill_headers[0]",
+            "vary",
+        ),
+        (
+            "fill_headers: [range]",
+            "routes[0].fill_headers[0]",
+            "whole object",
+        ),
+        (
+            "fill_headers: [connection]",
+            "routes[0].fill_headers[0]",
+            "hop-by-hop",
+        ),
+        (
+            "fill_headers: [\"bad name\"]",
+            "routes[0].fill_headers[0]",
+            "header name",
+        ),
+        ("host: \"a b\"", "routes[0].host", "host"),
+        ("host: \"http://x/\"", "routes[0].host", "host"),
+        ("host: x, vary: [host]", "routes[0].host", "vary"),
+        (
+            "max_concurrency: 0",
+            "routes[0].max_concurrency",
+            "between 1",
+        ),
+        (
+            "max_concurrency: 9",
+            "routes[0].max_concurrency",
+            "between 1",
+        ),
+        (
+            "origin_cache_control: maybe",
+            "routes[0].origin_cache_control",
+            "variant",
+        ),
+    ] {
+        let e = err(&route(extra));
+        assert!(e.contains(path), "{extra}: {e}");
+        assert!(e.to_lowercase().contains(words), "{extra}: {e}");
+    }
 }
 
 #[test]

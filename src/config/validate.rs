@@ -3,11 +3,17 @@
 //! (unique names, no two routes that could match one request).
 
 use super::file::FileStreamStart;
-use super::file::{defaults, FileConfig, FileNearCache, FileQuery, FileQueryMode, FileRoute};
-use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
+use super::file::{
+    defaults, FileConfig, FileNearCache, FileOriginCacheControl, FileQuery, FileQueryMode,
+    FileRoute,
+};
+use super::route::{
+    overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
+};
 use super::{
-    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, NearCacheConfig,
-    OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig,
+    NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
+    StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -60,10 +66,32 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     };
     let invalidation = invalidation(&raw, &store)?;
 
+    // A route may take at most half the fill permits (rounded up), so a
+    // flood of misses on one route (cache-busting) leaves the other half to
+    // the rest; a lone route has no one to share with and takes them all.
+    let default_budget = if raw.routes.len() <= 1 {
+        fill.max_concurrency
+    } else {
+        fill.max_concurrency.div_ceil(2)
+    };
+    let mut warnings = Vec::new();
     let mut routes: Vec<Arc<Route>> = Vec::with_capacity(raw.routes.len());
     for (i, r) in raw.routes.into_iter().enumerate() {
         let at = format!("routes[{i}]");
-        let route = route(&at, r)?;
+        let route = route(&at, r, &fill, default_budget)?;
+        if route.lease < upstream.timeout {
+            warnings.push(ConfigWarning {
+                path: format!("{at}.lease"),
+                message: format!(
+                    "{:?} is shorter than upstream.timeout ({:?}): a slower fill keeps its \
+                     lease only by renewing it every {:?}; if a renewal fails, that fill \
+                     is not cached (publish outcome lease_lost)",
+                    route.lease,
+                    upstream.timeout,
+                    route.lease / 3
+                ),
+            });
+        }
         if let Some(j) = routes.iter().position(|o| o.name == route.name) {
             return err(
                 format!("{at}.name"),
@@ -88,7 +116,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         .max()
         .unwrap_or_default();
     let max_lease = routes.iter().map(|r| r.lease).max().unwrap_or_default();
-    let gen_ttl = max_fresh + max_lease + Duration::from_secs(60);
+    let gen_ttl = max_fresh + max_lease + upstream.timeout + Duration::from_secs(60);
 
     Ok(Config {
         listen,
@@ -100,6 +128,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         routes: RouteTable { routes },
         invalidation,
         gen_ttl,
+        warnings,
         digest,
     })
 }
@@ -306,7 +335,7 @@ fn redis_url(path: &str, url: &str) -> Result<()> {
     }
 }
 
-fn route(at: &str, r: FileRoute) -> Result<Route> {
+fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Result<Route> {
     let name_ok = !r.name.is_empty()
         && r.name
             .chars()
@@ -414,6 +443,38 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         Some(b) => Some(super::bloom::validate(at, b, &params)?),
         None => None,
     };
+    let host = match &r.host {
+        None => None,
+        Some(h) => {
+            let valid = h
+                .parse::<http::uri::Authority>()
+                .is_ok_and(|a| a.as_str() == h);
+            match http::HeaderValue::from_str(h) {
+                Ok(v) if valid => Some(v),
+                _ => return err(format!("{at}.host"), format!("{h:?} is not a host[:port]")),
+            }
+        }
+    };
+    if host.is_some() && vary.contains(&http::header::HOST) {
+        return err(
+            format!("{at}.host"),
+            "the route keys on the client's Host (vary); a fixed fill Host contradicts it",
+        );
+    }
+    let fill_headers = fill_headers(at, r.fill_headers.unwrap_or_else(defaults::fill_headers))?;
+    let fill_budget = match r.max_concurrency {
+        None => default_budget,
+        Some(n) if (1..=fill.max_concurrency).contains(&n) => n,
+        Some(n) => {
+            return err(
+                format!("{at}.max_concurrency"),
+                format!(
+                    "{n}: must be between 1 and fill.max_concurrency ({})",
+                    fill.max_concurrency
+                ),
+            )
+        }
+    };
     Ok(Route {
         name: r.name,
         template: r.path,
@@ -431,7 +492,66 @@ fn route(at: &str, r: FileRoute) -> Result<Route> {
         wait: r.wait.0,
         invalidate_on_write: r.invalidate_on_write,
         bloom,
+        host,
+        fill_headers,
+        origin_cache_control: match r.origin_cache_control {
+            FileOriginCacheControl::Honor => OriginCacheControl::Honor,
+            FileOriginCacheControl::Ignore => OriginCacheControl::Ignore,
+        },
+        fill_budget,
     })
+}
+
+/// `fill_headers`: client headers a fill may carry besides `vary`. Refused
+/// here: headers the fill sets itself or that describe one connection,
+/// credentials (they make a request BYPASS unless keyed, so they belong in
+/// `vary`), `accept-encoding` (the encoding must be keyed, or the fill asks
+/// for identity) and conditional or range headers (a fill must fetch the
+/// whole object, never a 304 or 206).
+fn fill_headers(at: &str, names: Vec<String>) -> Result<Vec<HeaderName>> {
+    const REFUSED: &[(&str, &str)] = &[
+        ("host", "set the route's `host` instead"),
+        ("content-length", "a fill has no body"),
+        ("transfer-encoding", "a fill has no body"),
+        ("connection", "hop-by-hop"),
+        ("keep-alive", "hop-by-hop"),
+        ("proxy-connection", "hop-by-hop"),
+        ("te", "hop-by-hop"),
+        ("upgrade", "hop-by-hop"),
+        ("proxy-authorization", "hop-by-hop"),
+        (
+            "authorization",
+            "credentials: list it in `vary` to cache per credential",
+        ),
+        (
+            "cookie",
+            "credentials: list it in `vary` to cache per cookie",
+        ),
+        (
+            "accept-encoding",
+            "list it in `vary`: the encoding must be part of the key",
+        ),
+        ("if-match", "a fill fetches the whole object"),
+        ("if-none-match", "a fill fetches the whole object"),
+        ("if-modified-since", "a fill fetches the whole object"),
+        ("if-unmodified-since", "a fill fetches the whole object"),
+        ("if-range", "a fill fetches the whole object"),
+        ("range", "a fill fetches the whole object"),
+    ];
+    let mut out: Vec<HeaderName> = Vec::with_capacity(names.len());
+    for (i, h) in names.iter().enumerate() {
+        let path = format!("{at}.fill_headers[{i}]");
+        let Ok(name) = HeaderName::from_bytes(h.as_bytes()) else {
+            return err(path, format!("{h:?} is not a header name"));
+        };
+        if let Some((_, why)) = REFUSED.iter().find(|(n, _)| *n == name.as_str()) {
+            return err(path, format!("{h:?} cannot be sent on fills: {why}"));
+        }
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
 }
 
 /// SQL identifiers spliced into the outbox SQL (table, NOTIFY channel).

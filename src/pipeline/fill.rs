@@ -1,47 +1,38 @@
 //! Stage 7: fetch from upstream for a cache fill. Builds the fill request
-//! (only headers that cannot change the content behind the key's back),
-//! takes a fill permit with try-acquire (full -> 503 at once), and reads the
-//! body up to `max_body`; a larger body is streamed through uncached.
+//! from the cache key (never a copy of the client's request), takes a fill
+//! permit within the route's budget with try-acquire (full -> 503 at once),
+//! and reads the body up to `max_body`; a larger body is streamed through
+//! uncached.
+//!
+//! What a fill sends: `GET`, the matched path, the normalized query the key
+//! used, `Host` = the route's `host` or the upstream's authority, the
+//! client's values of the route's `vary` headers (they are in the key), and
+//! the client's values of `fill_headers` (default `traceparent`,
+//! `tracestate`, `x-request-id`: tracing only, by the owner's promise they
+//! never change the answer). Nothing else: no `X-Forwarded-*` or
+//! `Forwarded` (they describe one client, and the answer is for everyone
+//! with the key), no `Origin`, `User-Agent`, `Accept-Language`, cookies,
+//! conditionals or ranges. So two requests with the same key send the same
+//! fill, byte for byte, apart from the tracing headers: whatever else a
+//! client sends cannot shape an answer that others will be served (cache
+//! poisoning). Forwarded and BYPASS requests are untouched by this.
 
 use crate::body::{self, Body};
 use crate::config::{Config, Route};
 use crate::error::{ProxyError, UpstreamError};
 use crate::metrics::{status_class, Metrics};
 use crate::proxy::client::UpstreamClient;
-use crate::proxy::headers::{append_forwarded, strip_hop_by_hop};
+use crate::proxy::headers::strip_hop_by_hop;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use std::net::SocketAddr;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// Headers a fill never carries unless the route varies on them: they could
-/// make the upstream answer differently for everyone sharing the key
-/// (cache poisoning), or answer 304/206 which the key cannot represent.
-const NEVER_ON_FILL: &[&str] = &[
-    "x-forwarded-host",
-    "x-forwarded-server",
-    "x-original-url",
-    "x-rewrite-url",
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-    "forwarded",
-    "if-none-match",
-    "if-modified-since",
-    "if-match",
-    "if-unmodified-since",
-    "if-range",
-    "range",
-    // Without `Accept-Encoding` in `vary`, one client's gzip must not be
-    // served to a client that cannot decode it: ask for identity.
-    "accept-encoding",
-];
 
 /// A fill request's inputs, detached from the client request so the fill can
 /// run in its own task and outlive a client that goes away.
@@ -49,35 +40,30 @@ const NEVER_ON_FILL: &[&str] = &[
 pub struct FillRequest {
     pub path_and_query: String,
     pub headers: HeaderMap,
-    pub peer: SocketAddr,
 }
 
-/// Builds the fill request inputs from the client's request head.
+/// Builds the fill request from the key's parts: `path` is the request path
+/// that matched the route (its params are the identity), `query` the
+/// normalized query of the key. Only `vary` and `fill_headers` values are
+/// taken from `client_headers` (see the module doc).
 pub fn fill_request(
     route: &Route,
     path: &str,
     query: &str,
-    uri_authority: Option<&http::uri::Authority>,
     client_headers: &HeaderMap,
-    peer: SocketAddr,
 ) -> FillRequest {
-    let mut headers = client_headers.clone();
+    let mut headers = HeaderMap::with_capacity(route.vary.len() + route.fill_headers.len() + 1);
+    for name in route.vary.iter().chain(&route.fill_headers) {
+        for value in client_headers.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    // `vary` may name one (validation refuses them in `fill_headers`).
     strip_hop_by_hop(&mut headers);
-    for name in NEVER_ON_FILL {
-        let name = HeaderName::from_static(name);
-        if !route.varies_on(&name) {
-            headers.remove(&name);
-        }
+    // Without it the upstream client sets the upstream's authority.
+    if let Some(host) = &route.host {
+        headers.insert(header::HOST, host.clone());
     }
-    headers.remove(header::CONTENT_LENGTH);
-    if !headers.contains_key(header::HOST) {
-        // HTTP/2 clients send `:authority` instead of Host.
-        if let Some(v) = uri_authority.and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
-        {
-            headers.insert(header::HOST, v);
-        }
-    }
-    append_forwarded(&mut headers, peer, "http");
     let path_and_query = if query.is_empty() {
         path.to_owned()
     } else {
@@ -86,14 +72,32 @@ pub fn fill_request(
     FillRequest {
         path_and_query,
         headers,
-        peer,
     }
 }
 
-/// Fill permits (`fill.max_concurrency`), resizable on reload.
+/// Fill permits: `fill.max_concurrency` for the process (resizable on
+/// reload), and within it at most `Route::fill_budget` per route, so a
+/// flood of distinct misses on one route cannot take every permit and
+/// starve the others.
 pub struct FillPermits {
     sem: Arc<Semaphore>,
     size: AtomicUsize,
+    /// Fills in flight per route name (bounded by the routes configured).
+    per_route: Mutex<HashMap<String, Arc<AtomicUsize>>>,
+}
+
+/// One fill's permit; both counts return on drop, on every path.
+pub struct FillPermit {
+    _global: OwnedSemaphorePermit,
+    _route: RouteSlot,
+}
+
+struct RouteSlot(Arc<AtomicUsize>);
+
+impl Drop for RouteSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl FillPermits {
@@ -101,15 +105,38 @@ impl FillPermits {
         FillPermits {
             sem: Arc::new(Semaphore::new(n)),
             size: AtomicUsize::new(n),
+            per_route: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Try-acquire: a full pool answers 503 at once instead of queueing.
-    pub fn try_acquire(&self) -> Result<OwnedSemaphorePermit, ProxyError> {
-        self.sem
+    /// Try-acquire within `route`'s budget: a full pool or a spent budget
+    /// answers 503 at once instead of queueing.
+    pub fn try_acquire(&self, route: &Route) -> Result<FillPermit, ProxyError> {
+        let counter = {
+            let mut map = self.per_route.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(&route.name) {
+                Some(c) => Arc::clone(c),
+                None => Arc::clone(map.entry(route.name.clone()).or_default()),
+            }
+        };
+        let budget = route.fill_budget;
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < budget).then_some(n + 1)
+            })
+            .map_err(|_| ProxyError::Overloaded("route fill budget spent"))?;
+        // From here the slot is ours and returns on drop, also if the pool
+        // below is full.
+        let slot = RouteSlot(counter);
+        let global = self
+            .sem
             .clone()
             .try_acquire_owned()
-            .map_err(|_| ProxyError::Overloaded("fill permits exhausted"))
+            .map_err(|_| ProxyError::Overloaded("fill permits exhausted"))?;
+        Ok(FillPermit {
+            _global: global,
+            _route: slot,
+        })
     }
 
     /// Grows or shrinks the pool; shrinking takes effect as permits return.
@@ -126,6 +153,23 @@ impl FillPermits {
                 }
             });
         }
+    }
+}
+
+/// `sidecache_fill_inflight{route}` held up while a fill's upstream call
+/// runs; the drop brings it down on every path (error, panic, cancel).
+pub struct Inflight(prometheus::IntGauge);
+
+impl Inflight {
+    pub fn enter(gauge: prometheus::IntGauge) -> Inflight {
+        gauge.inc();
+        Inflight(gauge)
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -3,6 +3,21 @@
 //! others wait with jittered sleeps, re-reading the entry, until the route's
 //! `wait` budget is spent. Release is compare-and-delete, so a filler whose
 //! lease expired cannot delete its successor's lease.
+//!
+//! A fill slower than its lease keeps it with [`LeaseGuard::renew_while`]:
+//! every third of the lease, a compare-and-`PEXPIRE` (`lua/lease_renew.lua`)
+//! sets it back to its full length while the upstream call runs (the call
+//! itself ends by `upstream.timeout`), like the Bloom build lock. A filler
+//! that crashes stops renewing, so the key is blocked for at most one lease.
+//!
+//! A won lease is a [`LeaseGuard`]: released on every path. A guard dropped
+//! without [`LeaseGuard::release`] (the fill task panicked or was aborted)
+//! is the pingora cache lock's "dangling" case: it is counted in
+//! `sidecache_lease_abandoned_total{route}`, logged, and its
+//! compare-and-delete is spawned onto the runtime, because `drop` cannot
+//! await. If that spawned release cannot run (runtime shutting down, store
+//! down) the lease simply expires after `lease`: waiters meanwhile spend
+//! their `wait` budget and answer 503, never stale data.
 
 use super::entry::Entry;
 use super::lookup::lookup;
@@ -10,15 +25,17 @@ use crate::config::Route;
 use crate::keys::CacheKey;
 use crate::metrics::Metrics;
 use crate::store::{GuardedStore, StoreError};
+use prometheus::IntCounterVec;
 use rand::Rng;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// How the wait for the lease ended.
 #[derive(Debug)]
 pub enum LeaseOutcome {
-    /// We hold the lease under this owner token.
-    Won(String),
+    /// We hold the lease.
+    Won(LeaseGuard),
     /// Another filler published while we waited.
     Hit(Entry),
     /// The `wait` budget is spent (answer 503, never call upstream).
@@ -32,7 +49,7 @@ pub fn owner_token() -> String {
 
 /// Stage 5: acquire the lease or wait for someone else's fill.
 pub async fn acquire(
-    store: &GuardedStore,
+    store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
     metrics: &Metrics,
@@ -44,7 +61,15 @@ pub async fn acquire(
             .try_lease(&key.keys.lease, &owner, route.lease)
             .await?
         {
-            return Ok(LeaseOutcome::Won(owner));
+            return Ok(LeaseOutcome::Won(LeaseGuard {
+                store: Arc::clone(store),
+                lease_key: key.keys.lease.clone(),
+                owner,
+                route: route.name.clone(),
+                unlock_failed: metrics.unlock_failed.clone(),
+                abandoned: metrics.lease_abandoned.clone(),
+                released: false,
+            }));
         }
         let now = Instant::now();
         if now >= budget_end {
@@ -58,25 +83,183 @@ pub async fn acquire(
     }
 }
 
-/// Stage 9: compare-and-delete unlock. Failure is only counted: the lease
-/// expires by itself.
-pub async fn release(
-    store: &GuardedStore,
-    key: &CacheKey,
-    owner: &str,
-    route: &str,
-    metrics: &Metrics,
-) {
-    match store.unlock(&key.keys.lease, owner).await {
+/// A lease this process holds (see the module doc for the drop rule).
+#[must_use = "release the lease, or it is abandoned until it expires"]
+pub struct LeaseGuard {
+    store: Arc<GuardedStore>,
+    lease_key: String,
+    owner: String,
+    route: String,
+    unlock_failed: IntCounterVec,
+    abandoned: IntCounterVec,
+    released: bool,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("lease_key", &self.lease_key)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseGuard {
+    /// The owner token the publish script checks.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Runs `work` (the upstream fetch) while renewing the lease to `ttl`
+    /// every `ttl / 3`, for at most `limit`. Renewal stops early if the
+    /// lease is no longer ours (the publish will then be refused as
+    /// `lease_lost`); a failed renewal call is retried at the next tick.
+    pub async fn renew_while<F: std::future::Future>(
+        &self,
+        ttl: Duration,
+        limit: Duration,
+        work: F,
+    ) -> F::Output {
+        let period = ttl / 3;
+        let stop_at = Instant::now() + limit;
+        let mut next = Instant::now() + period;
+        let mut renewing = true;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next), if renewing => {
+                    if Instant::now() >= stop_at {
+                        renewing = false;
+                        continue;
+                    }
+                    match self.store.renew_lease(&self.lease_key, &self.owner, ttl).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            renewing = false;
+                            tracing::debug!(route = %self.route, key = %self.lease_key, "lease lost during the fill; not renewing");
+                        }
+                        Err(e) => {
+                            tracing::debug!(route = %self.route, key = %self.lease_key, error = %e, "lease renewal failed; retrying");
+                        }
+                    }
+                    next = Instant::now() + period;
+                }
+            }
+        }
+    }
+
+    /// Stage 9: compare-and-delete. Failure is only counted: the lease
+    /// expires by itself.
+    pub async fn release(mut self) {
+        self.released = true;
+        unlock(
+            &self.store,
+            &self.lease_key,
+            &self.owner,
+            &self.route,
+            &self.unlock_failed,
+        )
+        .await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.abandoned.with_label_values(&[&self.route]).inc();
+        tracing::warn!(route = %self.route, key = %self.lease_key, "fill lease abandoned without release; releasing in the background");
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left: the lease expires after `lease`
+        };
+        let store = Arc::clone(&self.store);
+        let key = std::mem::take(&mut self.lease_key);
+        let owner = std::mem::take(&mut self.owner);
+        let route = std::mem::take(&mut self.route);
+        let failed = self.unlock_failed.clone();
+        runtime.spawn(async move { unlock(&store, &key, &owner, &route, &failed).await });
+    }
+}
+
+async fn unlock(store: &GuardedStore, key: &str, owner: &str, route: &str, failed: &IntCounterVec) {
+    match store.unlock(key, owner).await {
         Ok(true) => {}
         Ok(false) => {
             // The lease expired and maybe another filler holds it now: not
             // ours to delete.
-            tracing::debug!(key = %key.keys.lease, "lease was no longer ours at release");
+            tracing::debug!(key = %key, "lease was no longer ours at release");
         }
         Err(e) => {
-            metrics.unlock_failed.with_label_values(&[route]).inc();
-            tracing::debug!(key = %key.keys.lease, error = %e, "lease release failed");
+            failed.with_label_values(&[route]).inc();
+            tracing::debug!(key = %key, error = %e, "lease release failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    fn setup() -> (Arc<GuardedStore>, Metrics, CacheKey, Arc<Route>) {
+        let metrics = Metrics::new();
+        let store = Arc::new(GuardedStore::new(
+            Arc::new(MemoryStore::new()),
+            None,
+            Duration::from_secs(1),
+            &metrics,
+        ));
+        let route = crate::config::testing::route(
+            "  - { name: app, path: \"/a/{id}\", params: { id: \"[0-9]+\" }, ttl: 10s, lease: 5s }\n",
+        );
+        let key = crate::keys::cache_key("sc:", &route, &["1"], None, &http::HeaderMap::new());
+        (store, metrics, key, route)
+    }
+
+    async fn won(
+        store: &Arc<GuardedStore>,
+        key: &CacheKey,
+        route: &Route,
+        m: &Metrics,
+    ) -> LeaseGuard {
+        match acquire(store, key, route, m).await {
+            Ok(LeaseOutcome::Won(lease)) => lease,
+            other => panic!("expected to win the lease: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn released_lease_is_free_again_and_not_counted() {
+        let (store, m, key, route) = setup();
+        won(&store, &key, &route, &m).await.release().await;
+        won(&store, &key, &route, &m).await.release().await;
+        assert_eq!(m.lease_abandoned.with_label_values(&["app"]).get(), 0);
+    }
+
+    #[tokio::test]
+    async fn dropped_lease_is_counted_and_released_in_the_background() {
+        let (store, m, key, route) = setup();
+        let lease = won(&store, &key, &route, &m).await;
+        // A fill task that panics or is aborted drops its guard unreleased.
+        let task = tokio::spawn(async move {
+            let _held = lease;
+            panic!("fill panicked");
+        });
+        assert!(task.await.is_err());
+        assert_eq!(m.lease_abandoned.with_label_values(&["app"]).get(), 1);
+        // The spawned compare-and-delete frees it long before `lease` (5 s).
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if matches!(
+                store.try_lease(&key.keys.lease, "next", route.lease).await,
+                Ok(true)
+            ) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "abandoned lease not released");
+            tokio::task::yield_now().await;
         }
     }
 }

@@ -18,6 +18,7 @@
 //! and the log field.
 
 pub mod bloom;
+pub mod cache_control;
 pub mod entry;
 pub mod fill;
 pub mod flight;
@@ -35,13 +36,14 @@ use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
 use crate::store::{GuardedStore, PublishOutcome};
 use entry::Entry;
-use fill::{Fetched, FillPermits, FillRequest};
+use fill::{Fetched, FillPermits, FillRequest, Inflight};
 use flight::{Answer, Flights};
 use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use lease::LeaseOutcome;
+use lease::{LeaseGuard, LeaseOutcome};
+use publish::{Cacheability, FillOutcome, Uncacheable};
 use rand::Rng;
 use status::CacheStatus;
 use std::net::SocketAddr;
@@ -90,9 +92,13 @@ impl Pipeline {
         }
     }
 
-    /// Applies limits from a reloaded config (fill permits).
+    /// Applies limits from a reloaded config (fill permits; route budgets
+    /// are read from the route at each fill) and logs its warnings.
     pub fn reconfigure(&self, cfg: &Config) {
         self.shared.permits.resize(cfg.fill.max_concurrency);
+        for w in &cfg.warnings {
+            tracing::warn!(path = %w.path, "config: {}", w.message);
+        }
     }
 
     /// Serves a cache read. `params` are the raw path param values in
@@ -126,8 +132,11 @@ impl Pipeline {
     ) -> (CacheStatus, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
-        // response personal: forward untouched.
-        if bypass(route, req.headers()) {
+        // response personal, and a query parameter outside the route's
+        // allow-list could change the answer behind the key's back (or bust
+        // the cache): forward untouched.
+        if bypass(route, req.headers()) || keys::has_unlisted_param(&route.query, req.uri().query())
+        {
             let resp = crate::proxy::forward::forward(
                 &sh.client,
                 req,
@@ -169,14 +178,7 @@ impl Pipeline {
         // Stage 5 (in-process): join or start the fill for this key.
         let fill = Fill {
             shared: Arc::clone(sh),
-            request: fill::fill_request(
-                route,
-                req.uri().path(),
-                &key.query,
-                req.uri().authority(),
-                req.headers(),
-                peer,
-            ),
+            request: fill::fill_request(route, req.uri().path(), &key.query, req.headers()),
             cfg,
             route: Arc::clone(route),
             key,
@@ -199,6 +201,9 @@ impl Pipeline {
             }
             .boxed()
         });
+        if !started {
+            sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
+        }
         let answer = flight.await;
         if let Some(answered) = to_client(&answer, started, head) {
             return answered;
@@ -239,8 +244,8 @@ fn hit_status(entry: &Entry) -> CacheStatus {
 async fn fill_with_lease(fill: &Fill) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
-    let owner = match lease::acquire(&sh.store, &fill.key, route, &sh.metrics).await {
-        Ok(LeaseOutcome::Won(owner)) => owner,
+    let lease = match lease::acquire(&sh.store, &fill.key, route, &sh.metrics).await {
+        Ok(LeaseOutcome::Won(lease)) => lease,
         Ok(LeaseOutcome::Hit(entry)) => {
             return Answer::Shared(hit_status(&entry), Arc::new(entry));
         }
@@ -252,13 +257,14 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
         }
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     };
-    let answer = fill_holding_lease(fill, &owner).await;
-    lease::release(&sh.store, &fill.key, &owner, &route.name, &sh.metrics).await;
+    let answer = fill_holding_lease(fill, &lease).await;
+    lease.release().await;
     answer
 }
 
 /// Stages 6-8 while holding the lease.
-async fn fill_holding_lease(fill: &Fill, owner: &str) -> Answer {
+async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
+    let started = std::time::Instant::now();
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
@@ -277,53 +283,61 @@ async fn fill_holding_lease(fill: &Fill, owner: &str) -> Answer {
         Ok(t) => t,
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     };
-    let fetched = match fetch_with_permit(fill).await {
+    // Stage 7, under the lease: renewed while upstream takes its time.
+    let fetched = lease
+        .renew_while(
+            route.lease,
+            fill.cfg.upstream.timeout,
+            fetch_with_permit(fill),
+        )
+        .await;
+    let fetched = match fetched {
         Ok(f) => f,
         Err(e) => return Answer::Failed(CacheStatus::Miss, e),
     };
-    let (status, headers, body) = match fetched {
-        Fetched::Streamed(resp) => {
-            count_publish(fill, "too_large");
+    let (entry, kind) = match judge(fill, fetched, ticket.clone()) {
+        Judged::TooLarge(resp) => {
+            count_publish(fill, FillOutcome::TooLarge);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
         }
-        Fetched::Buffered {
-            status,
-            headers,
-            body,
-        } => (status, headers, body),
+        Judged::OneClient(resp, reason) => {
+            count_uncacheable(fill, reason);
+            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        }
+        Judged::Shareable(entry, kind) => (entry, kind),
     };
-    let kind = publish::cacheability(route, status, &headers);
-    if !kind.is_shareable() {
-        count_publish(fill, "uncacheable");
-        return exclusive(CacheStatus::Miss, status, headers, body);
-    }
-    let entry = publish::build_entry(
-        &fill.key,
-        ticket.clone(),
-        kind,
-        status,
-        publish::replayable_headers(headers),
-        body,
-    );
-    if kind.is_cacheable() {
+    let Cacheability::Uncacheable(reason) = kind else {
         let ttl = publish::entry_ttl(route, kind);
-        let outcome = publish::publish(&sh.store, &fill.key, owner, &ticket, &entry, ttl).await;
-        let label = match outcome {
-            Ok(PublishOutcome::Published) => "published",
-            Ok(PublishOutcome::LeaseLost) | Ok(PublishOutcome::GenerationChanged) => {
-                tracing::info!(key = %fill.key.keys.entry, outcome = ?outcome, "publish rejected");
-                "publish_rejected"
+        let published =
+            publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await;
+        let outcome = match published {
+            Ok(PublishOutcome::Published) => FillOutcome::Published,
+            Ok(PublishOutcome::LeaseLost) => {
+                // The fill outlived its lease and could not renew it: the
+                // answer is not cached. Worth an operator's attention.
+                tracing::warn!(
+                    route = %route.name,
+                    key = %fill.key.keys.entry,
+                    fill_ms = started.elapsed().as_millis() as u64,
+                    lease_ms = route.lease.as_millis() as u64,
+                    "publish rejected: lease lost during the fill"
+                );
+                FillOutcome::LeaseLost
+            }
+            Ok(PublishOutcome::GenerationChanged) => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: generation changed during the fill");
+                FillOutcome::Rejected
             }
             // The answer is still good: return it, never fetch again.
             Err(e) => {
                 tracing::debug!(key = %fill.key.keys.entry, error = %e, "publish failed");
-                "write_failure"
+                FillOutcome::WriteFailure
             }
         };
-        count_publish(fill, label);
-    } else {
-        count_publish(fill, "uncacheable");
-    }
+        count_publish(fill, outcome);
+        return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
+    };
+    count_uncacheable(fill, reason);
     Answer::Shared(CacheStatus::Miss, Arc::new(entry))
 }
 
@@ -332,68 +346,97 @@ async fn fill_holding_lease(fill: &Fill, owner: &str) -> Answer {
 async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
     match fetch_with_permit(fill).await {
         Err(e) => Answer::Failed(status, e),
-        Ok(Fetched::Streamed(resp)) => Answer::Exclusive(status, Mutex::new(Some(resp))),
-        Ok(Fetched::Buffered {
-            status: code,
+        Ok(fetched) => match judge(fill, fetched, bytes::Bytes::new()) {
+            Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
+                Answer::Exclusive(status, Mutex::new(Some(resp)))
+            }
+            Judged::Shareable(entry, _) => Answer::Shared(status, Arc::new(entry)),
+        },
+    }
+}
+
+/// An upstream answer, judged for sharing (stage 8's first half).
+enum Judged {
+    /// Coalesced requests may all receive it; `Cacheability` says whether
+    /// it may also be stored.
+    Shareable(Entry, Cacheability),
+    /// Larger than `max_body`: streams to the request that started the fill.
+    TooLarge(Response<Body>),
+    /// For the request that started the fill only (the origin refused to
+    /// let it be shared), with the reason.
+    OneClient(Response<Body>, Uncacheable),
+}
+
+/// Turns what upstream answered into a shareable entry stamped with
+/// `generation`, or a one-client response (too large, or private).
+fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
+    let (code, headers, body) = match fetched {
+        Fetched::Streamed(resp) => return Judged::TooLarge(resp),
+        Fetched::Buffered {
+            status,
             headers,
             body,
-        }) => {
-            let kind = publish::cacheability(&fill.route, code, &headers);
-            if !kind.is_shareable() {
-                return exclusive(status, code, headers, body);
-            }
-            let entry = publish::build_entry(
-                &fill.key,
-                bytes::Bytes::new(),
-                kind,
-                code,
-                publish::replayable_headers(headers),
-                body,
-            );
-            Answer::Shared(status, Arc::new(entry))
-        }
+        } => (status, headers, body),
+    };
+    let kind = publish::cacheability(&fill.route, code, &headers);
+    if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
+        return Judged::OneClient(one_client(code, headers, body), reason);
     }
+    let entry = publish::build_entry(
+        &fill.key,
+        generation,
+        kind,
+        code,
+        publish::replayable_headers(headers),
+        body,
+    );
+    Judged::Shareable(entry, kind)
 }
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
-    let _permit = sh.permits.try_acquire()?;
-    let gauge = sh
-        .metrics
-        .fill_inflight
-        .with_label_values(&[&fill.route.name]);
-    gauge.inc();
-    let result = fill::fetch(
+    let _permit = sh.permits.try_acquire(&fill.route)?;
+    let _inflight = Inflight::enter(
+        sh.metrics
+            .fill_inflight
+            .with_label_values(&[&fill.route.name]),
+    );
+    fill::fetch(
         &sh.client,
         &fill.cfg,
         &fill.route,
         &fill.request,
         &sh.metrics,
     )
-    .await;
-    gauge.dec();
-    result
+    .await
 }
 
-fn count_publish(fill: &Fill, outcome: &str) {
+fn count_publish(fill: &Fill, outcome: FillOutcome) {
     fill.shared
         .metrics
         .publish
-        .with_label_values(&[&fill.route.name, outcome])
+        .with_label_values(&[&fill.route.name, outcome.as_str()])
         .inc();
 }
 
-fn exclusive(
-    status: CacheStatus,
-    code: http::StatusCode,
-    headers: HeaderMap,
-    body: bytes::Bytes,
-) -> Answer {
+/// Counts an answer that was not stored, with its reason.
+fn count_uncacheable(fill: &Fill, reason: Uncacheable) {
+    tracing::debug!(route = %fill.route.name, reason = reason.as_str(), "answer not stored");
+    count_publish(fill, FillOutcome::Uncacheable);
+    fill.shared
+        .metrics
+        .uncacheable
+        .with_label_values(&[&fill.route.name, reason.as_str()])
+        .inc();
+}
+
+/// A buffered answer as a response for one client.
+fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) -> Response<Body> {
     let mut resp = Response::new(body::full(body));
     *resp.status_mut() = code;
     *resp.headers_mut() = headers;
     resp.headers_mut().remove(header::CONTENT_LENGTH);
-    Answer::Exclusive(status, Mutex::new(Some(resp)))
+    resp
 }
 
 /// A client response from an entry; hits carry `Age`.

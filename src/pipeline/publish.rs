@@ -2,8 +2,9 @@
 //! entry stamped with the generation ticket, and publish it with the
 //! publish script (which re-checks lease owner and generation atomically).
 
+use super::cache_control::{judge_vary, CacheControl, VaryVerdict, ZeroLifetime};
 use super::entry::Entry;
-use crate::config::Route;
+use crate::config::{OriginCacheControl, Route};
 use crate::keys::CacheKey;
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::store::{GuardedStore, PublishOutcome, StoreError};
@@ -18,13 +19,48 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub enum Cacheability {
     Positive,
     Negative,
+    /// Not stored, for this reason.
+    Uncacheable(Uncacheable),
+}
+
+/// Why an answer is not stored: the `reason` label of
+/// `sidecache_uncacheable_total` (a handful of values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uncacheable {
     /// Status not listed in `cache_status` / `negative_status`.
-    NotListed,
-    /// `Set-Cookie` or `Cache-Control: private`: belongs to one client only,
-    /// so it is neither cached nor shared with coalesced requests.
+    Status,
+    /// `Set-Cookie`: the answer carries one client's session.
+    SetCookie,
+    /// `Cache-Control: private`.
     Private,
     /// `Cache-Control: no-store`.
     NoStore,
+    /// `Cache-Control: no-cache` (we never revalidate, so never reuse).
+    NoCache,
+    /// `max-age=0` without `s-maxage`.
+    MaxAgeZero,
+    /// `s-maxage=0` (wins over any `max-age` in a shared cache).
+    SMaxAgeZero,
+    /// `Vary: *`.
+    VaryStar,
+    /// `Vary` names a header the route's key does not include.
+    VaryUnkeyed,
+}
+
+impl Uncacheable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Uncacheable::Status => "status",
+            Uncacheable::SetCookie => "set_cookie",
+            Uncacheable::Private => "private",
+            Uncacheable::NoStore => "no_store",
+            Uncacheable::NoCache => "no_cache",
+            Uncacheable::MaxAgeZero => "max_age_0",
+            Uncacheable::SMaxAgeZero => "s_maxage_0",
+            Uncacheable::VaryStar => "vary_star",
+            Uncacheable::VaryUnkeyed => "vary_unkeyed",
+        }
+    }
 }
 
 impl Cacheability {
@@ -32,39 +68,93 @@ impl Cacheability {
         matches!(self, Cacheability::Positive | Cacheability::Negative)
     }
 
-    /// May coalesced requests for the same key receive this answer?
+    /// May coalesced requests for the same key receive this answer? Only
+    /// if it is cacheable or merely has an unlisted status (an upstream
+    /// error is the same for all of them). An answer the origin refused to
+    /// let us share is for the request whose fill fetched it; the others
+    /// fetch their own.
     pub fn is_shareable(self) -> bool {
-        self != Cacheability::Private
+        matches!(
+            self,
+            Cacheability::Positive
+                | Cacheability::Negative
+                | Cacheability::Uncacheable(Uncacheable::Status)
+        )
     }
 }
 
-pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
-    if headers.contains_key(header::SET_COOKIE) || cache_control_has(headers, "private") {
-        return Cacheability::Private;
+/// What became of one fill's answer: the `outcome` label of
+/// `sidecache_publish_total`, one string per value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillOutcome {
+    /// Written under our lease and ticket.
+    Published,
+    /// The generation moved since the ticket (an invalidation won the race).
+    Rejected,
+    /// The lease expired or was taken over before the publish (a fill
+    /// slower than its lease whose renewal failed).
+    LeaseLost,
+    /// The store failed the publish; the answer was still returned.
+    WriteFailure,
+    /// Not storable (see [`Uncacheable`]).
+    Uncacheable,
+    /// Larger than `fill.max_body`: streamed through to one client.
+    TooLarge,
+}
+
+impl FillOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FillOutcome::Published => "published",
+            FillOutcome::Rejected => "publish_rejected",
+            FillOutcome::LeaseLost => "lease_lost",
+            FillOutcome::WriteFailure => "write_failure",
+            FillOutcome::Uncacheable => "uncacheable",
+            FillOutcome::TooLarge => "too_large",
+        }
     }
-    if cache_control_has(headers, "no-store") {
-        return Cacheability::NoStore;
+}
+
+/// Stage 8's verdict on an upstream answer. `Set-Cookie`, `private` and
+/// `no-store` always keep it out (SPEC §5 stage 8); with
+/// `origin_cache_control: honor` so do `no-cache`, a zero shared freshness
+/// lifetime and a `Vary` beyond the route's key.
+pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
+    use Cacheability::Uncacheable as No;
+    if headers.contains_key(header::SET_COOKIE) {
+        return No(Uncacheable::SetCookie);
+    }
+    let cc = CacheControl::parse(headers);
+    if cc.private {
+        return No(Uncacheable::Private);
+    }
+    if cc.no_store {
+        return No(Uncacheable::NoStore);
     }
     let code = status.as_u16();
-    if route.cache_status.contains(&code) {
+    let kind = if route.cache_status.contains(&code) {
         Cacheability::Positive
     } else if route.negative_status.contains(&code) {
         Cacheability::Negative
     } else {
-        Cacheability::NotListed
+        return No(Uncacheable::Status);
+    };
+    if route.origin_cache_control == OriginCacheControl::Ignore {
+        return kind;
     }
-}
-
-fn cache_control_has(headers: &HeaderMap, directive: &str) -> bool {
-    headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|d| {
-            let name = d.split('=').next().unwrap_or("").trim();
-            name.eq_ignore_ascii_case(directive)
-        })
+    if cc.no_cache {
+        return No(Uncacheable::NoCache);
+    }
+    match cc.zero_lifetime() {
+        Some(ZeroLifetime::SMaxAge) => return No(Uncacheable::SMaxAgeZero),
+        Some(ZeroLifetime::MaxAge) => return No(Uncacheable::MaxAgeZero),
+        None => {}
+    }
+    match judge_vary(headers, &route.vary) {
+        VaryVerdict::Keyed => kind,
+        VaryVerdict::Star => No(Uncacheable::VaryStar),
+        VaryVerdict::Unkeyed => No(Uncacheable::VaryUnkeyed),
+    }
 }
 
 /// Positive TTL = ttl + uniform[0, jitter], so entries filled together do
@@ -167,32 +257,83 @@ mod tests {
 
     #[test]
     fn what_is_cached() {
+        use Cacheability::Uncacheable as No;
         let r = route();
         let c = |s: u16, h: &[(&'static str, &'static str)]| {
             cacheability(&r, StatusCode::from_u16(s).expect("status"), &headers(h))
         };
         assert_eq!(c(200, &[]), Cacheability::Positive);
         assert_eq!(c(404, &[]), Cacheability::Negative);
-        assert_eq!(c(500, &[]), Cacheability::NotListed);
-        assert_eq!(c(200, &[("set-cookie", "s=1")]), Cacheability::Private);
+        assert_eq!(c(500, &[]), No(Uncacheable::Status));
+        assert_eq!(c(200, &[("set-cookie", "s=1")]), No(Uncacheable::SetCookie));
         assert_eq!(
             c(200, &[("cache-control", "max-age=5, Private")]),
-            Cacheability::Private
+            No(Uncacheable::Private)
         );
         assert_eq!(
             c(200, &[("cache-control", "no-store")]),
-            Cacheability::NoStore
+            No(Uncacheable::NoStore)
         );
         assert_eq!(
             c(404, &[("cache-control", "public, no-store")]),
-            Cacheability::NoStore
+            No(Uncacheable::NoStore)
         );
         assert_eq!(
             c(200, &[("cache-control", "max-age=60")]),
             Cacheability::Positive
         );
-        assert!(!Cacheability::Private.is_shareable());
-        assert!(Cacheability::NoStore.is_shareable() && !Cacheability::NoStore.is_cacheable());
+        assert_eq!(
+            c(200, &[("cache-control", "no-cache")]),
+            No(Uncacheable::NoCache)
+        );
+        assert_eq!(
+            c(200, &[("cache-control", "max-age=0")]),
+            No(Uncacheable::MaxAgeZero)
+        );
+        assert_eq!(
+            c(200, &[("cache-control", "max-age=60, s-maxage=0")]),
+            No(Uncacheable::SMaxAgeZero)
+        );
+        assert_eq!(
+            c(200, &[("cache-control", "max-age=0, s-maxage=30")]),
+            Cacheability::Positive
+        );
+        assert_eq!(c(200, &[("vary", "*")]), No(Uncacheable::VaryStar));
+        assert_eq!(c(404, &[("vary", "X-User")]), No(Uncacheable::VaryUnkeyed));
+        // Only an unlisted status may be shared with coalesced requests.
+        assert!(No(Uncacheable::Status).is_shareable());
+        for refused in [
+            Uncacheable::SetCookie,
+            Uncacheable::Private,
+            Uncacheable::NoStore,
+            Uncacheable::NoCache,
+            Uncacheable::VaryUnkeyed,
+        ] {
+            assert!(!No(refused).is_shareable(), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn ignore_keeps_only_the_privacy_refusals() {
+        use Cacheability::Uncacheable as No;
+        let r = crate::config::testing::route(
+            r#"  - { name: app, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 10s, origin_cache_control: ignore }
+"#,
+        );
+        let c = |h: &[(&'static str, &'static str)]| cacheability(&r, StatusCode::OK, &headers(h));
+        assert_eq!(
+            c(&[
+                ("cache-control", "no-cache, max-age=0, s-maxage=0"),
+                ("vary", "*")
+            ]),
+            Cacheability::Positive
+        );
+        assert_eq!(
+            c(&[("cache-control", "no-store")]),
+            No(Uncacheable::NoStore)
+        );
+        assert_eq!(c(&[("cache-control", "private")]), No(Uncacheable::Private));
+        assert_eq!(c(&[("set-cookie", "a=1")]), No(Uncacheable::SetCookie));
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub(super) enum Op {
     TryLease,
     Ticket,
     Publish,
+    RenewLease,
     Unlock,
     DeleteIfEquals,
     Invalidate,
@@ -62,12 +63,13 @@ pub(super) enum Op {
 }
 
 impl Op {
-    const COUNT: usize = 10;
+    const COUNT: usize = 11;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TryLease,
         Op::Ticket,
         Op::Publish,
+        Op::RenewLease,
         Op::Unlock,
         Op::DeleteIfEquals,
         Op::Invalidate,
@@ -89,6 +91,7 @@ impl Op {
             Op::TryLease => "try_lease",
             Op::Ticket => "ticket",
             Op::Publish => "publish",
+            Op::RenewLease => "renew_lease",
             Op::Unlock => "unlock",
             Op::DeleteIfEquals => "delete_if_equals",
             Op::Invalidate => "invalidate",
@@ -225,6 +228,16 @@ impl GuardedStore {
             .await
     }
 
+    pub async fn renew_lease(
+        &self,
+        lease_key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::RenewLease, |s| s.renew_lease(lease_key, owner, ttl))
+            .await
+    }
+
     pub async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
         self.call(Op::Unlock, |s| s.unlock(lease_key, owner)).await
     }
@@ -356,6 +369,14 @@ mod tests {
             t: Duration,
         ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
             self.gate(self.inner.publish(k, o, tk, e, t))
+        }
+        fn renew_lease<'a>(
+            &'a self,
+            k: &'a str,
+            o: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.renew_lease(k, o, t))
         }
         fn unlock<'a>(&'a self, k: &'a str, o: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
             self.gate(self.inner.unlock(k, o))

@@ -200,6 +200,23 @@ impl Store for MemoryStore {
         })
     }
 
+    fn renew_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(lease_key, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(false);
+            }
+            inner.touch(lease_key, ttl, now);
+            Ok(true)
+        })
+    }
+
     fn unlock<'a>(
         &'a self,
         lease_key: &'a str,

@@ -10,7 +10,8 @@
 //!   (`read_near`: the same answer from process memory, where the backend
 //!   keeps a coherent copy: the Redis near cache, [`near`]);
 //! - `ticket`: current generation, created fresh if missing — never absent;
-//! - `try_lease` / `unlock`: `SET NX PX` with an owner token, compare-and-delete;
+//! - `try_lease` / `renew_lease` / `unlock`: `SET NX PX` with an owner token,
+//!   compare-and-`PEXPIRE` (a slow fill keeps its lease), compare-and-delete;
 //! - `publish`: write the entry only if the lease is still ours and the
 //!   generation still equals the ticket;
 //! - `invalidate`: replace the generation with a fresh unique value;
@@ -113,6 +114,15 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         entry: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
+
+    /// Sets the lease's TTL to `ttl` only if `owner` still holds it. True if
+    /// renewed; false if it expired or another filler holds it.
+    fn renew_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Deletes the lease only if `owner` still holds it. True if deleted.
     fn unlock<'a>(

@@ -374,6 +374,25 @@ impl Store for RedisStore {
         })
     }
 
+    fn renew_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let renewed: i64 = scripts::LEASE_RENEW
+                .key(lease_key)
+                .arg(owner)
+                .arg(px(ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(renewed == 1)
+        })
+    }
+
     fn unlock<'a>(
         &'a self,
         lease_key: &'a str,

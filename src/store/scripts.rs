@@ -27,6 +27,10 @@ pub static INVALIDATE: LazyLock<Script> =
 pub static UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/unlock.lua")));
 
+/// `lease_renew.lua`: 1 lease TTL extended, 0 not the owner.
+pub static LEASE_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/lease_renew.lua")));
+
 /// `compare_delete.lua`: 1 deleted, 0 value differs.
 pub static COMPARE_DELETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/compare_delete.lua")));
@@ -63,6 +67,7 @@ mod tests {
             ("publish", include_str!("../../lua/publish.lua")),
             ("invalidate", include_str!("../../lua/invalidate.lua")),
             ("unlock", include_str!("../../lua/unlock.lua")),
+            ("lease_renew", include_str!("../../lua/lease_renew.lua")),
             (
                 "compare_delete",
                 include_str!("../../lua/compare_delete.lua"),
@@ -88,6 +93,7 @@ mod tests {
             &PUBLISH,
             &INVALIDATE,
             &UNLOCK,
+            &LEASE_RENEW,
             &COMPARE_DELETE,
             &BLOOM_CHECK,
             &BLOOM_BEGIN,
@@ -100,6 +106,6 @@ mod tests {
         .collect();
         hashes.sort_unstable();
         hashes.dedup();
-        assert_eq!(hashes.len(), 10);
+        assert_eq!(hashes.len(), 11);
     }
 }

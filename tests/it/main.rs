@@ -12,6 +12,7 @@ mod cache;
 mod cache_redis;
 mod check;
 mod example_postgres;
+mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
 mod outbox;

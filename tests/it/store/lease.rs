@@ -1,8 +1,9 @@
 //! The rebuild lease: set only if absent (never silently extended), one
 //! winner among concurrent attempts, released only by its owner.
 
-use super::{keys, LEASE};
+use super::{eventually, keys, LEASE};
 use sidecache::store::Store;
+use std::time::Duration;
 
 pub async fn lease_is_set_if_absent(s: &dyn Store) {
     let k = keys("nx");
@@ -36,4 +37,39 @@ pub async fn unlock_only_deletes_own_lease(s: &dyn Store) {
     assert!(s.unlock(&k.lease, "a").await.unwrap());
     assert!(!s.unlock(&k.lease, "a").await.unwrap(), "already released");
     assert!(s.try_lease(&k.lease, "b", LEASE).await.unwrap());
+}
+
+pub async fn renew_lease_extends_only_the_owners_live_lease(s: &dyn Store) {
+    let k = keys("renew");
+    let short = Duration::from_millis(300);
+    assert!(
+        !s.renew_lease(&k.lease, "a", LEASE).await.unwrap(),
+        "renewing creates nothing"
+    );
+    assert!(s.try_lease(&k.lease, "a", short).await.unwrap());
+    assert!(
+        !s.renew_lease(&k.lease, "b", LEASE).await.unwrap(),
+        "not b's"
+    );
+    assert!(s.renew_lease(&k.lease, "a", LEASE).await.unwrap());
+    // Well past the first TTL the renewed lease is still held.
+    tokio::time::sleep(short * 2).await;
+    assert!(!s.try_lease(&k.lease, "b", short).await.unwrap());
+    assert!(s.unlock(&k.lease, "a").await.unwrap());
+    assert!(
+        !s.renew_lease(&k.lease, "a", LEASE).await.unwrap(),
+        "a released lease is not revived"
+    );
+    // An expired lease cannot be renewed, and a late renewal leaves the
+    // next owner's lease alone.
+    assert!(s.try_lease(&k.lease, "b", short).await.unwrap());
+    eventually("b's lease to expire", || async {
+        s.try_lease(&k.lease, "c", LEASE).await.unwrap()
+    })
+    .await;
+    assert!(!s.renew_lease(&k.lease, "b", short).await.unwrap());
+    assert!(
+        !s.try_lease(&k.lease, "d", LEASE).await.unwrap(),
+        "c still holds it"
+    );
 }

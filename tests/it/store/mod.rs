@@ -50,7 +50,7 @@ fn keys(id: &str) -> ObjectKeys {
 /// Polls `check` every 10 ms until it holds; fails after `EVENTUALLY`. Not
 /// the harness's `eventually`: this one runs on Tokio's clock, so under the
 /// memory backend's paused time the deadline and the TTLs pass virtually.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -168,6 +168,7 @@ suite!(
     lease::lease_is_set_if_absent,
     lease::concurrent_lease_attempts_have_exactly_one_winner,
     lease::unlock_only_deletes_own_lease,
+    lease::renew_lease_extends_only_the_owners_live_lease,
     publish::publish_needs_lease_owner_and_matching_ticket,
     publish::publish_rejected_after_invalidate_stale_backfill,
     publish::publish_rejected_after_generation_lost_and_recreated_aba,

@@ -227,6 +227,10 @@ impl Origin {
         Origin { addr, state, task }
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// `http://127.0.0.1:PORT`, for `upstream.url`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -282,6 +286,11 @@ impl Origin {
 
     pub fn max_concurrency(&self) -> usize {
         self.state.max_inflight.load(Ordering::SeqCst)
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.inner.lock().unwrap().requests.clone()
     }
 
     pub fn last_request(&self, path: &str) -> Option<Recorded> {
