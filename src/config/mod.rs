@@ -58,9 +58,9 @@ pub struct UpstreamConfig {
 }
 
 /// What one client connection may cost (`limits` and `h2` in the file).
-/// All of it applies at once on reload: `max_connections` to the accept
-/// loop's next check, the rest to connections accepted (and, for
-/// `send_timeout`, requests started) after the reload.
+/// All of it applies on reload without a restart: `max_connections` at the
+/// accept loop's next check, the rest to connections accepted after the
+/// reload (a connection keeps the limits it was accepted with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitsConfig {
     /// Open client connections; at the cap the listener stops accepting.

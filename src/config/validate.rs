@@ -6,8 +6,9 @@ use super::file::FileStreamStart;
 use super::file::{defaults, FileConfig, FileNearCache, FileQuery, FileQueryMode, FileRoute};
 use super::route::{overlaps, parse_template, Param, QueryMode, Route, RouteTable};
 use super::{
-    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, LimitsConfig, NearCacheConfig,
-    OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    AdminConfig, Config, ConfigError, FillConfig, InvalidationConfig, LimitsConfig,
+    NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
+    StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;

@@ -122,10 +122,8 @@ pub async fn forward(
         }
         // 101 to a request that did not ask for it: nothing can be tunnelled.
         warn!("upstream switched protocols without an upgrade request");
-        return ProxyError::Upstream(UpstreamError::Other(
-            "unexpected 101".to_owned(),
-        ))
-        .to_response();
+        return ProxyError::Upstream(UpstreamError::Other("unexpected 101".to_owned()))
+            .to_response();
     }
 
     let (mut parts, body) = resp.into_parts();
