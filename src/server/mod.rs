@@ -352,7 +352,11 @@ where
 fn send_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if err.is::<SendTimedOut>() {
+        // An `io::Error`'s `source` skips the error it wraps: look inside.
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+        if err.is::<SendTimedOut>() || inner.is_some_and(|inner| inner.is::<SendTimedOut>()) {
             return true;
         }
         cur = err.source();
