@@ -134,6 +134,25 @@ async fn idle_h2c_connections_are_closed_and_new_requests_served() {
     // An h2c client that does send requests is served.
     let resp = request_h2("GET", &sc.url("/echo/h2"), &[], "").await;
     assert_eq!(resp.status, 200);
+
+    // HTTP/1 keep-alive: idle after its answer, closed after idle_timeout.
+    let mut keep_alive = connect(sc.addr()).await;
+    keep_alive
+        .write_all(b"GET /echo/ka HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let answered = Instant::now();
+    let (out, after) = closed_within(&mut keep_alive, answered, Duration::from_secs(5))
+        .await
+        .expect("idle HTTP/1 keep-alive connection still open after 5 s");
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "answered before the close"
+    );
+    assert!(
+        after >= Duration::from_millis(450),
+        "closed after {after:?}, before idle_timeout"
+    );
 }
 
 /// Row 4: a request head is bounded by `max_header_bytes`: over it the
@@ -214,27 +233,28 @@ async fn stalled_partial_preface_does_not_burn_cpu() {
     let sc = Sidecache::start(&origin.url()).await;
 
     let mut stalled = Vec::new();
-    for _ in 0..1000 {
+    // 400: under the default connection cap of a process with 1024 files.
+    for _ in 0..400 {
         let mut s = connect(sc.addr()).await;
         s.write_all(&PREFACE[..20]).await.expect("partial preface");
         stalled.push(s);
     }
     eventually(
-        "1000 stalled connections accepted",
+        "400 stalled connections accepted",
         Duration::from_secs(10),
-        || async { sc.metric("sidecache_client_connections").await == Some(1000.0) },
+        || async { sc.metric("sidecache_client_connections").await == Some(400.0) },
     )
     .await;
     let cpu_before = cpu_time(sc.pid());
     // The elapsed time is the measurement window: the stalled connections
-    // must cost (almost) no CPU over it. Re-polling every 5 ms cost ~40 %
-    // of a core for 1000 of them.
+    // must cost (almost) no CPU over it. Re-polling every 5 ms cost ~50 %
+    // of a core for 1000 of them (debug build).
     let window = Duration::from_secs(2);
     tokio::time::sleep(window).await;
     let used = cpu_time(sc.pid()) - cpu_before;
     assert!(
         used < Duration::from_millis(150),
-        "1000 stalled prefaces used {used:?} of CPU in {window:?}"
+        "400 stalled prefaces used {used:?} of CPU in {window:?}"
     );
     // And they are still served once they finish their preface.
     let resp = client::get(&sc.url("/echo/ok")).await;
