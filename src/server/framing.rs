@@ -60,10 +60,11 @@ pub struct FramingState {
     /// Responses whose body hyper has finished with (dropped), or requests
     /// whose handler was dropped before it answered.
     finished: AtomicU64,
-    /// HTTP/2 only ([`FramingState::track_bodies`]): calls of a response
-    /// body's `poll_frame` on this connection, and bodies that handed hyper
-    /// a frame and have not been asked for the next one yet. Both standing
-    /// still means the client's flow-control windows stay shut.
+    /// HTTP/2 only (the server's response bodies report them there): calls
+    /// of a response body's `poll_frame` on this connection, and bodies that
+    /// handed hyper a frame and have not been asked for the next one yet.
+    /// Both standing still means the client's flow-control windows stay
+    /// shut (see `server::h2_watch`).
     body_polls: AtomicU64,
     bodies_waiting: AtomicU64,
 }
