@@ -3,7 +3,9 @@
 //! - store unavailable -> never an error to the client: the degraded path;
 //! - upstream unreachable / timed out -> 502 / 504;
 //! - overload (fill permits, lease wait budget) -> 503 with `Retry-After`;
-//! - bad request input -> 400, never forwarded;
+//! - bad request input -> 400, never forwarded (a request body that turns
+//!   out malformed while it streams upstream -> 400 as well);
+//! - a transfer coding other than chunked -> 501;
 //! - a bug -> 500, logged, nothing internal leaks.
 //!
 //! Upstream 4xx/5xx answers are responses, not errors.
@@ -19,6 +21,11 @@ pub enum UpstreamError {
     Timeout,
     #[error("upstream exchange failed: {0}")]
     Other(String),
+    /// The client's request body failed while it was being sent upstream
+    /// (malformed chunked framing, the client went away): the client's
+    /// fault, answered 400 and never counted as an upstream error.
+    #[error("request body from the client failed: {0}")]
+    ClientBody(String),
 }
 
 impl UpstreamError {
@@ -27,6 +34,7 @@ impl UpstreamError {
             UpstreamError::Connect(_) => "connect",
             UpstreamError::Timeout => "timeout",
             UpstreamError::Other(_) => "other",
+            UpstreamError::ClientBody(_) => "client_body",
         }
     }
 }
@@ -38,6 +46,10 @@ pub enum ProxyError {
     Upstream(#[from] UpstreamError),
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A request that uses what sidecache does not implement (a transfer
+    /// coding other than chunked, RFC 9112 §6.1).
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
     /// Fill permits exhausted, or the lease wait budget spent.
     #[error("overloaded: {0}")]
     Overloaded(&'static str),
@@ -49,7 +61,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Upstream(UpstreamError::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream(UpstreamError::ClientBody(_)) => StatusCode::BAD_REQUEST,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -62,7 +76,11 @@ impl ProxyError {
         let text = match self {
             ProxyError::BadRequest(why) => format!("bad request: {why}\n"),
             ProxyError::Overloaded(_) => "service busy, retry shortly\n".to_owned(),
+            ProxyError::NotImplemented(what) => format!("not implemented: {what}\n"),
             ProxyError::Upstream(UpstreamError::Timeout) => "upstream timed out\n".to_owned(),
+            ProxyError::Upstream(UpstreamError::ClientBody(_)) => {
+                "bad request: malformed request body\n".to_owned()
+            }
             ProxyError::Upstream(_) => "upstream unavailable\n".to_owned(),
             ProxyError::Bug(_) => "internal error\n".to_owned(),
         };

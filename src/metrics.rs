@@ -41,6 +41,27 @@ pub mod names {
     pub const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
     pub const NEAR_CACHE_TRACKING: &str = "sidecache_near_cache_tracking";
     pub const CONNECTIONS_PARKED: &str = "sidecache_connections_parked";
+    pub const CLIENT_CONNECTIONS: &str = "sidecache_client_connections";
+    pub const ACCEPT_PAUSED: &str = "sidecache_accept_paused_total";
+    pub const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
+}
+
+/// `kind` label values of [`Metrics::client_errors`].
+pub mod client_error {
+    /// HTTP/1.1 without `Host`, several `Host`s, or `Host` differing from
+    /// the HTTP/2 `:authority` (400).
+    pub const BAD_HOST: &str = "bad_host";
+    /// A forwarded request body that failed to arrive: malformed chunked
+    /// framing, or the client went away mid-body (400).
+    pub const BAD_BODY: &str = "bad_body";
+    /// `Transfer-Encoding` other than a lone `chunked` (501).
+    pub const TRANSFER_CODING: &str = "transfer_coding";
+    /// No complete request head within `limits.header_timeout`.
+    pub const HEADER_TIMEOUT: &str = "header_timeout";
+    /// A request head over `limits.max_header_bytes` (431).
+    pub const HEADER_TOO_LARGE: &str = "header_too_large";
+    /// The client took nothing of a response for `limits.send_timeout`.
+    pub const SEND_TIMEOUT: &str = "send_timeout";
 }
 
 /// All metrics of one process.
@@ -94,6 +115,12 @@ pub struct Metrics {
     pub near_cache_tracking: IntGauge,
     /// Idle HTTP/1 client connections parked (socket only, no hyper state).
     pub connections_parked: IntGauge,
+    /// Open client connections (the count `limits.max_connections` caps).
+    pub client_connections: IntGauge,
+    /// Times the client listener stopped accepting at `limits.max_connections`.
+    pub accept_paused: IntCounter,
+    /// `{kind}`: see [`client_error`].
+    pub client_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -274,6 +301,24 @@ impl Metrics {
                     "Idle HTTP/1 client connections parked (socket kept, hyper state freed).",
                 )
                 .expect("valid metric"),
+            ),
+            client_connections: reg(
+                &registry,
+                IntGauge::new(CLIENT_CONNECTIONS, "Open client connections.")
+                    .expect("valid metric"),
+            ),
+            accept_paused: reg(
+                &registry,
+                IntCounter::new(
+                    ACCEPT_PAUSED,
+                    "Times the client listener stopped accepting at limits.max_connections.",
+                )
+                .expect("valid metric"),
+            ),
+            client_errors: counter(
+                CLIENT_ERRORS,
+                "Requests and connections refused or cut off for the client's fault, by kind.",
+                &["kind"],
             ),
             registry,
         }

@@ -23,7 +23,56 @@ pub struct FileConfig {
     #[serde(default)]
     pub invalidation: FileInvalidation,
     #[serde(default)]
+    pub limits: FileLimits,
+    #[serde(default)]
+    pub h2: FileH2,
+    #[serde(default)]
     pub routes: Vec<FileRoute>,
+}
+
+/// `limits`: what one client connection may cost (issue 11).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    /// Absent: derived from `RLIMIT_NOFILE` (see `validate`).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    #[serde(default = "defaults::header_timeout")]
+    pub header_timeout: HumanDuration,
+    #[serde(default = "defaults::max_header_bytes")]
+    pub max_header_bytes: HumanSize,
+    #[serde(default = "defaults::idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    #[serde(default = "defaults::send_timeout")]
+    pub send_timeout: HumanDuration,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            max_connections: None,
+            header_timeout: defaults::header_timeout(),
+            max_header_bytes: defaults::max_header_bytes(),
+            idle_timeout: defaults::idle_timeout(),
+            send_timeout: defaults::send_timeout(),
+        }
+    }
+}
+
+/// `h2`: HTTP/2 (h2c) settings for client connections.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileH2 {
+    #[serde(default = "defaults::max_concurrent_streams")]
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for FileH2 {
+    fn default() -> Self {
+        FileH2 {
+            max_concurrent_streams: defaults::max_concurrent_streams(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
@@ -346,6 +395,21 @@ pub(super) mod defaults {
         ["traceparent", "tracestate", "x-request-id"]
             .map(str::to_owned)
             .to_vec()
+    }
+    pub fn header_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(10))
+    }
+    pub fn max_header_bytes() -> HumanSize {
+        HumanSize(64 * 1024)
+    }
+    pub fn idle_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(60))
+    }
+    pub fn send_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(30))
+    }
+    pub fn max_concurrent_streams() -> u32 {
+        100
     }
     pub fn rebuild_every() -> HumanDuration {
         HumanDuration(Duration::from_secs(600))

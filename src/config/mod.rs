@@ -34,6 +34,7 @@ pub struct Config {
     pub fill: FillConfig,
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
+    pub limits: LimitsConfig,
     /// TTL of generation keys: max(ttl + jitter) + max(lease) +
     /// upstream.timeout (a renewed lease lasts that long) + 60 s (SPEC §5.1).
     pub gen_ttl: Duration,
@@ -58,6 +59,27 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub max_idle_per_host: usize,
+}
+
+/// What one client connection may cost (`limits` and `h2` in the file).
+/// All of it applies on reload without a restart: `max_connections` at the
+/// accept loop's next check, the rest to connections accepted after the
+/// reload (a connection keeps the limits it was accepted with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsConfig {
+    /// Open client connections; at the cap the listener stops accepting.
+    pub max_connections: usize,
+    /// The whole request head, from accept (or from the first byte of a
+    /// keep-alive connection's next request), HTTP/2 preface sniff included.
+    pub header_timeout: Duration,
+    /// HTTP/1 request head (request line + headers); HTTP/2 header list.
+    pub max_header_bytes: usize,
+    /// A connection with no request in flight is closed after this long.
+    pub idle_timeout: Duration,
+    /// A connection whose client takes nothing of a pending response for
+    /// this long is closed.
+    pub send_timeout: Duration,
+    pub h2_max_concurrent_streams: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -361,3 +361,44 @@ fn admin_on_a_public_address_needs_a_token_or_an_explicit_opt_out() {
         );
     }
 }
+
+#[test]
+fn limits_defaults_errors_and_reload() {
+    let cfg = parse(APP).expect("valid");
+    let l = cfg.limits;
+    assert_eq!(l.header_timeout, Duration::from_secs(10));
+    assert_eq!(l.max_header_bytes, 64 * 1024);
+    assert_eq!(l.idle_timeout, Duration::from_secs(60));
+    assert_eq!(l.send_timeout, Duration::from_secs(30));
+    assert_eq!(l.h2_max_concurrent_streams, 100);
+    assert!((1..=10_000).contains(&l.max_connections));
+
+    let set = parse(&format!(
+        "limits: {{ max_connections: 7, header_timeout: 2s, max_header_bytes: 16KiB, \
+         idle_timeout: 500ms, send_timeout: 3s }}\nh2: {{ max_concurrent_streams: 9 }}\n{APP}"
+    ))
+    .expect("valid");
+    assert_eq!(set.limits.max_connections, 7);
+    assert_eq!(set.limits.max_header_bytes, 16 * 1024);
+    assert_eq!(set.limits.h2_max_concurrent_streams, 9);
+    // Nothing in `limits` or `h2` needs a restart.
+    assert!(cfg.restart_only_changes(&set).is_empty());
+
+    for (yaml, path) in [
+        ("limits: { max_connections: 0 }", "limits.max_connections"),
+        ("limits: { header_timeout: 10ms }", "limits.header_timeout"),
+        (
+            "limits: { max_header_bytes: 1KiB }",
+            "limits.max_header_bytes",
+        ),
+        ("limits: { send_timeout: 0s }", "limits.send_timeout"),
+        ("limits: { idle: 1s }", "limits"),
+        (
+            "h2: { max_concurrent_streams: 0 }",
+            "h2.max_concurrent_streams",
+        ),
+    ] {
+        let e = err(&format!("{yaml}\n{APP}"));
+        assert!(e.contains(path), "{yaml}: {e}");
+    }
+}

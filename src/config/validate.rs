@@ -11,7 +11,7 @@ use super::route::{
     overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
 };
 use super::{
-    AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig,
+    AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
     NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
     StreamStart, UpstreamConfig,
 };
@@ -65,6 +65,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         max_body: raw.fill.max_body.0,
     };
     let invalidation = invalidation(&raw, &store)?;
+    let limits = limits(&raw)?;
 
     // A route may take at most half the fill permits (rounded up), so a
     // flood of misses on one route (cache-busting) leaves the other half to
@@ -127,6 +128,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         fill,
         routes: RouteTable { routes },
         invalidation,
+        limits,
         gen_ttl,
         warnings,
         digest,
@@ -325,6 +327,68 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
         }
     };
     Ok(InvalidationConfig { outbox, stream })
+}
+
+fn limits(raw: &FileConfig) -> Result<LimitsConfig> {
+    let l = &raw.limits;
+    let max_connections = match l.max_connections {
+        Some(0) => return err("limits.max_connections", "must be at least 1"),
+        Some(n) => n,
+        None => default_max_connections(open_files_limit()),
+    };
+    for (field, d) in [
+        ("header_timeout", l.header_timeout.0),
+        ("idle_timeout", l.idle_timeout.0),
+        ("send_timeout", l.send_timeout.0),
+    ] {
+        if d < Duration::from_millis(100) {
+            return err(format!("limits.{field}"), "must be at least 100ms");
+        }
+    }
+    // hyper's HTTP/1 read buffer cannot be smaller than 8 KiB; a head
+    // larger than 1 MiB is no longer a request head but an attack.
+    let max_header_bytes = l.max_header_bytes.0;
+    if !(8 * 1024..=1024 * 1024).contains(&max_header_bytes) {
+        return err("limits.max_header_bytes", "must be between 8KiB and 1MiB");
+    }
+    if raw.h2.max_concurrent_streams == 0 {
+        return err("h2.max_concurrent_streams", "must be at least 1");
+    }
+    Ok(LimitsConfig {
+        max_connections,
+        header_timeout: l.header_timeout.0,
+        max_header_bytes: max_header_bytes as usize,
+        idle_timeout: l.idle_timeout.0,
+        send_timeout: l.send_timeout.0,
+        h2_max_concurrent_streams: raw.h2.max_concurrent_streams,
+    })
+}
+
+/// The default `limits.max_connections` for a process allowed `nofile`
+/// open files: a forwarded request holds two descriptors (the client's and
+/// an upstream connection), and 64 are kept for the listeners, Redis,
+/// Postgres, the config watcher and the pool's idle connections. So the cap
+/// is reached before `accept` fails with EMFILE, and an accepted client can
+/// still reach the upstream. At most 10 000; at least 1.
+pub fn default_max_connections(nofile: u64) -> usize {
+    let usable = nofile.saturating_sub(64) / 2;
+    usable.clamp(1, 10_000) as usize
+}
+
+/// The soft `RLIMIT_NOFILE` of this process (what `accept` runs into);
+/// unknown counts as unlimited.
+fn open_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass, which outlives the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if ok && limit.rlim_cur != libc::RLIM_INFINITY {
+        limit.rlim_cur
+    } else {
+        u64::MAX
+    }
 }
 
 fn redis_url(path: &str, url: &str) -> Result<()> {
@@ -581,6 +645,14 @@ pub fn check_identifier(name: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_connections_from_nofile() {
+        assert_eq!(default_max_connections(1024), 480);
+        assert_eq!(default_max_connections(65_536), 10_000);
+        assert_eq!(default_max_connections(10), 1);
+        assert_eq!(default_max_connections(u64::MAX), 10_000);
+    }
 
     #[test]
     fn identifiers() {

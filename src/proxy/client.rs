@@ -150,7 +150,15 @@ impl Pool {
                     // nothing reached the upstream, so try again, as
                     // hyper-util's `retry_canceled_requests` did.
                     Some(unsent) if reused => req = unsent,
-                    _ => return Err(UpstreamError::Other(source_chain(&e.into_error()))),
+                    _ => {
+                        let e = e.into_error();
+                        let chain = source_chain(&e);
+                        return Err(if caused_by::<ClientBodyError>(&e) {
+                            UpstreamError::ClientBody(chain)
+                        } else {
+                            UpstreamError::Other(chain)
+                        });
+                    }
                 },
             }
         }
@@ -294,6 +302,26 @@ impl Drop for UpstreamBody {
             self.release();
         }
     }
+}
+
+/// The error of a request body that came from the client: wrapping the
+/// client's body errors in it lets [`Pool::send`] tell a request that failed
+/// because of the client (malformed chunked framing, a client gone
+/// mid-body) from one the upstream failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
+/// Whether `E` is somewhere in `e`'s source chain.
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<E>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -3,11 +3,11 @@
 //! headers are dropped, `Host` is kept, `X-Forwarded-*` added, trailers pass
 //! where HTTP/1.1 chunked allows, and `Upgrade` (WebSocket) is tunnelled.
 
-use super::client::UpstreamClient;
+use super::client::{ClientBodyError, UpstreamClient};
 use super::headers::{append_forwarded, strip_hop_by_hop, tokens};
 use crate::body::{boxed, Body};
-use crate::error::ProxyError;
-use crate::metrics::{status_class, Metrics};
+use crate::error::{ProxyError, UpstreamError};
+use crate::metrics::{client_error, status_class, Metrics};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -34,6 +34,7 @@ pub async fn forward(
         .then(|| requested_upgrade(req.headers()))
         .flatten();
     let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    let http1 = req.version() < Version::HTTP_2;
 
     let (mut parts, body) = req.into_parts();
     let wants_trailers =
@@ -69,6 +70,9 @@ pub async fn forward(
     // (an absolute URI's authority is the client's idea of the host, never
     // where the request goes).
     parts.version = Version::HTTP_11;
+    // The client's body errors are marked as the client's (see
+    // `ClientBodyError`): a malformed chunked body is a 400, not a 502.
+    let body = http_body_util::BodyExt::map_err(body, ClientBodyError);
     let upstream_req = Request::from_parts(parts, boxed(body));
 
     let started = Instant::now();
@@ -79,7 +83,7 @@ pub async fn forward(
         .observe(started.elapsed().as_secs_f64());
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(e) => return upstream_failed(metrics, e),
+        Err(e) => return upstream_failed(metrics, e, http1),
     };
     metrics
         .upstream_requests
@@ -118,10 +122,8 @@ pub async fn forward(
         }
         // 101 to a request that did not ask for it: nothing can be tunnelled.
         warn!("upstream switched protocols without an upgrade request");
-        return ProxyError::Upstream(crate::error::UpstreamError::Other(
-            "unexpected 101".to_owned(),
-        ))
-        .to_response();
+        return ProxyError::Upstream(UpstreamError::Other("unexpected 101".to_owned()))
+            .to_response();
     }
 
     let (mut parts, body) = resp.into_parts();
@@ -136,8 +138,23 @@ fn requested_upgrade(h: &http::HeaderMap) -> Option<HeaderValue> {
     asked.then(|| h.get(header::UPGRADE).cloned()).flatten()
 }
 
-fn upstream_failed(metrics: &Metrics, e: crate::error::UpstreamError) -> Response<Body> {
+fn upstream_failed(metrics: &Metrics, e: UpstreamError, http1: bool) -> Response<Body> {
     debug!(error = %e, kind = e.kind(), "forward failed");
+    if let UpstreamError::ClientBody(_) = e {
+        // The client's fault, not the upstream's: no upstream error counted.
+        metrics
+            .client_errors
+            .with_label_values(&[client_error::BAD_BODY])
+            .inc();
+        let mut resp = ProxyError::Upstream(e).to_response();
+        if http1 {
+            // The body's end is unknown: the connection cannot carry
+            // another request.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return resp;
+    }
     metrics.upstream_errors.with_label_values(&[e.kind()]).inc();
     metrics
         .upstream_requests

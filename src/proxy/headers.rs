@@ -2,7 +2,9 @@
 //! (RFC 9110 §7.6.1), `X-Forwarded-*`, and the framing check that refuses
 //! requests whose body length is ambiguous (RFC 9112 §6.3).
 
+use crate::error::ProxyError;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
+use http::{Uri, Version};
 use std::net::SocketAddr;
 
 /// Headers that describe one connection, not the message. `Trailer` is not
@@ -122,39 +124,87 @@ fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
     value.unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// `Err(reason)` for ambiguous framing: CL + TE, or differing CLs.
+/// Refuses request framing sidecache will not forward: ambiguous framing
+/// (CL + TE, or differing CLs) is a 400 ([`ProxyError::BadRequest`]), a
+/// transfer coding other than a lone `chunked` a 501
+/// ([`ProxyError::NotImplemented`], RFC 9112 §6.1: hyper decodes the
+/// chunked framing and forwarding re-frames the body, so the other codings,
+/// e.g. the `gzip` of `gzip, chunked`, would be silently lost).
 ///
 /// hyper's HTTP/1 parser already answers 400 itself for differing or invalid
-/// `Content-Length` values and non-chunked `Transfer-Encoding`, but it accepts
-/// CL + TE by dropping the CL before we see the headers; the connection-level
-/// [`crate::server::framing`] guard catches that case. This check covers what is left
-/// visible in the header map (and HTTP/2, where hyper checks less).
-pub fn check_framing(h: &HeaderMap) -> Result<(), String> {
-    if h.contains_key(header::TRANSFER_ENCODING) && h.contains_key(header::CONTENT_LENGTH) {
-        return Err("both Content-Length and Transfer-Encoding".to_owned());
+/// `Content-Length` values and a `Transfer-Encoding` whose last coding is not
+/// chunked, but it accepts CL + TE by dropping the CL before we see the
+/// headers; the connection-level [`crate::server::framing`] guard catches that case.
+/// This check covers what is left visible in the header map (and HTTP/2,
+/// where hyper checks less).
+pub fn check_framing(h: &HeaderMap) -> Result<(), ProxyError> {
+    let bad = |why: String| Err(ProxyError::BadRequest(why));
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        if h.contains_key(header::CONTENT_LENGTH) {
+            return bad("both Content-Length and Transfer-Encoding".to_owned());
+        }
+        let mut chunked = 0;
+        for coding in tokens(h, &header::TRANSFER_ENCODING) {
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return Err(ProxyError::NotImplemented(format!(
+                    "transfer coding {coding:?} (only chunked is supported)"
+                )));
+            }
+            chunked += 1;
+        }
+        if chunked != 1 {
+            return bad("chunked must be applied exactly once".to_owned());
+        }
     }
     let mut seen: Option<u64> = None;
     for v in h.get_all(header::CONTENT_LENGTH) {
-        let text = v
-            .to_str()
-            .map_err(|_| "unreadable Content-Length".to_owned())?;
+        let Ok(text) = v.to_str() else {
+            return bad("unreadable Content-Length".to_owned());
+        };
         for part in text.split(',') {
             let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("invalid Content-Length {part:?}"));
-            }
-            let n: u64 = part
-                .parse()
-                .map_err(|_| format!("invalid Content-Length {part:?}"))?;
+            let n = part
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| part.parse::<u64>().ok())
+                .flatten();
+            let Some(n) = n else {
+                return bad(format!("invalid Content-Length {part:?}"));
+            };
             match seen {
                 Some(prev) if prev != n => {
-                    return Err("differing Content-Length values".to_owned());
+                    return bad("differing Content-Length values".to_owned());
                 }
                 _ => seen = Some(n),
             }
         }
     }
     Ok(())
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request needs exactly one `Host`, and no
+/// request may carry more than one. RFC 9113 §8.3.1: over HTTP/2, a `Host`
+/// next to `:authority` must name the same authority. `Err(reason)` → 400.
+pub fn check_host(version: Version, h: &HeaderMap, uri: &Uri) -> Result<(), &'static str> {
+    let mut hosts = h.get_all(header::HOST).iter();
+    let (first, second) = (hosts.next(), hosts.next());
+    if second.is_some() {
+        return Err("more than one Host header");
+    }
+    match (version, first) {
+        (Version::HTTP_11, None) => Err("no Host header"),
+        (Version::HTTP_2, Some(host)) => match uri.authority() {
+            Some(authority)
+                if !host
+                    .as_bytes()
+                    .eq_ignore_ascii_case(authority.as_str().as_bytes()) =>
+            {
+                Err("Host differs from :authority")
+            }
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -238,5 +288,38 @@ mod tests {
             ("transfer-encoding", "chunked")
         ]))
         .is_err());
+    }
+
+    #[test]
+    fn transfer_codings() {
+        let status = |te: &[&str]| {
+            let pairs: Vec<_> = te.iter().map(|v| ("transfer-encoding", *v)).collect();
+            check_framing(&map(&pairs)).map_err(|e| e.status().as_u16())
+        };
+        assert_eq!(status(&["chunked"]), Ok(()));
+        assert_eq!(status(&["Chunked"]), Ok(()));
+        assert_eq!(status(&["gzip, chunked"]), Err(501));
+        assert_eq!(status(&["gzip", "chunked"]), Err(501));
+        assert_eq!(status(&["chunked, chunked"]), Err(400));
+        assert_eq!(status(&[""]), Err(400));
+    }
+
+    #[test]
+    fn host_rules() {
+        let origin: Uri = "/a".parse().unwrap();
+        let absolute: Uri = "http://a.example:8080/a".parse().unwrap();
+        let h1 = Version::HTTP_11;
+        let h2 = Version::HTTP_2;
+        let one = map(&[("host", "a.example:8080")]);
+        let two = map(&[("host", "a.example:8080"), ("host", "b")]);
+        let none = map(&[]);
+        assert!(check_host(h1, &one, &origin).is_ok());
+        assert!(check_host(h1, &two, &origin).is_err());
+        assert!(check_host(h1, &none, &origin).is_err());
+        assert!(check_host(Version::HTTP_10, &none, &origin).is_ok());
+        assert!(check_host(h2, &none, &absolute).is_ok());
+        assert!(check_host(h2, &one, &absolute).is_ok());
+        assert!(check_host(h2, &map(&[("host", "b")]), &absolute).is_err());
+        assert!(check_host(h2, &two, &absolute).is_err());
     }
 }

@@ -21,6 +21,19 @@
 //! `server`): every request head it saw has been answered (the response
 //! body was dropped by hyper, [`FramingState::response_finished`]), hyper
 //! flushed everything it wrote, and no partial head is pending.
+//!
+//! Being the connection's IO, the guard also enforces two of `limits`:
+//! - the send timeout: a write or flush that stays blocked (the client reads
+//!   nothing, its receive window and our send buffer are full) for
+//!   `send_timeout` fails with `TimedOut`, and hyper drops the connection
+//!   and with it the response body and its upstream connection. Costs
+//!   nothing while writes go through: the timer exists only during a stall.
+//! - the head size: a head it follows is only copied up to the connection's
+//!   `max_header_bytes` (hyper answers 431 beyond that), so an unfinished
+//!   head costs at most that here.
+//!
+//! And it replays bytes the server read before hyper started (a partial
+//! HTTP/2 preface, see `server::sniff`), ahead of the socket's.
 
 use std::future::Future;
 use std::io;
@@ -32,7 +45,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// Heads longer than this are left to hyper (which rejects far smaller ones).
+/// Heads longer than this are left to hyper (which rejects them: see
+/// [`FramingGuard::limit_head`]).
 const MAX_HEAD: usize = 1 << 20;
 const NONE: u64 = u64::MAX;
 
@@ -43,8 +57,16 @@ pub struct FramingState {
     ambiguous_from: AtomicU64,
     /// Requests the handler has seen on this connection.
     handled: AtomicU64,
-    /// Responses whose body hyper has finished with (dropped).
+    /// Responses whose body hyper has finished with (dropped), or requests
+    /// whose handler was dropped before it answered.
     finished: AtomicU64,
+    /// HTTP/2 only (the server's response bodies report them there): calls
+    /// of a response body's `poll_frame` on this connection, and bodies that
+    /// handed hyper a frame and have not been asked for the next one yet.
+    /// Both standing still means the client's flow-control windows stay
+    /// shut (see `server::h2_watch`).
+    body_polls: AtomicU64,
+    bodies_waiting: AtomicU64,
 }
 
 impl FramingState {
@@ -53,7 +75,45 @@ impl FramingState {
             ambiguous_from: AtomicU64::new(NONE),
             handled: AtomicU64::new(0),
             finished: AtomicU64::new(0),
+            body_polls: AtomicU64::new(0),
+            bodies_waiting: AtomicU64::new(0),
         })
+    }
+
+    /// Requests the handler saw and responses finished, in that order: equal
+    /// means nothing is in flight.
+    pub fn requests(&self) -> (u64, u64) {
+        (
+            self.handled.load(Ordering::Relaxed),
+            self.finished.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A response body was polled (HTTP/2 tracking); `was_waiting`: it had
+    /// handed out a frame since its last poll.
+    pub fn body_polled(&self, was_waiting: bool) {
+        self.body_polls.fetch_add(1, Ordering::Relaxed);
+        if was_waiting {
+            self.bodies_waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A response body handed hyper a frame and more is to come.
+    pub fn body_waiting(&self) {
+        self.bodies_waiting.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A body that was waiting is gone.
+    pub fn body_dropped_waiting(&self) {
+        self.bodies_waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Body polls so far, and whether some body waits to be polled.
+    pub fn body_progress(&self) -> (u64, bool) {
+        (
+            self.body_polls.load(Ordering::Relaxed),
+            self.bodies_waiting.load(Ordering::Relaxed) > 0,
+        )
     }
 
     /// Called once per request, in order; true if this request's head was
@@ -69,6 +129,12 @@ impl FramingState {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// The error inside the `TimedOut` of a write blocked for `send_timeout`,
+/// so the server can tell it from other I/O errors.
+#[derive(Debug, thiserror::Error)]
+#[error("the client took nothing for the send timeout")]
+pub struct SendTimedOut;
 
 enum Phase {
     /// Collecting a request head (bytes so far).
@@ -102,6 +168,16 @@ pub struct FramingGuard<IO> {
     /// The EOF hyper saw came from parking: the socket is open, and
     /// `poll_shutdown` must leave it open.
     parked: bool,
+    /// Heads are followed up to this many bytes.
+    max_head: usize,
+    /// Bytes read before hyper started, handed out before the socket's.
+    replay: Vec<u8>,
+    /// A blocked write fails after this long (None: never).
+    send_timeout: Option<Duration>,
+    /// The send-stall timer, created on the first blocked write; `stalled`
+    /// while it runs for the current stall.
+    stall: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
 }
 
 impl<IO> FramingGuard<IO> {
@@ -117,8 +193,69 @@ impl<IO> FramingGuard<IO> {
             idle: None,
             armed: false,
             parked: false,
+            max_head: MAX_HEAD,
+            replay: Vec::new(),
+            send_timeout: None,
+            stall: None,
+            stalled: false,
         };
         (guard, state)
+    }
+
+    /// Follows heads only up to `max` bytes: a longer one is hyper's to
+    /// refuse (with the same limit, as 431), and nothing here holds more.
+    pub fn limit_head(&mut self, max: usize) {
+        self.max_head = max;
+    }
+
+    /// `bytes` are read before the socket's (they were taken from it).
+    pub fn replay(&mut self, bytes: Vec<u8>) {
+        self.replay = bytes;
+    }
+
+    /// A write or flush blocked for `after` fails with `TimedOut`.
+    pub fn send_timeout(&mut self, after: Duration) {
+        self.send_timeout = Some(after);
+    }
+
+    /// A write or flush is blocked: `TimedOut` once it has been for
+    /// `send_timeout`, otherwise wait (with the stall timer registered).
+    fn poll_stall<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let Some(after) = self.send_timeout else {
+            return Poll::Pending;
+        };
+        if !self.stalled {
+            let deadline = Instant::now() + after;
+            match &mut self.stall {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.stalled = true;
+        }
+        let fired = match &mut self.stall {
+            Some(timer) => timer.as_mut().poll(cx).is_ready(),
+            None => false,
+        };
+        if !fired {
+            return Poll::Pending;
+        }
+        self.stalled = false;
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, SendTimedOut)))
+    }
+
+    /// Ends a stall once a write or flush goes through.
+    fn progressed<T>(
+        &mut self,
+        res: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        match res {
+            Poll::Pending => self.poll_stall(cx),
+            ready => {
+                self.stalled = false;
+                ready
+            }
+        }
     }
 
     /// From now on, once the connection has been idle for `after` (see the
@@ -189,7 +326,7 @@ impl<IO> FramingGuard<IO> {
                         1
                     } else if let Some(end) = buf
                         .is_empty()
-                        .then(|| head_end(&bytes[..bytes.len().min(MAX_HEAD + 1)], 0))
+                        .then(|| head_end(&bytes[..bytes.len().min(self.max_head + 1)], 0))
                         .flatten()
                     {
                         // The whole head is in this read (the usual case):
@@ -198,7 +335,8 @@ impl<IO> FramingGuard<IO> {
                         end
                     } else {
                         let start = buf.len().saturating_sub(3);
-                        let take = bytes.len().min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD));
+                        let max = self.max_head;
+                        let take = bytes.len().min(max + 1 - buf.len().min(max));
                         buf.extend_from_slice(&bytes[..take]);
                         match head_end(buf, start) {
                             Some(end) => {
@@ -207,7 +345,7 @@ impl<IO> FramingGuard<IO> {
                                 self.phase = self.after_head(&head[..end]);
                                 take - extra
                             }
-                            None if buf.len() > MAX_HEAD => {
+                            None if buf.len() > max => {
                                 self.phase = Phase::Off;
                                 return;
                             }
@@ -258,7 +396,7 @@ impl<IO> FramingGuard<IO> {
                     }
                     None => {
                         line.extend_from_slice(bytes);
-                        if line.len() > MAX_HEAD {
+                        if line.len() > self.max_head {
                             self.phase = Phase::Off;
                             return;
                         }
@@ -368,7 +506,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
-        let res = Pin::new(&mut this.io).poll_read(cx, buf);
+        let res = if this.replay.is_empty() {
+            Pin::new(&mut this.io).poll_read(cx, buf)
+        } else {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay[..n]);
+            this.replay.drain(..n);
+            Poll::Ready(Ok(()))
+        };
         match res {
             Poll::Ready(Ok(())) => {
                 this.armed = false;
@@ -390,7 +535,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.dirty = true;
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let res = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progressed(res, cx)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // hyper flushes the socket only after writing all it buffered.
@@ -398,7 +544,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
         if let Poll::Ready(Ok(())) = res {
             self.dirty = false;
         }
-        res
+        self.progressed(res, cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.parked {
@@ -413,7 +559,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.dirty = true;
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let res = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progressed(res, cx)
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()

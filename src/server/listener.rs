@@ -1,17 +1,22 @@
 //! The accept loop with graceful drain, shared by the client-facing and
-//! the admin listener, and the admin listener's connection builder.
+//! the admin listener; the client listener's connection cap; and the admin
+//! listener's connection builder.
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus::{IntCounter, IntGauge};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::sync::{watch, Notify};
+use tracing::{debug, info, warn};
 
-/// A client that sends no complete request head within this time is dropped.
+/// The admin listener's header timeout: a client that sends no complete
+/// request head within this time is dropped. (The client listener's is
+/// `limits.header_timeout`.)
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The admin listener's connection builder: HTTP/1.1 with keep-alive and a
@@ -58,20 +63,113 @@ impl Draining {
     }
 }
 
+/// The client listener's cap on open connections (`limits.max_connections`).
+/// At the cap the accept loop stops calling `accept` until a connection
+/// closes: new clients wait in the kernel's backlog (their connect
+/// completes, their request waits) instead of being accepted and closed in
+/// a loop, and the process never runs into EMFILE.
+pub struct ConnectionLimit {
+    /// Read before every accept, so a reload applies at once.
+    max: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Open connections; also the exported gauge.
+    open: IntGauge,
+    /// Times accepting paused at the cap.
+    paused: IntCounter,
+    /// Woken (one permit kept if nobody waits) when a connection closes.
+    closed: Notify,
+}
+
+impl ConnectionLimit {
+    pub fn new(
+        max: impl Fn() -> usize + Send + Sync + 'static,
+        open: IntGauge,
+        paused: IntCounter,
+    ) -> Arc<ConnectionLimit> {
+        Arc::new(ConnectionLimit {
+            max: Box::new(max),
+            open,
+            paused,
+            closed: Notify::new(),
+        })
+    }
+
+    /// Waits until a connection may be accepted; false if `shutdown` came
+    /// first.
+    async fn room(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let mut paused = false;
+        while self.open.get() >= i64::try_from((self.max)()).unwrap_or(i64::MAX) {
+            if !paused {
+                paused = true;
+                self.paused.inc();
+                debug!(
+                    open = self.open.get(),
+                    "connection cap reached; accepting paused"
+                );
+            }
+            tokio::select! {
+                _ = self.closed.notified() => {}
+                // A reload may raise the cap while nothing closes.
+                _ = tokio::time::sleep(RECHECK_CAP) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// How often a paused accept loop re-reads the cap.
+const RECHECK_CAP: Duration = Duration::from_millis(500);
+
+/// One open connection under a [`ConnectionLimit`]; dropping it (when the
+/// connection task ends) frees the place.
+pub struct ConnectionSlot(Option<Arc<ConnectionLimit>>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Some(limit) = &self.0 {
+            limit.open.dec();
+            limit.closed.notify_one();
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` turns true, handing each to
 /// `handle` together with its [`Draining`]; then stops accepting, tells the
 /// connections, and waits up to `drain` for them to finish.
 pub async fn accept_until<H>(
     name: &'static str,
     listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     drain: Duration,
     handle: H,
 ) where
     H: Fn(TcpStream, SocketAddr, Draining) + Send,
 {
+    accept_limited(name, listener, shutdown, drain, None, move |s, p, d, _| {
+        handle(s, p, d)
+    })
+    .await
+}
+
+/// [`accept_until`] under an optional [`ConnectionLimit`]: each connection
+/// also gets its [`ConnectionSlot`], to hold until it ends.
+pub async fn accept_limited<H>(
+    name: &'static str,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+    limit: Option<Arc<ConnectionLimit>>,
+    handle: H,
+) where
+    H: Fn(TcpStream, SocketAddr, Draining, ConnectionSlot) + Send,
+{
     let (draining_tx, draining) = watch::channel(false);
     loop {
+        if let Some(limit) = &limit {
+            if !limit.room(&mut shutdown).await {
+                break;
+            }
+        }
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => break,
@@ -80,7 +178,11 @@ pub async fn accept_until<H>(
             Ok((stream, peer)) => {
                 // Small responses should not wait for Nagle.
                 let _ = stream.set_nodelay(true);
-                handle(stream, peer, Draining(draining.clone()));
+                let slot = ConnectionSlot(limit.clone());
+                if let Some(limit) = &limit {
+                    limit.open.inc();
+                }
+                handle(stream, peer, Draining(draining.clone()), slot);
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.

@@ -19,17 +19,18 @@ pub mod framing;
 pub mod listener;
 
 use crate::body::Body;
-use crate::config::{Config, RouteMatch};
+use crate::config::{Config, LimitsConfig, RouteMatch};
 use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
+use crate::metrics::client_error;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
-use crate::proxy::headers::check_framing;
+use crate::proxy::headers::{check_framing, check_host};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use framing::{FramingGuard, FramingState};
+use framing::{FramingGuard, FramingState, SendTimedOut};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
@@ -37,13 +38,13 @@ use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use listener::{accept_until, Draining, HEADER_READ_TIMEOUT};
+use listener::{accept_limited, ConnectionLimit, ConnectionSlot, Draining};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tracing::debug;
@@ -53,6 +54,10 @@ use tracing::debug;
 /// milliseconds) stays with hyper; each parking costs a new hyper
 /// connection (two buffers, a few thousand instructions) on the next request.
 const PARK_AFTER: Duration = Duration::from_millis(200);
+
+/// How long an idle HTTP/2 connection gets to say goodbye (GOAWAY flushed,
+/// the client's PING answered) before the socket is closed anyway.
+const H2_GOODBYE: Duration = Duration::from_secs(1);
 
 /// Everything a request handler needs; shared by all connections.
 pub struct ProxyState {
@@ -72,94 +77,231 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    accept_until(
+    let config = state.config.clone();
+    let limit = ConnectionLimit::new(
+        move || config.load().limits.max_connections,
+        state.metrics.client_connections.clone(),
+        state.metrics.accept_paused.clone(),
+    );
+    accept_limited(
         "proxy",
         listener,
         shutdown,
         drain,
-        move |stream, peer, draining| {
-            tokio::spawn(serve_client(stream, peer, state.clone(), draining));
+        Some(limit),
+        move |stream, peer, draining, slot| {
+            tokio::spawn(serve_client(stream, peer, state.clone(), draining, slot));
         },
     )
     .await;
 }
 
-/// One client connection, from accept to close.
+/// One client connection, from accept to close. `_slot` is its place under
+/// `limits.max_connections`, given back when this ends.
 async fn serve_client(
     stream: TcpStream,
     peer: SocketAddr,
     state: Arc<ProxyState>,
     mut draining: Draining,
+    _slot: ConnectionSlot,
 ) {
+    // Limits of the config at accept hold for the whole connection.
+    let limits = state.config.load().limits;
+    // One deadline for the whole first head: the preface sniff and hyper's
+    // header read share `header_timeout`.
+    let head_deadline = Instant::now() + limits.header_timeout;
     // Boxed here and for HTTP/2 below: a task's future is as large as its
     // largest state, and what a parked connection keeps resident is this
     // task. Kept inline: only the socket, the service and the parked wait.
-    let h2 = match Box::pin(first_bytes_are_h2(&stream, &mut draining)).await {
-        Some(h2) => h2,
-        None => return,
+    let (h2, taken) = match Box::pin(sniff(&stream, head_deadline, &mut draining)).await {
+        Ok(sniffed) => sniffed,
+        Err(SniffEnd::TimedOut) => {
+            count_client_error(&state.metrics, client_error::HEADER_TIMEOUT);
+            return;
+        }
+        Err(SniffEnd::Gone) => return,
     };
     let (mut io, framing) = FramingGuard::new(stream);
     let parked = state.metrics.connections_parked.clone();
+    io.replay(taken);
+    io.limit_head(limits.max_header_bytes);
+    io.send_timeout(limits.send_timeout);
+    let watched = framing.clone();
+    let metrics = state.metrics.clone();
     let svc = service_fn(move |req: Request<Incoming>| {
         // Here, not in `handle`: hyper calls the service in request order,
         // and only the answer's body needs the state after this.
         let ambiguous = framing.next_request_is_ambiguous();
-        let framing = framing.clone();
+        // Counts the request as finished when its body is done, or when
+        // hyper drops the handler before it answers (an HTTP/2 stream reset).
+        let done = Finished(framing.clone());
         let answer = handle(state.clone(), ambiguous, req, peer);
-        async move { Ok::<_, Infallible>(answer.await.map(|body| ClientBody { body, framing })) }
+        async move {
+            Ok::<_, Infallible>(answer.await.map(|body| ClientBody {
+                body,
+                done,
+                track: h2,
+                waiting: false,
+            }))
+        }
     });
 
     if h2 {
-        return Box::pin(serve_h2(io, svc, peer, draining)).await;
+        return Box::pin(serve_h2(
+            io, svc, peer, draining, &watched, &limits, &metrics,
+        ))
+        .await;
     }
 
-    io.park_when_idle(PARK_AFTER);
+    // Parked before hyper's header timer (which runs while hyper waits for
+    // the next head) could end an idle keep-alive connection.
+    let park_after = PARK_AFTER
+        .min(limits.idle_timeout)
+        .min(limits.header_timeout / 2);
+    io.park_when_idle(park_after);
+    let parked_for = limits.idle_timeout.saturating_sub(park_after);
+    let mut head_timeout = head_deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     let mut conn = (io, svc);
     loop {
         // Boxed: the parked state of this task must not keep room for a
         // hyper connection (and what it takes to run one) next to the
         // socket.
-        conn = match Box::pin(http1_session(conn.0, conn.1, peer, &mut draining)).await {
+        let session = http1_session(
+            conn.0,
+            conn.1,
+            peer,
+            &mut draining,
+            head_timeout,
+            limits.max_header_bytes,
+            &metrics,
+        );
+        conn = match Box::pin(session).await {
             Some(conn) => conn,
             None => return,
         };
-        // Parked: hyper's buffers are freed; wait for the next request.
+        // Parked: hyper's buffers are freed; wait for the next request,
+        // whose head then gets the whole header timeout.
         parked.inc();
-        let resumed = next_request(conn.0.get_ref(), &mut draining).await;
+        let resumed = next_request(conn.0.get_ref(), parked_for, &mut draining).await;
         parked.dec();
         if !resumed {
             return;
         }
+        head_timeout = limits.header_timeout;
     }
 }
 
-/// An HTTP/2 (h2c) client connection, never parked.
-async fn serve_h2<S>(io: FramingGuard<TcpStream>, svc: S, peer: SocketAddr, mut draining: Draining)
-where
+/// Why an HTTP/2 connection's watch ended it.
+enum H2End {
+    /// No stream open, none started or finished, for `idle_timeout`.
+    Idle,
+    /// Response data waited for the client's flow-control window, and no
+    /// body on the connection was polled, for `send_timeout`.
+    Stalled,
+}
+
+/// An HTTP/2 (h2c) client connection, never parked; closed when idle or
+/// when its client stops taking responses (see [`h2_watch`]).
+async fn serve_h2<S>(
+    io: FramingGuard<TcpStream>,
+    svc: S,
+    peer: SocketAddr,
+    mut draining: Draining,
+    watched: &FramingState,
+    limits: &LimitsConfig,
+    metrics: &Metrics,
+) where
     S: hyper::service::HttpService<Incoming, ResBody = ClientBody, Error = Infallible>
         + Send
         + 'static,
     S::Future: Send + 'static,
 {
     let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(io), svc));
-    let served = draining
-        .serve(conn.as_mut(), |conn| conn.graceful_shutdown())
-        .await;
-    if let Err(e) = served {
-        debug!(%peer, error = %e, "client connection ended with an error");
+    let ended = tokio::select! {
+        served = draining.serve(conn.as_mut(), |conn| conn.graceful_shutdown()) => {
+            if let Err(e) = served {
+                debug!(%peer, error = %e, "client connection ended with an error");
+                if send_timed_out(&e) {
+                    count_client_error(metrics, client_error::SEND_TIMEOUT);
+                }
+            }
+            return;
+        }
+        ended = h2_watch(watched, limits) => ended,
+    };
+    match ended {
+        H2End::Idle => {
+            debug!(%peer, "idle HTTP/2 connection closed");
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(H2_GOODBYE, conn).await;
+        }
+        H2End::Stalled => {
+            // Dropping the connection resets every stream; their bodies,
+            // and the upstream connections under them, go with it.
+            debug!(%peer, "HTTP/2 client took nothing for the send timeout");
+            count_client_error(metrics, client_error::SEND_TIMEOUT);
+        }
+    }
+}
+
+/// Watches an HTTP/2 connection from outside hyper, which has neither an
+/// idle timeout nor a send timeout for HTTP/2: every quarter of the shorter
+/// timeout it looks at the connection's counters. Idle: no request in
+/// flight and none started or finished (a client that sent the preface and
+/// SETTINGS only, or a HEADERS block it never finishes, is idle). Stalled:
+/// a response body handed out a frame and was not asked for the next, and
+/// no body on the connection was polled (hyper polls a body only when the
+/// client's window has room; a blocked socket is the framing guard's send
+/// timeout). So either ends the connection within a quarter past its
+/// timeout. One timer per HTTP/2 connection, nothing per request.
+async fn h2_watch(state: &FramingState, limits: &LimitsConfig) -> H2End {
+    let tick = (limits.idle_timeout.min(limits.send_timeout) / 4).max(Duration::from_millis(20));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let (mut idle_for, mut stalled_for) = (Duration::ZERO, Duration::ZERO);
+    let mut last = (state.requests(), state.body_progress().0);
+    loop {
+        ticks.tick().await;
+        let requests = state.requests();
+        let (polls, waiting) = state.body_progress();
+        let quiet = (requests, polls) == last;
+        idle_for = if quiet && requests.0 == requests.1 {
+            idle_for + tick
+        } else {
+            Duration::ZERO
+        };
+        stalled_for = if waiting && polls == last.1 {
+            stalled_for + tick
+        } else {
+            Duration::ZERO
+        };
+        if idle_for >= limits.idle_timeout {
+            return H2End::Idle;
+        }
+        if stalled_for >= limits.send_timeout {
+            return H2End::Stalled;
+        }
+        last = (requests, polls);
     }
 }
 
 /// One hyper HTTP/1 connection on the client's socket, until it closes
 /// (`None`) or parks: then the socket and the service come back for the
-/// next one.
+/// next one. `header_timeout`: for the first request head.
 async fn http1_session<S>(
     io: FramingGuard<TcpStream>,
     svc: S,
     peer: SocketAddr,
     draining: &mut Draining,
+    header_timeout: Duration,
+    max_header_bytes: usize,
+    metrics: &Metrics,
 ) -> Option<(FramingGuard<TcpStream>, S)>
 where
     S: hyper::service::HttpService<Incoming, ResBody = ClientBody, Error = Infallible>
@@ -171,7 +313,13 @@ where
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
+        // Both: hyper's read buffer stops growing at the limit (its default
+        // is ~400 KB, per connection, for as long as a head is unfinished),
+        // and a head over it is answered 431 and the connection closed.
+        // The buffer also bounds body reads to this size per read.
+        .max_buf_size(max_header_bytes.max(8 * 1024))
+        .max_header_size(max_header_bytes)
         .keep_alive(true);
     let mut conn = builder
         .serve_connection(TokioIo::new(io), svc)
@@ -181,6 +329,18 @@ where
         .await;
     if let Err(e) = served {
         debug!(%peer, error = %e, "client connection ended with an error");
+        let kind = if e.is_timeout() {
+            Some(client_error::HEADER_TIMEOUT)
+        } else if e.is_parse_too_large() {
+            Some(client_error::HEADER_TOO_LARGE)
+        } else if send_timed_out(&e) {
+            Some(client_error::SEND_TIMEOUT)
+        } else {
+            None
+        };
+        if let Some(kind) = kind {
+            count_client_error(metrics, kind);
+        }
         return None;
     }
     // `None`: upgraded, the tunnel has the socket.
@@ -191,52 +351,125 @@ where
     (guard.take_parked() && parts.read_buf.is_empty()).then_some((guard, parts.service))
 }
 
+/// Whether a connection ended because the framing guard's send timeout
+/// fired.
+fn send_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        // An `io::Error`'s `source` skips the error it wraps: look inside.
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+        if err.is::<SendTimedOut>() || inner.is_some_and(|inner| inner.is::<SendTimedOut>()) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn count_client_error(metrics: &Metrics, kind: &str) {
+    metrics.client_errors.with_label_values(&[kind]).inc();
+}
+
 /// Parked: waits, holding nothing but the socket, for the client's next
-/// request. False if the client sent nothing within HEADER_READ_TIMEOUT (an
-/// idle keep-alive connection is closed then, as hyper's header timer did)
-/// or the listener is draining.
-async fn next_request(stream: &TcpStream, draining: &mut Draining) -> bool {
+/// request. False if the client sent nothing within `idle` (the rest of
+/// `limits.idle_timeout` after parking) or the listener is draining.
+async fn next_request(stream: &TcpStream, idle: Duration, draining: &mut Draining) -> bool {
     tokio::select! {
         readable = stream.readable() => readable.is_ok(),
-        _ = tokio::time::sleep(HEADER_READ_TIMEOUT) => false,
+        _ = tokio::time::sleep(idle) => false,
         _ = draining.started() => false,
     }
 }
 
-/// Waits for the client's first bytes: `Some(true)` if they are the HTTP/2
-/// preface (h2c with prior knowledge), `Some(false)` for anything else
-/// (HTTP/1), `None` if the client closed, sent nothing within
-/// HEADER_READ_TIMEOUT, or the listener is draining. Peeked, not read: the
-/// bytes stay for hyper. Until then the connection holds nothing but the
-/// socket.
-async fn first_bytes_are_h2(stream: &TcpStream, draining: &mut Draining) -> Option<bool> {
+/// How the wait for a connection's first bytes ended without an answer.
+enum SniffEnd {
+    /// Closed by the client, a socket error, or the listener is draining.
+    Gone,
+    /// Nothing decisive before the header deadline.
+    TimedOut,
+}
+
+/// Waits for the client's first bytes: `true` if they are the HTTP/2
+/// preface (h2c with prior knowledge), `false` for anything else (HTTP/1),
+/// with the bytes it had to take from the socket (to hand to hyper before
+/// the socket's). Until then the connection holds nothing but the socket.
+///
+/// Usually the first packet decides and is peeked, not read, so nothing is
+/// taken. A part of the preface cannot be peeked again without spinning:
+/// readiness stays set while unread bytes wait. So those bytes are read
+/// instead, and each further wait is for new bytes: a client that stalls
+/// inside the preface costs one wakeup per packet it sends, and the header
+/// deadline ends it.
+async fn sniff(
+    stream: &TcpStream,
+    deadline: Instant,
+    draining: &mut Draining,
+) -> Result<(bool, Vec<u8>), SniffEnd> {
     const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let deadline = tokio::time::sleep(HEADER_READ_TIMEOUT);
-    tokio::pin!(deadline);
+    let deadline = tokio::time::Instant::from_std(deadline);
     let mut buf = [0u8; 24];
+    let peeked = tokio::select! {
+        peeked = stream.peek(&mut buf) => peeked,
+        _ = tokio::time::sleep_until(deadline) => return Err(SniffEnd::TimedOut),
+        _ = draining.started() => return Err(SniffEnd::Gone),
+    };
+    match peeked {
+        Ok(0) | Err(_) => return Err(SniffEnd::Gone),
+        Ok(n) if buf[..n] != PREFACE[..n] => return Ok((false, Vec::new())),
+        Ok(n) if n == PREFACE.len() => return Ok((true, Vec::new())),
+        Ok(_) => {}
+    }
+    let mut got = 0;
     loop {
-        let peeked = tokio::select! {
-            peeked = stream.peek(&mut buf) => peeked,
-            _ = &mut deadline => return None,
-            _ = draining.started() => return None,
-        };
-        match peeked {
-            Ok(0) | Err(_) => return None,
-            Ok(n) if buf[..n] != PREFACE[..n] => return Some(false),
-            Ok(n) if n == PREFACE.len() => return Some(true),
-            // A part of the preface: peek returns at once while those bytes
-            // wait, so wait a little for the rest (rare: it is one packet).
-            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        match stream.try_read(&mut buf[got..]) {
+            Ok(0) => return Err(SniffEnd::Gone),
+            Ok(n) => {
+                got += n;
+                if buf[..got] != PREFACE[..got] {
+                    return Ok((false, buf[..got].to_vec()));
+                }
+                if got == PREFACE.len() {
+                    return Ok((true, buf.to_vec()));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(SniffEnd::Gone),
         }
+        tokio::select! {
+            readable = stream.readable() => {
+                if readable.is_err() {
+                    return Err(SniffEnd::Gone);
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => return Err(SniffEnd::TimedOut),
+            _ = draining.started() => return Err(SniffEnd::Gone),
+        }
+    }
+}
+
+/// Marks its request finished on the connection's framing state when
+/// dropped: with the response body once hyper is done with it, or with the
+/// handler if hyper drops that first.
+struct Finished(Arc<FramingState>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.response_finished();
     }
 }
 
 /// A response body on its way to the client. When hyper drops it (it has
 /// encoded all of it), the connection's framing state counts the response
 /// as finished, which is how the framing guard knows a connection is idle.
+/// On HTTP/2 (`track`) it also reports its polls, for the send timeout.
 struct ClientBody {
     body: Body,
-    framing: Arc<FramingState>,
+    done: Finished,
+    track: bool,
+    /// Handed hyper a frame and not polled since (tracked bodies only).
+    waiting: bool,
 }
 
 impl http_body::Body for ClientBody {
@@ -247,7 +480,19 @@ impl http_body::Body for ClientBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let this = &mut *self;
+        if !this.track {
+            return Pin::new(&mut this.body).poll_frame(cx);
+        }
+        this.done.0.body_polled(std::mem::take(&mut this.waiting));
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            if !this.body.is_end_stream() {
+                this.waiting = true;
+                this.done.0.body_waiting();
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -261,7 +506,9 @@ impl http_body::Body for ClientBody {
 
 impl Drop for ClientBody {
     fn drop(&mut self) {
-        self.framing.response_finished();
+        if self.waiting {
+            self.done.0.body_dropped_waiting();
+        }
     }
 }
 
@@ -274,18 +521,31 @@ async fn handle(
 ) -> Response<Body> {
     // Framing first: nothing of an ambiguous request reaches the pipeline
     // or the upstream.
-    if let Some(why) = ambiguous
-        .then(|| "both Content-Length and Transfer-Encoding".to_owned())
-        .or_else(|| check_framing(req.headers()).err())
-    {
-        debug!(%peer, reason = %why, "ambiguous framing refused");
-        let mut resp = ProxyError::BadRequest(why).to_response();
+    let framing = if ambiguous {
+        Err(ProxyError::BadRequest(
+            "both Content-Length and Transfer-Encoding".to_owned(),
+        ))
+    } else {
+        check_framing(req.headers())
+    };
+    if let Err(refused) = framing {
+        debug!(%peer, reason = %refused, "request framing refused");
+        if let ProxyError::NotImplemented(_) = refused {
+            count_client_error(&state.metrics, client_error::TRANSFER_CODING);
+        }
+        let mut resp = refused.to_response();
         if req.version() < Version::HTTP_2 {
-            // The body boundary is unknown: the connection cannot be reused.
+            // The body boundary is unknown (or the body is left unread):
+            // the connection cannot be reused.
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         return resp;
+    }
+    if let Err(why) = check_host(req.version(), req.headers(), req.uri()) {
+        debug!(%peer, reason = why, "request Host refused");
+        count_client_error(&state.metrics, client_error::BAD_HOST);
+        return ProxyError::BadRequest(why.to_owned()).to_response();
     }
 
     // A reverse proxy for one service is not a forward proxy: no tunnels

@@ -315,6 +315,10 @@ impl Sidecache {
     pub fn peak_rss_kib(&self) -> u64 {
         self.proc_status_kib("VmHWM:")
     }
+    /// Resident set size now in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS:")
+    }
     fn proc_status_kib(&self, field: &str) -> u64 {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("read /proc/PID/status");
