@@ -23,16 +23,16 @@
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod app;
 pub mod bloom;
-pub mod body;
+pub(crate) mod body;
 pub mod config;
-pub mod error;
+pub(crate) mod error;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
-pub mod pipeline;
-pub mod proxy;
-pub mod server;
+pub(crate) mod pipeline;
+pub(crate) mod proxy;
+pub(crate) mod server;
 pub mod store;

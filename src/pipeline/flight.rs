@@ -64,15 +64,6 @@ impl Flights {
         map.insert(key.to_owned(), shared.clone());
         (shared, true)
     }
-
-    /// Number of flights in progress (for tests and debugging).
-    pub fn len(&self) -> usize {
-        self.inflight.lock().map(|m| m.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 struct Leave(Arc<Flights>, String);

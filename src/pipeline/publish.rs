@@ -64,10 +64,6 @@ impl Uncacheable {
 }
 
 impl Cacheability {
-    pub fn is_cacheable(self) -> bool {
-        matches!(self, Cacheability::Positive | Cacheability::Negative)
-    }
-
     /// May coalesced requests for the same key receive this answer? Only
     /// if it is cacheable or merely has an unlisted status (an upstream
     /// error is the same for all of them). An answer the origin refused to

@@ -71,6 +71,7 @@ impl Breaker {
         }
     }
 
+    #[cfg(test)]
     pub fn state(&self) -> BreakerState {
         *self.lock()
     }

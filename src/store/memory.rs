@@ -51,13 +51,10 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
-    /// Keys held, including expired ones not yet swept (for tests and stats).
-    pub fn len(&self) -> usize {
+    /// Keys held, including expired ones not yet swept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -181,11 +181,6 @@ impl RedisStore {
         })
     }
 
-    /// A handle on the shared connection, for callers outside the `Store`
-    /// protocol (e.g. pipelined Bloom builds). Cheap to clone.
-    pub fn connection(&self) -> impl ConnectionLike + Clone + Send + Sync + 'static {
-        self.conn.clone()
-    }
     /// Runs the ticket or invalidate script: both take the generation key,
     /// a nonce and the generation TTL, and return the generation.
     async fn generation_script(
