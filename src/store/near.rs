@@ -27,6 +27,9 @@
 //! - **`max_age`** bounds how long an entry is served without asking Redis,
 //!   which bounds staleness if pushes stop arriving without the connection
 //!   noticing (a silent network partition).
+//! - **Stale answers** (grace, stale-if-error) need nothing here: the
+//!   object is held with its generation, and the pipeline applies the same
+//!   generation and freshness checks to what it answers.
 
 use super::Snapshot;
 use crate::config::NearCacheConfig;
