@@ -154,3 +154,71 @@ pub fn usable_after_failure(stale: &Option<Arc<Entry>>, now_ms: u64) -> Option<A
         .filter(|e| e.within_stale_if_error(now_ms))
         .cloned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn entry(status: u16) -> Arc<Entry> {
+        Arc::new(Entry {
+            status,
+            negative: false,
+            stored_at_ms: 0,
+            fresh_until_ms: 1_000,
+            grace_ms: 0,
+            stale_if_error_ms: 500,
+            generation: bytes::Bytes::from_static(b"g"),
+            identity: "app:1".into(),
+            variant: "v".into(),
+            headers: vec![],
+            body: bytes::Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn which_failures_may_be_answered_stale() {
+        let failed = |e| failure_reason(&Answer::Failed(CacheStatus::Miss, e));
+        assert_eq!(
+            failed(ProxyError::Overloaded(LEASE_WAIT_SPENT)),
+            Some(StaleReason::LeaseWait)
+        );
+        assert_eq!(
+            failed(ProxyError::Overloaded("fill permits exhausted")),
+            Some(StaleReason::Permits)
+        );
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::Timeout)),
+            Some(StaleReason::UpstreamError)
+        );
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::Connect(
+                "refused".into()
+            ))),
+            Some(StaleReason::UpstreamError)
+        );
+        // The client's own fault is not the origin failing.
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::ClientBody("x".into()))),
+            None
+        );
+        let shared = |s| failure_reason(&Answer::Shared(CacheStatus::Miss, entry(s)));
+        assert_eq!(shared(503), Some(StaleReason::UpstreamError));
+        assert_eq!(shared(200), None);
+        assert_eq!(shared(404), None);
+        let mut resp = http::Response::new(crate::body::empty());
+        *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
+        let exclusive = Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        assert_eq!(failure_reason(&exclusive), Some(StaleReason::UpstreamError));
+    }
+
+    #[test]
+    fn stale_if_error_window_is_checked_when_the_refill_fails() {
+        let stale = Some(entry(200));
+        assert!(usable_after_failure(&stale, 999).is_none(), "still fresh");
+        assert!(usable_after_failure(&stale, 1_000).is_some());
+        assert!(usable_after_failure(&stale, 1_499).is_some());
+        assert!(usable_after_failure(&stale, 1_500).is_none(), "window over");
+        assert!(usable_after_failure(&None, 1_200).is_none());
+    }
+}

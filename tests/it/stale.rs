@@ -260,6 +260,44 @@ async fn stale_if_error_covers_a_refused_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_answers_instead_of_the_503s() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    // One fill permit, a short lease wait: both 503 cases are easy to reach.
+    let keys = "stale_if_error: 30s\nlease: 5s\nwait: 200ms";
+    let a = builder(&redis, &origin, keys)
+        .fill("fill:\n  max_concurrency: 1\n")
+        .start()
+        .await;
+    let b = builder(&redis, &origin, keys).start().await;
+    let old = origin.default_body(P);
+    fill(&a, &old).await;
+    // A slow fill of another object takes instance a's only permit.
+    let other = "/api/tenants/acme/apps/2";
+    let (gate, slow) = crate::support::get_held(&origin, other, a.url(other)).await;
+    until_stale(&a, &old).await;
+    assert!(stale_served(&a, "permits").await >= 1.0);
+    gate.release();
+    assert_eq!(slow.await.expect("slow fill").status.as_u16(), 200);
+
+    // A refill held at the origin keeps the lease: instance b's reader
+    // spends its wait budget and gets the expired entry, not a 503.
+    let gate = origin.hold(P);
+    let url = a.url(P);
+    let holder = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(1).await;
+    let r = client::get(&b.url(P)).await;
+    assert_eq!(
+        (r.status.as_u16(), x_cache(&r), r.text()),
+        (200, "STALE".into(), old.clone())
+    );
+    assert_eq!(stale_served(&b, "lease_wait").await, 1.0);
+    gate.release();
+    let r = holder.await.expect("holder");
+    assert_eq!((x_cache(&r), r.text()), ("MISS".into(), old.clone()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_that_started_before_an_invalidation_cannot_publish() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
