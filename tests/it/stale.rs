@@ -298,6 +298,57 @@ async fn stale_if_error_answers_instead_of_the_503s() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_origin_can_turn_stale_serving_off_and_negatives_follow_the_rules() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(
+        &redis,
+        &origin,
+        "negative_ttl: 1s\ngrace: 30s\nstale_if_error: 30s",
+    )
+    .start()
+    .await;
+    // must-revalidate: once expired, never served; the 500 goes through.
+    origin.reply(
+        P,
+        Reply::ok("strict").header("cache-control", "max-age=1, must-revalidate"),
+    );
+    fill(&sc, "strict").await;
+    origin.reply(P, Reply::status(500));
+    eventually(
+        "the strict entry expires",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(P)).await;
+            assert_ne!(x_cache(&r), "STALE", "must-revalidate was ignored");
+            r.status.as_u16() == 500
+        },
+    )
+    .await;
+
+    // A negative entry has its own TTL and the same windows.
+    let gone = "/api/tenants/acme/apps/3";
+    origin.reply(gone, Reply::status(404).body("no such app"));
+    assert_eq!(x_cache(&client::get(&sc.url(gone)).await), "MISS");
+    assert_eq!(x_cache(&client::get(&sc.url(gone)).await), "NEGATIVE");
+    origin.reply(gone, Reply::status(500));
+    eventually(
+        "the negative entry is served STALE",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(gone)).await;
+            if x_cache(&r) != "STALE" {
+                assert_eq!(x_cache(&r), "NEGATIVE");
+                return false;
+            }
+            assert_eq!((r.status.as_u16(), r.text()), (404, "no such app".into()));
+            true
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_that_started_before_an_invalidation_cannot_publish() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
