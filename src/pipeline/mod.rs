@@ -177,9 +177,10 @@ impl Pipeline {
                     (true, None)
                 }
             };
-        // Stage 4: only on a real miss; with the store unavailable the
-        // filter is too, and the degraded path takes over.
-        if !degraded {
+        // Stage 4: only on a real miss (an expired entry of the current
+        // generation proves the object exists); with the store unavailable
+        // the filter is too, and the degraded path takes over.
+        if !degraded && expired.is_none() {
             if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, head).await {
                 return rejected;
             }
