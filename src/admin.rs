@@ -177,6 +177,8 @@ fn route_json(r: &Route) -> serde_json::Value {
         "ttl": format!("{:?}", r.ttl),
         "jitter": format!("{:?}", r.jitter),
         "negative_ttl": format!("{:?}", r.negative_ttl),
+        "grace": format!("{:?}", r.grace),
+        "stale_if_error": format!("{:?}", r.stale_if_error),
         "cache_status": r.cache_status,
         "negative_status": r.negative_status,
         "lease": format!("{:?}", r.lease),

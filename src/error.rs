@@ -39,6 +39,10 @@ impl UpstreamError {
     }
 }
 
+/// The [`ProxyError::Overloaded`] reason when the lease wait budget is
+/// spent (any other reason is the fill permits).
+pub const LEASE_WAIT_SPENT: &str = "lease wait budget spent";
+
 /// Why sidecache answers a request itself instead of with an upstream response.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {

@@ -3,7 +3,7 @@
 //! ([`bloom_keys`]). Identity = route name + param values; variant = a hash
 //! of the normalized query (per the route's `query` mode) and the values of
 //! the route's `vary` headers. Object keys are
-//! `<ns>o:{<route>:<p1>:<p2>…}:e:v1:<variant>` (entry), `…:g` (generation),
+//! `<ns>o:{<route>:<p1>:<p2>…}:e:v2:<variant>` (entry), `…:g` (generation),
 //! `…:l:<variant>` (lease); Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
 //! One hash tag per object (and per filter), so all its keys live in one
 //! Redis Cluster slot and `MGET` and scripts work.
@@ -16,7 +16,7 @@ use std::fmt::Write;
 /// The keys of one object variant (SPEC §5.2), all in one hash slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectKeys {
-    /// `<ns>o:{<route>:<params>}:e:v1:<variant>`
+    /// `<ns>o:{<route>:<params>}:e:v2:<variant>`
     pub entry: String,
     /// `<ns>o:{<route>:<params>}:g`
     pub generation: String,
@@ -126,7 +126,7 @@ pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys
         k
     };
     ObjectKeys {
-        entry: key("e:v1:", variant),
+        entry: key("e:v2:", variant),
         generation: key("g", ""),
         lease: key("l:", variant),
     }
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = object_keys("sc:", "app:acme:42", "v");
-        assert_eq!(k.entry, "sc:o:{app:acme:42}:e:v1:v");
+        assert_eq!(k.entry, "sc:o:{app:acme:42}:e:v2:v");
         assert_eq!(k.generation, "sc:o:{app:acme:42}:g");
         assert_eq!(k.lease, "sc:o:{app:acme:42}:l:v");
     }

@@ -29,6 +29,8 @@ pub mod names {
     pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
     pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
     pub const COALESCED: &str = "sidecache_coalesced_total";
+    pub const STALE_SERVED: &str = "sidecache_stale_served_total";
+    pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
@@ -89,6 +91,12 @@ pub struct Metrics {
     pub uncacheable: IntCounterVec,
     /// `{route}`: misses that joined a fill already running in this process.
     pub coalesced: IntCounterVec,
+    /// `{route, reason}`: expired entries served `STALE` (a
+    /// `pipeline::stale::StaleReason` string).
+    pub stale_served: IntCounterVec,
+    /// `{route, outcome}`: background refreshes started by grace (a
+    /// `pipeline::stale::RefreshOutcome` string).
+    pub background_refresh: IntCounterVec,
     pub corrupt: IntCounterVec,
     pub unlock_failed: IntCounterVec,
     /// `{route}`: fill leases dropped without release (task panicked or
@@ -222,6 +230,16 @@ impl Metrics {
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
                 &["route"],
+            ),
+            stale_served: counter(
+                STALE_SERVED,
+                "Expired entries of the current generation served STALE, by reason.",
+                &["route", "reason"],
+            ),
+            background_refresh: counter(
+                BACKGROUND_REFRESH,
+                "Background refreshes started under grace, by outcome.",
+                &["route", "outcome"],
             ),
             uncacheable: counter(
                 UNCACHEABLE,

@@ -248,6 +248,12 @@ pub struct FileRoute {
     pub jitter: HumanDuration,
     #[serde(default = "defaults::negative_ttl")]
     pub negative_ttl: HumanDuration,
+    /// Stale-while-revalidate window after expiry.
+    #[serde(default = "defaults::zero")]
+    pub grace: HumanDuration,
+    /// Window after expiry in which an entry answers instead of a failed refill.
+    #[serde(default = "defaults::zero")]
+    pub stale_if_error: HumanDuration,
     #[serde(default = "defaults::cache_status")]
     pub cache_status: Vec<u16>,
     #[serde(default = "defaults::negative_status")]

@@ -35,8 +35,11 @@ pub struct Config {
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
     pub limits: LimitsConfig,
-    /// TTL of generation keys: max(ttl + jitter) + max(lease) +
-    /// upstream.timeout (a renewed lease lasts that long) + 60 s (SPEC §5.1).
+    /// TTL of generation keys: max(ttl + jitter + max(grace,
+    /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
+    /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
+    /// that a kept entry's generation outlives it: a lost generation would
+    /// make the entry unprovable, and so never served stale.
     pub gen_ttl: Duration,
     /// Valid but doubtful settings, logged at start, on `check` and on
     /// reload (never an error).

@@ -46,6 +46,12 @@ pub struct Route {
     pub ttl: Duration,
     pub jitter: Duration,
     pub negative_ttl: Duration,
+    /// After expiry, how long an entry (still of the current generation)
+    /// is served `STALE` at once while one background refresh runs.
+    pub grace: Duration,
+    /// After expiry, how long an entry (still of the current generation)
+    /// answers instead of a failed refill.
+    pub stale_if_error: Duration,
     pub cache_status: Vec<u16>,
     pub negative_status: Vec<u16>,
     pub lease: Duration,
@@ -77,6 +83,11 @@ pub enum OriginCacheControl {
 }
 
 impl Route {
+    /// How long an entry is kept after it expires: the wider stale window.
+    pub fn stale_keep(&self) -> Duration {
+        self.grace.max(self.stale_if_error)
+    }
+
     pub fn varies_on(&self, name: &http::HeaderName) -> bool {
         self.vary.iter().any(|v| v == name)
     }

@@ -402,3 +402,39 @@ fn limits_defaults_errors_and_reload() {
         assert!(e.contains(path), "{yaml}: {e}");
     }
 }
+
+#[test]
+fn stale_windows_validated_and_kept_in_gen_ttl() {
+    let cfg = parse(&APP.replace(
+        "ttl: 60s",
+        "ttl: 60s\n    grace: 30s\n    stale_if_error: 10m",
+    ))
+    .expect("valid");
+    let r = &cfg.routes.routes[0];
+    assert_eq!(r.grace, Duration::from_secs(30));
+    assert_eq!(r.stale_if_error, Duration::from_secs(600));
+    assert_eq!(r.stale_keep(), Duration::from_secs(600));
+    // The generation must outlive the kept entry, or a stale answer could
+    // never be proven current: 60 s + 600 s + 3 s + 10 s + 60 s.
+    assert_eq!(cfg.gen_ttl, Duration::from_secs(733));
+    let defaults = parse(APP).expect("valid");
+    assert_eq!(defaults.routes.routes[0].stale_keep(), Duration::ZERO);
+    for (extra, path) in [
+        ("ttl: 60s\n    grace: -5s", "routes[0].grace"),
+        (
+            "ttl: 60s\n    stale_if_error: -1s",
+            "routes[0].stale_if_error",
+        ),
+        // grace without a TTL: ttl is required and must not be zero.
+        ("ttl: 0s\n    grace: 1h", "routes[0].ttl"),
+        ("grace: 1h", "routes[0]"),
+        ("ttl: 60s\n    grace: 800h", "routes[0].grace"),
+        (
+            "ttl: 60s\n    stale_if_error: 720h",
+            "routes[0].stale_if_error",
+        ),
+    ] {
+        let e = err(&APP.replace("ttl: 60s", extra));
+        assert!(e.contains(path), "{extra}: expected {path} in: {e}");
+    }
+}

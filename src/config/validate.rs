@@ -113,7 +113,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
 
     let max_fresh = routes
         .iter()
-        .map(|r| (r.ttl + r.jitter).max(r.negative_ttl))
+        .map(|r| (r.ttl + r.jitter).max(r.negative_ttl) + r.stale_keep())
         .max()
         .unwrap_or_default();
     let max_lease = routes.iter().map(|r| r.lease).max().unwrap_or_default();
@@ -500,6 +500,8 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
     if r.ttl.0.is_zero() {
         return err(format!("{at}.ttl"), "must be greater than zero");
     }
+    let fresh = (r.ttl.0 + r.jitter.0).max(r.negative_ttl.0);
+    stale_windows(at, fresh, r.grace.0, r.stale_if_error.0)?;
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
@@ -550,6 +552,8 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         ttl: r.ttl.0,
         jitter: r.jitter.0,
         negative_ttl: r.negative_ttl.0,
+        grace: r.grace.0,
+        stale_if_error: r.stale_if_error.0,
         cache_status: r.cache_status,
         negative_status: r.negative_status,
         lease: r.lease.0,
@@ -638,6 +642,38 @@ pub fn check_identifier(name: &str) -> std::result::Result<(), String> {
                 "{name:?} is not a plain SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
             ));
         }
+    }
+    Ok(())
+}
+
+/// The longest an entry may stay in the store (fresh life plus its stale
+/// window). Entries carry their stale windows as u32 milliseconds, and a
+/// keep window of months would pin dead objects in memory for no reader.
+const MAX_ENTRY_LIFE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// `grace` and `stale_if_error`: the store keeps an entry for
+/// `ttl + jitter + max(grace, stale_if_error)`, which must stay bounded.
+fn stale_windows(
+    at: &str,
+    fresh: Duration,
+    grace: Duration,
+    stale_if_error: Duration,
+) -> Result<()> {
+    let life = fresh + grace.max(stale_if_error);
+    if life > MAX_ENTRY_LIFE {
+        let field = if grace >= stale_if_error {
+            "grace"
+        } else {
+            "stale_if_error"
+        };
+        return err(
+            format!("{at}.{field}"),
+            format!(
+                "keeps entries for {}s (ttl + jitter + max(grace, stale_if_error)); at most {}s",
+                life.as_secs(),
+                MAX_ENTRY_LIFE.as_secs()
+            ),
+        );
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! a response stale), a repeated `max-age` takes its smallest value.
 
 use http::header::{self, HeaderMap, HeaderName};
+use std::time::Duration;
 
 /// The directives of a response that decide whether a shared cache may
 /// store it. Absent directives are `false` / `None`.
@@ -22,6 +23,12 @@ pub struct CacheControl {
     pub private: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
+    /// `must-revalidate` or `proxy-revalidate`: never serve it expired.
+    pub must_revalidate: bool,
+    /// RFC 5861 `stale-while-revalidate=N` (seconds; smallest if repeated).
+    pub stale_while_revalidate: Option<u64>,
+    /// RFC 5861 `stale-if-error=N` (seconds; smallest if repeated).
+    pub stale_if_error: Option<u64>,
 }
 
 impl CacheControl {
@@ -59,6 +66,27 @@ impl CacheControl {
             self.max_age = min(self.max_age, seconds());
         } else if name.eq_ignore_ascii_case("s-maxage") {
             self.s_maxage = min(self.s_maxage, seconds());
+        } else if name.eq_ignore_ascii_case("must-revalidate")
+            || name.eq_ignore_ascii_case("proxy-revalidate")
+        {
+            self.must_revalidate = true;
+        } else if name.eq_ignore_ascii_case("stale-while-revalidate") {
+            self.stale_while_revalidate = min(self.stale_while_revalidate, seconds());
+        } else if name.eq_ignore_ascii_case("stale-if-error") {
+            self.stale_if_error = min(self.stale_if_error, seconds());
+        }
+    }
+
+    /// Narrows a route's stale window by what the origin allows: the
+    /// origin may shorten it (`limit`), never widen it; `no-cache`,
+    /// `must-revalidate` and `proxy-revalidate` close it.
+    pub fn narrow(&self, route_window: Duration, limit: Option<u64>) -> Duration {
+        if self.no_cache || self.must_revalidate {
+            return Duration::ZERO;
+        }
+        match limit {
+            Some(secs) => route_window.min(Duration::from_secs(secs)),
+            None => route_window,
         }
     }
 
@@ -209,6 +237,27 @@ mod tests {
         // Quoted strings with escapes, and junk after them.
         let c = cc(&["x=\"a\\\"b,c\"junk, max-age=5"]);
         assert_eq!(c.max_age, Some(5));
+    }
+
+    #[test]
+    fn stale_windows_narrow_never_widen() {
+        let route = Duration::from_secs(30);
+        let c = cc(&["max-age=5, stale-while-revalidate=10, stale-if-error=3600"]);
+        assert_eq!(
+            c.narrow(route, c.stale_while_revalidate),
+            Duration::from_secs(10)
+        );
+        assert_eq!(c.narrow(route, c.stale_if_error), route);
+        let c = cc(&["stale-while-revalidate=10", "stale-while-revalidate=2"]);
+        assert_eq!(
+            c.narrow(route, c.stale_while_revalidate),
+            Duration::from_secs(2)
+        );
+        for closed in ["must-revalidate", "Proxy-Revalidate", "no-cache"] {
+            let c = cc(&[closed]);
+            assert_eq!(c.narrow(route, None), Duration::ZERO, "{closed}");
+        }
+        assert_eq!(cc(&["public"]).narrow(route, None), route);
     }
 
     #[test]

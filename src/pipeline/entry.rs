@@ -1,21 +1,27 @@
-//! Entry format v1: one cached response as compact binary, so a hit decodes
+//! Entry format v2: one cached response as compact binary, so a hit decodes
 //! without parsing text or copying the body (the body is a `Bytes` slice of
 //! the value read from the store).
 //!
 //! Layout (integers big-endian, `str16` = u16 length + bytes):
 //! ```text
-//! "SCE1" | u8 flags (bit0 negative) | u16 status | u64 stored_at_ms
-//! | str16 generation | str16 identity | str16 variant
+//! "SCE2" | u8 flags (bit0 negative) | u16 status | u64 stored_at_ms
+//! | u64 fresh_until_ms | u32 grace_ms | u32 stale_if_error_ms | str16 generation | str16 identity | str16 variant
 //! | u16 header count | (str16 name | u32 len + value)*
 //! | u32 body length | body
 //! ```
 //! Anything that does not decode exactly (bad magic, short read, trailing
 //! bytes, invalid header) is [`CorruptEntry`].
+//!
+//! v2 added the freshness and stale windows (grace, stale-if-error): the
+//! store keeps an entry past its freshness, so the entry itself must say
+//! when it expired and how long it may still answer. The key carries the
+//! version (`e:v2:`), so v1 entries are simply never read (misses, not
+//! corrupt entries) and expire on their own.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
 
-const MAGIC: &[u8; 4] = b"SCE1";
+const MAGIC: &[u8; 4] = b"SCE2";
 const FLAG_NEGATIVE: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +30,12 @@ pub struct Entry {
     pub negative: bool,
     /// Unix time in milliseconds when the response was fetched.
     pub stored_at_ms: u64,
+    /// Unix ms until which the entry is fresh (a HIT); after it, expired.
+    pub fresh_until_ms: u64,
+    /// After expiry: how long it is served at once while a refresh runs.
+    pub grace_ms: u32,
+    /// After expiry: how long it answers instead of a failed refill.
+    pub stale_if_error_ms: u32,
     /// The generation ticket the entry was published under.
     pub generation: Bytes,
     pub identity: String,
@@ -44,7 +56,7 @@ impl Entry {
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
         let mut out = BytesMut::with_capacity(
-            32 + self.generation.len()
+            48 + self.generation.len()
                 + self.identity.len()
                 + self.variant.len()
                 + headers_len
@@ -54,6 +66,9 @@ impl Entry {
         out.put_u8(if self.negative { FLAG_NEGATIVE } else { 0 });
         out.put_u16(self.status);
         out.put_u64(self.stored_at_ms);
+        out.put_u64(self.fresh_until_ms);
+        out.put_u32(self.grace_ms);
+        out.put_u32(self.stale_if_error_ms);
         put_str16(&mut out, &self.generation);
         put_str16(&mut out, self.identity.as_bytes());
         put_str16(&mut out, self.variant.as_bytes());
@@ -68,15 +83,37 @@ impl Entry {
         out.freeze()
     }
 
+    /// Past its freshness at `now_ms`: no longer a HIT.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.fresh_until_ms
+    }
+
+    /// Expired, but within its grace window at `now_ms`.
+    pub fn within_grace(&self, now_ms: u64) -> bool {
+        self.expired(now_ms) && now_ms < self.fresh_until_ms.saturating_add(self.grace_ms.into())
+    }
+
+    /// Expired, but within its stale-if-error window at `now_ms`.
+    pub fn within_stale_if_error(&self, now_ms: u64) -> bool {
+        self.expired(now_ms)
+            && now_ms
+                < self
+                    .fresh_until_ms
+                    .saturating_add(self.stale_if_error_ms.into())
+    }
+
     pub fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
         let mut buf = raw.clone();
-        if buf.remaining() < MAGIC.len() + 1 + 2 + 8 || &buf[..4] != MAGIC {
+        if buf.remaining() < MAGIC.len() + 1 + 2 + 8 + 8 + 4 + 4 || &buf[..4] != MAGIC {
             return Err(CorruptEntry("bad magic or too short"));
         }
         buf.advance(4);
         let flags = buf.get_u8();
         let status = buf.get_u16();
         let stored_at_ms = buf.get_u64();
+        let fresh_until_ms = buf.get_u64();
+        let grace_ms = buf.get_u32();
+        let stale_if_error_ms = buf.get_u32();
         let generation = take_str16(&mut buf)?;
         let identity = utf8(take_str16(&mut buf)?)?;
         let variant = utf8(take_str16(&mut buf)?)?;
@@ -101,6 +138,9 @@ impl Entry {
             status,
             negative: flags & FLAG_NEGATIVE != 0,
             stored_at_ms,
+            fresh_until_ms,
+            grace_ms,
+            stale_if_error_ms,
             generation,
             identity,
             variant,
@@ -155,6 +195,9 @@ mod tests {
             status: 200,
             negative: false,
             stored_at_ms: 1_700_000_000_123,
+            fresh_until_ms: 1_700_000_060_123,
+            grace_ms: 30_000,
+            stale_if_error_ms: 600_000,
             generation: Bytes::from_static(b"1700000000.123456-abcd"),
             identity: "app:acme:42".into(),
             variant: "0123456789abcdef0123456789abcdef".into(),

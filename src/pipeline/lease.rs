@@ -61,15 +61,7 @@ pub async fn acquire(
             .try_lease(&key.keys.lease, &owner, route.lease)
             .await?
         {
-            return Ok(LeaseOutcome::Won(LeaseGuard {
-                store: Arc::clone(store),
-                lease_key: key.keys.lease.clone(),
-                owner,
-                route: route.name.clone(),
-                unlock_failed: metrics.unlock_failed.clone(),
-                abandoned: metrics.lease_abandoned.clone(),
-                released: false,
-            }));
+            return Ok(LeaseOutcome::Won(guard(store, key, route, metrics, owner)));
         }
         let now = Instant::now();
         if now >= budget_end {
@@ -77,9 +69,45 @@ pub async fn acquire(
         }
         let nap = Duration::from_millis(rand::rng().random_range(15..=35));
         tokio::time::sleep(nap.min(budget_end - now)).await;
-        if let Some(entry) = lookup(store, key, &route.name, metrics).await? {
+        // Only a fresh entry ends the wait: an expired one is what the
+        // lease holder is replacing.
+        if let Some(entry) = lookup(store, key, &route.name, metrics).await?.fresh() {
             return Ok(LeaseOutcome::Hit(entry));
         }
+    }
+}
+
+/// One attempt, no waiting: a background refresh that finds the lease
+/// taken leaves the object to whoever holds it (one refresh per object
+/// across instances). `None`: someone else holds it.
+pub async fn try_acquire(
+    store: &Arc<GuardedStore>,
+    key: &CacheKey,
+    route: &Route,
+    metrics: &Metrics,
+) -> Result<Option<LeaseGuard>, StoreError> {
+    let owner = owner_token();
+    let won = store
+        .try_lease(&key.keys.lease, &owner, route.lease)
+        .await?;
+    Ok(won.then(|| guard(store, key, route, metrics, owner)))
+}
+
+fn guard(
+    store: &Arc<GuardedStore>,
+    key: &CacheKey,
+    route: &Route,
+    metrics: &Metrics,
+    owner: String,
+) -> LeaseGuard {
+    LeaseGuard {
+        store: Arc::clone(store),
+        lease_key: key.keys.lease.clone(),
+        owner,
+        route: route.name.clone(),
+        unlock_failed: metrics.unlock_failed.clone(),
+        abandoned: metrics.lease_abandoned.clone(),
+        released: false,
     }
 }
 

@@ -1,7 +1,11 @@
 //! Stages 2 and 3: read the entry and the object's generation in one round
 //! trip, then decide whether the entry may be served. Only an entry that
 //! decodes, names this request's identity and variant, and carries the
-//! current generation is a hit. A corrupt entry is removed with a
+//! current generation is a hit, and only while it is fresh; an expired one
+//! of the current generation is returned as [`Found::Expired`] for the
+//! stale rules (grace, stale-if-error) to judge. An entry of another
+//! generation, or with no readable generation, is a miss in every mode
+//! (SPEC §5.1's last rule). A corrupt entry is removed with a
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
 use super::entry::Entry;
@@ -40,24 +44,54 @@ pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
     }
 }
 
-/// Stages 2+3: read, judge, and remove a corrupt entry. `Ok(None)` is a miss.
+/// What stages 2+3 found for a key.
+#[derive(Debug)]
+pub enum Found {
+    /// Current generation and fresh: a HIT.
+    Fresh(Entry),
+    /// Current generation but past its freshness: servable only as STALE,
+    /// within its windows.
+    Expired(Entry),
+    Miss,
+}
+
+impl Found {
+    /// The fresh entry, if any (an expired one is not a hit).
+    pub fn fresh(self) -> Option<Entry> {
+        match self {
+            Found::Fresh(e) => Some(e),
+            Found::Expired(_) | Found::Miss => None,
+        }
+    }
+}
+
+/// Splits a current-generation entry by its freshness at `now_ms`.
+pub fn by_freshness(entry: Entry, now_ms: u64) -> Found {
+    if entry.expired(now_ms) {
+        Found::Expired(entry)
+    } else {
+        Found::Fresh(entry)
+    }
+}
+
+/// Stages 2+3: read, judge, and remove a corrupt entry.
 pub async fn lookup(
     store: &GuardedStore,
     key: &CacheKey,
     route: &str,
     metrics: &Metrics,
-) -> Result<Option<Entry>, StoreError> {
+) -> Result<Found, StoreError> {
     let snapshot = store.read(&key.keys).await?;
     match check_entry(snapshot, key) {
-        Verdict::Hit(e) => Ok(Some(e)),
-        Verdict::Miss => Ok(None),
+        Verdict::Hit(e) => Ok(by_freshness(e, super::publish::now_ms())),
+        Verdict::Miss => Ok(Found::Miss),
         Verdict::Corrupt(why, raw) => {
             metrics.corrupt.with_label_values(&[route]).inc();
             tracing::warn!(key = %key.keys.entry, reason = why, "corrupt cache entry removed");
             // Failure to delete is harmless: the entry is never served and
             // the next publish overwrites it.
             let _ = store.delete_if_equals(&key.keys.entry, &raw).await;
-            Ok(None)
+            Ok(Found::Miss)
         }
     }
 }
@@ -81,6 +115,9 @@ mod tests {
             status: 200,
             negative: false,
             stored_at_ms: 1,
+            fresh_until_ms: 100,
+            grace_ms: 50,
+            stale_if_error_ms: 0,
             generation: Bytes::from_static(generation),
             identity: identity.into(),
             variant: "v1".into(),
@@ -117,6 +154,13 @@ mod tests {
             check_entry(snap(Some(other), Some(b"g1")), &key()),
             Verdict::Corrupt("identity or variant mismatch", _)
         ));
+        // An expired entry of the current generation is not a hit, and its
+        // windows decide what it may still do.
+        let e = entry(b"g1", "app:acme:1");
+        assert!(matches!(by_freshness(e.clone(), 99), Found::Fresh(_)));
+        assert!(matches!(by_freshness(e.clone(), 100), Found::Expired(_)));
+        assert!(e.within_grace(149) && !e.within_grace(150) && !e.within_grace(99));
+        assert!(!e.within_stale_if_error(120));
         let garbage = Bytes::from_static(b"not an entry");
         assert!(matches!(
             check_entry(snap(Some(garbage), Some(b"g1")), &key()),

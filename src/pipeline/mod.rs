@@ -5,6 +5,9 @@
 //! 0 validate + bypass   (route match in proxy::server; bypass() here)
 //! 1 key                 keys::cache_key
 //! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
+//!   3b stale            stale: expired but current entry; grace answers it
+//!                       at once + stale::refresh in the background;
+//!                       stale-if-error keeps it for a failed refill
 //! 4 bloom               bloom::stage (miss only, routes with `bloom`)
 //! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
 //! 6 double-check+ticket lookup::lookup again, GuardedStore::ticket
@@ -25,6 +28,7 @@ pub mod flight;
 pub mod lease;
 pub mod lookup;
 pub mod publish;
+pub mod stale;
 pub mod status;
 
 use crate::bloom::Blooms;
@@ -43,8 +47,10 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
-use publish::{Cacheability, FillOutcome, Uncacheable};
+use lookup::Found;
+use publish::{Cacheability, FillOutcome, Lifetime, Uncacheable};
 use rand::Rng;
+use stale::StaleReason;
 use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -156,21 +162,25 @@ impl Pipeline {
             req.uri().query(),
             req.headers(),
         );
-        // Stages 2 + 3.
-        let degraded = match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
-            Ok(Some(entry)) => {
-                let status = hit_status(&entry);
-                return (status, respond(&entry, status, head));
-            }
-            Ok(None) => false,
-            Err(e) => {
-                tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
-                true
-            }
-        };
-        // Stage 4: only on a real miss; with the store unavailable the
-        // filter is too, and the degraded path takes over.
-        if !degraded {
+        // Stages 2 + 3. With the store unavailable there is no entry, so
+        // nothing to serve stale either: the degraded path as before.
+        let (degraded, expired) =
+            match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
+                Ok(Found::Fresh(entry)) => {
+                    let status = hit_status(&entry);
+                    return (status, respond(&entry, status, head));
+                }
+                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry))),
+                Ok(Found::Miss) => (false, None),
+                Err(e) => {
+                    tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
+                    (true, None)
+                }
+            };
+        // Stage 4: only on a real miss (an expired entry of the current
+        // generation proves the object exists); with the store unavailable
+        // the filter is too, and the degraded path takes over.
+        if !degraded && expired.is_none() {
             if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, head).await {
                 return rejected;
             }
@@ -184,12 +194,20 @@ impl Pipeline {
             key,
         };
         drop(req);
+        let fill = Arc::new(fill);
+        // Stage 3b: within grace the expired entry answers at once.
+        if let Some(entry) = expired
+            .as_ref()
+            .filter(|e| e.within_grace(publish::now_ms()))
+        {
+            self.start_refresh(&fill);
+            return self.serve_stale(route, entry, StaleReason::Revalidating, head);
+        }
         let flight_key = if degraded {
             format!("degraded:{}", fill.key.keys.entry)
         } else {
             fill.key.keys.entry.clone()
         };
-        let fill = Arc::new(fill);
         let task_fill = Arc::clone(&fill);
         let (flight, started) = self.flights.join(&flight_key, move || {
             async move {
@@ -205,6 +223,13 @@ impl Pipeline {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
         }
         let answer = flight.await;
+        // stale-if-error: a failed refill answers with the expired entry,
+        // if it is still within its window now.
+        if let Some(reason) = stale::failure_reason(&answer) {
+            if let Some(entry) = stale::usable_after_failure(&expired, publish::now_ms()) {
+                return self.serve_stale(route, &entry, reason, head);
+            }
+        }
         if let Some(answered) = to_client(&answer, started, head) {
             return answered;
         }
@@ -217,6 +242,35 @@ impl Pipeline {
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
         })
+    }
+}
+
+impl Pipeline {
+    /// Starts the grace refresh for `fill`'s object unless one runs in this
+    /// process already; [`stale::refresh`] tries the lease once, so across
+    /// instances at most one runs per object. Nobody awaits it.
+    fn start_refresh(&self, fill: &Arc<Fill>) {
+        let task_fill = Arc::clone(fill);
+        let key = stale::refresh_flight_key(&fill.key.keys.entry);
+        let _running = self.flights.join(&key, move || {
+            async move { stale::refresh(&task_fill).await }.boxed()
+        });
+    }
+
+    fn serve_stale(
+        &self,
+        route: &Route,
+        entry: &Entry,
+        reason: StaleReason,
+        head: bool,
+    ) -> (CacheStatus, Response<Body>) {
+        self.shared
+            .metrics
+            .stale_served
+            .with_label_values(&[&route.name, reason.as_str()])
+            .inc();
+        let status = CacheStatus::Stale;
+        (status, respond(entry, status, head))
     }
 }
 
@@ -252,7 +306,7 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
         Ok(LeaseOutcome::WaitTimeout) => {
             return Answer::Failed(
                 CacheStatus::Miss,
-                ProxyError::Overloaded("lease wait budget spent"),
+                ProxyError::Overloaded(crate::error::LEASE_WAIT_SPENT),
             );
         }
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
@@ -268,9 +322,10 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
+    // An expired entry is what this fill replaces.
     match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
-        Ok(Some(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
-        Ok(None) => {}
+        Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
+        Ok(Found::Expired(_) | Found::Miss) => {}
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     }
     // The ticket is taken before the upstream call: an invalidation after
@@ -295,7 +350,7 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
         Ok(f) => f,
         Err(e) => return Answer::Failed(CacheStatus::Miss, e),
     };
-    let (entry, kind) = match judge(fill, fetched, ticket.clone()) {
+    let (entry, kind, life) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
             count_publish(fill, FillOutcome::TooLarge);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
@@ -304,10 +359,10 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
             count_uncacheable(fill, reason);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
         }
-        Judged::Shareable(entry, kind) => (entry, kind),
+        Judged::Shareable(entry, kind, life) => (entry, kind, life),
     };
     let Cacheability::Uncacheable(reason) = kind else {
-        let ttl = publish::entry_ttl(route, kind);
+        let ttl = life.store_ttl();
         let published =
             publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await;
         let outcome = match published {
@@ -350,7 +405,7 @@ async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
             Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
                 Answer::Exclusive(status, Mutex::new(Some(resp)))
             }
-            Judged::Shareable(entry, _) => Answer::Shared(status, Arc::new(entry)),
+            Judged::Shareable(entry, ..) => Answer::Shared(status, Arc::new(entry)),
         },
     }
 }
@@ -358,8 +413,8 @@ async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
 /// An upstream answer, judged for sharing (stage 8's first half).
 enum Judged {
     /// Coalesced requests may all receive it; `Cacheability` says whether
-    /// it may also be stored.
-    Shareable(Entry, Cacheability),
+    /// it may also be stored, `Lifetime` for how long.
+    Shareable(Entry, Cacheability, Lifetime),
     /// Larger than `max_body`: streams to the request that started the fill.
     TooLarge(Response<Body>),
     /// For the request that started the fill only (the origin refused to
@@ -382,15 +437,17 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
         return Judged::OneClient(one_client(code, headers, body), reason);
     }
+    let life = publish::lifetime(&fill.route, kind, &headers);
     let entry = publish::build_entry(
         &fill.key,
         generation,
         kind,
+        life,
         code,
         publish::replayable_headers(headers),
         body,
     );
-    Judged::Shareable(entry, kind)
+    Judged::Shareable(entry, kind, life)
 }
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
@@ -454,7 +511,11 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         h.append(name.clone(), value.clone());
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
-    if matches!(status, CacheStatus::Hit | CacheStatus::Negative) {
+    // A stale answer's Age counts from the original fetch as well.
+    if matches!(
+        status,
+        CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+    ) {
         let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
         h.insert(header::AGE, HeaderValue::from(age));
     }

@@ -153,6 +153,32 @@ pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> C
     }
 }
 
+/// How long one entry is fresh and how long it may be served stale after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetime {
+    pub fresh: Duration,
+    pub grace: Duration,
+    pub stale_if_error: Duration,
+}
+
+impl Lifetime {
+    /// What the store keeps it for: its fresh life plus the wider stale window.
+    pub fn store_ttl(&self) -> Duration {
+        self.fresh + self.grace.max(self.stale_if_error)
+    }
+}
+
+/// The entry's lifetime: [`entry_ttl`] fresh, then the route's stale
+/// windows as narrowed (never widened) by the origin's `Cache-Control`.
+pub fn lifetime(route: &Route, kind: Cacheability, headers: &HeaderMap) -> Lifetime {
+    let cc = CacheControl::parse(headers);
+    Lifetime {
+        fresh: entry_ttl(route, kind),
+        grace: cc.narrow(route.grace, cc.stale_while_revalidate),
+        stale_if_error: cc.narrow(route.stale_if_error, cc.stale_if_error),
+    }
+}
+
 /// Positive TTL = ttl + uniform[0, jitter], so entries filled together do
 /// not expire together (avalanche). Negative answers use `negative_ttl`.
 pub fn entry_ttl(route: &Route, kind: Cacheability) -> Duration {
@@ -202,14 +228,20 @@ pub fn build_entry(
     key: &CacheKey,
     generation: Bytes,
     kind: Cacheability,
+    life: Lifetime,
     status: StatusCode,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
 ) -> Entry {
+    let now = now_ms();
+    let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
     Entry {
         status: status.as_u16(),
         negative: kind == Cacheability::Negative,
-        stored_at_ms: now_ms(),
+        stored_at_ms: now,
+        fresh_until_ms: now.saturating_add(life.fresh.as_millis() as u64),
+        grace_ms: ms(life.grace),
+        stale_if_error_ms: ms(life.stale_if_error),
         generation,
         identity: key.identity.clone(),
         variant: key.variant.clone(),

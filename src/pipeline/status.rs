@@ -16,6 +16,9 @@ pub enum CacheStatus {
     Bypass,
     /// The store is unavailable: fetched from upstream, nothing written.
     Degraded,
+    /// An expired entry of the current generation, within its grace or
+    /// stale-if-error window.
+    Stale,
 }
 
 impl CacheStatus {
@@ -27,6 +30,7 @@ impl CacheStatus {
             CacheStatus::Bloom => "BLOOM",
             CacheStatus::Bypass => "BYPASS",
             CacheStatus::Degraded => "DEGRADED",
+            CacheStatus::Stale => "STALE",
         }
     }
 

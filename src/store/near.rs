@@ -27,6 +27,9 @@
 //! - **`max_age`** bounds how long an entry is served without asking Redis,
 //!   which bounds staleness if pushes stop arriving without the connection
 //!   noticing (a silent network partition).
+//! - **Stale answers** (grace, stale-if-error) need nothing here: the
+//!   object is held with its generation, and the pipeline applies the same
+//!   generation and freshness checks to what it answers.
 
 use super::Snapshot;
 use crate::config::NearCacheConfig;
@@ -410,7 +413,7 @@ mod tests {
     #[test]
     fn split_key_cuts_after_the_object() {
         let k = object_keys("sc:", "app:acme:1", "v1");
-        assert_eq!(split_key(&k.entry), Some(("sc:o:{app:acme:1}", ":e:v1:v1")));
+        assert_eq!(split_key(&k.entry), Some(("sc:o:{app:acme:1}", ":e:v2:v1")));
         assert_eq!(split_key(&k.generation), Some(("sc:o:{app:acme:1}", ":g")));
         assert_eq!(split_key("no-braces"), None);
     }

@@ -18,6 +18,7 @@ mod invalidation_binary;
 mod limits;
 mod outbox;
 mod reload;
+mod stale;
 mod store;
 mod store_refusals;
 mod stream;

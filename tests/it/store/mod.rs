@@ -41,7 +41,7 @@ const EVENTUALLY: Duration = Duration::from_secs(5);
 /// slot per object).
 fn keys(id: &str) -> ObjectKeys {
     ObjectKeys {
-        entry: format!("sc:o:{{app:{id}}}:e:v1:var"),
+        entry: format!("sc:o:{{app:{id}}}:e:v2:var"),
         generation: format!("sc:o:{{app:{id}}}:g"),
         lease: format!("sc:o:{{app:{id}}}:l:var"),
     }

@@ -82,7 +82,9 @@ async fn near_cache_follows_flushall_and_expiry() {
 
     let ticket = a.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
     assert!(a.try_lease(&k.lease, "o2", LEASE).await.unwrap());
-    let short = Duration::from_millis(200);
+    // Long enough that the read below still finds it on a loaded machine,
+    // short enough for the expiry wait.
+    let short = Duration::from_secs(2);
     a.publish(&k, "o2", &ticket, binary_entry(3), short)
         .await
         .unwrap();

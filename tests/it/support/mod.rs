@@ -21,6 +21,8 @@
 //! - Holds: `let gate = origin.hold("/p")`; requests to `/p` wait;
 //!   `gate.arrived(n).await` (panics after 10 s), `gate.count()`,
 //!   `gate.release()`; dropping the gate releases it.
+//! - `origin.down()`: listener closed (connection refused) and every open
+//!   connection cut.
 //!
 //! # `sidecache::Sidecache` — the real binary
 //! - `Sidecache::start(&origin.url()).await` (embedded store,

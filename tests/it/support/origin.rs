@@ -174,6 +174,8 @@ struct Inner {
     hits: HashMap<String, usize>,
     requests: Vec<Recorded>,
     holds: HashMap<String, Arc<Hold>>,
+    /// Every accepted connection's task, so `down()` can close them.
+    connections: Vec<tokio::task::AbortHandle>,
 }
 
 #[derive(Default)]
@@ -212,7 +214,8 @@ impl Origin {
                     continue;
                 };
                 let state = served.clone();
-                tokio::spawn(async move {
+                let conns = served.clone();
+                let conn = tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(handle(state, req).await) }
@@ -222,6 +225,9 @@ impl Origin {
                         .with_upgrades()
                         .await;
                 });
+                let mut inner = conns.inner.lock().unwrap_or_else(|p| p.into_inner());
+                inner.connections.retain(|c| !c.is_finished());
+                inner.connections.push(conn.abort_handle());
             }
         });
         Origin { addr, state, task }
@@ -229,6 +235,16 @@ impl Origin {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Takes the origin down: the listener closes (new connections are
+    /// refused) and every open connection is cut, pooled ones included.
+    pub fn down(&self) {
+        self.task.abort();
+        let inner = self.state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for c in &inner.connections {
+            c.abort();
+        }
     }
 
     /// `http://127.0.0.1:PORT`, for `upstream.url`.

@@ -1,0 +1,224 @@
+//! Serving expired entries (issue 12): grace (stale-while-revalidate) and
+//! stale-if-error. Only an entry that [`super::lookup`] returned as
+//! `Found::Expired` is ever considered here, i.e. one that decodes, names
+//! this object and variant, and carries the *current* generation: an
+//! invalidated entry, or one whose generation cannot be read, never reaches
+//! this module (SPEC §5.1's last rule).
+//!
+//! - grace: the expired entry answers at once and one background refresh
+//!   starts, unless one is running in this process (single-flight on a
+//!   `refresh:` key) or anywhere (the lease, tried once, never waited for).
+//! - stale-if-error: the expired entry answers instead of a failed refill
+//!   (upstream error or 5xx, fill permits full, lease wait spent).
+
+use super::entry::Entry;
+use super::flight::Answer;
+use super::status::CacheStatus;
+use super::{fill_holding_lease, lease, Fill};
+use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
+use std::sync::Arc;
+
+/// Why an expired entry was served: the `reason` label of
+/// `sidecache_stale_served_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// Within grace; a refresh runs (or is running) in the background.
+    Revalidating,
+    /// The refill failed upstream: connect error, timeout, a 5xx.
+    UpstreamError,
+    /// The fill permits were exhausted (instead of the 503).
+    Permits,
+    /// The lease wait budget ran out (instead of the 503).
+    LeaseWait,
+}
+
+impl StaleReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleReason::Revalidating => "revalidating",
+            StaleReason::UpstreamError => "upstream_error",
+            StaleReason::Permits => "permits",
+            StaleReason::LeaseWait => "lease_wait",
+        }
+    }
+}
+
+/// What a background refresh did: the `outcome` label of
+/// `sidecache_background_refresh_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefreshOutcome {
+    /// Upstream answered and the answer went to stage 8 (whether it was
+    /// stored is counted in `sidecache_publish_total`).
+    Fetched,
+    /// Another refresh or fill holds the lease: nothing to do.
+    Busy,
+    /// Another filler published while we took the lease.
+    AlreadyFresh,
+    /// Upstream failed or answered 5xx; nothing was stored.
+    Failed,
+    /// The store failed (lease or read); nothing was fetched.
+    StoreError,
+}
+
+impl RefreshOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefreshOutcome::Fetched => "fetched",
+            RefreshOutcome::Busy => "busy",
+            RefreshOutcome::AlreadyFresh => "already_fresh",
+            RefreshOutcome::Failed => "failed",
+            RefreshOutcome::StoreError => "store_error",
+        }
+    }
+}
+
+/// The flight key of a background refresh: distinct from the foreground
+/// fill's, so a foreground miss never joins (and inherits the "busy"
+/// answer of) a refresh that found the lease taken.
+pub fn refresh_flight_key(entry_key: &str) -> String {
+    format!("refresh:{entry_key}")
+}
+
+/// Why a refill's answer counts as failed for stale-if-error, if it does.
+/// The origin's 5xx is never cached: stage 8 stores only listed statuses.
+pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
+    match answer {
+        Answer::Failed(_, ProxyError::Overloaded(why)) if *why == LEASE_WAIT_SPENT => {
+            Some(StaleReason::LeaseWait)
+        }
+        Answer::Failed(_, ProxyError::Overloaded(_)) => Some(StaleReason::Permits),
+        Answer::Failed(
+            _,
+            ProxyError::Upstream(
+                UpstreamError::Connect(_) | UpstreamError::Timeout | UpstreamError::Other(_),
+            ),
+        ) => Some(StaleReason::UpstreamError),
+        Answer::Failed(..) => None,
+        Answer::Shared(_, entry) if entry.status >= 500 => Some(StaleReason::UpstreamError),
+        Answer::Shared(..) => None,
+        Answer::Exclusive(_, slot) => {
+            let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.as_ref()
+                .filter(|r| r.status().is_server_error())
+                .map(|_| StaleReason::UpstreamError)
+        }
+    }
+}
+
+/// The grace refresh: stages 5-9 with a lease taken once or not at all.
+/// Its answer goes to no client (the flight is never awaited).
+pub(super) async fn refresh(fill: &Fill) -> Answer {
+    let sh = &fill.shared;
+    let (outcome, answer) =
+        match lease::try_acquire(&sh.store, &fill.key, &fill.route, &sh.metrics).await {
+            Ok(Some(lease)) => {
+                let answer = fill_holding_lease(fill, &lease).await;
+                lease.release().await;
+                (refresh_outcome(&answer), answer)
+            }
+            Ok(None) => (RefreshOutcome::Busy, busy()),
+            Err(_) => (RefreshOutcome::StoreError, busy()),
+        };
+    sh.metrics
+        .background_refresh
+        .with_label_values(&[&fill.route.name, outcome.as_str()])
+        .inc();
+    tracing::debug!(route = %fill.route.name, outcome = outcome.as_str(), "background refresh");
+    answer
+}
+
+fn busy() -> Answer {
+    Answer::Failed(
+        CacheStatus::Miss,
+        ProxyError::Overloaded("refresh running elsewhere"),
+    )
+}
+
+fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
+    if failure_reason(answer).is_some() {
+        return RefreshOutcome::Failed;
+    }
+    match answer {
+        Answer::Shared(CacheStatus::Hit | CacheStatus::Negative, _) => RefreshOutcome::AlreadyFresh,
+        Answer::Shared(CacheStatus::Degraded, _) | Answer::Failed(CacheStatus::Degraded, _) => {
+            RefreshOutcome::StoreError
+        }
+        _ => RefreshOutcome::Fetched,
+    }
+}
+
+/// An expired entry that may still answer a failed refill, as served.
+pub fn usable_after_failure(stale: &Option<Arc<Entry>>, now_ms: u64) -> Option<Arc<Entry>> {
+    stale
+        .as_ref()
+        .filter(|e| e.within_stale_if_error(now_ms))
+        .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn entry(status: u16) -> Arc<Entry> {
+        Arc::new(Entry {
+            status,
+            negative: false,
+            stored_at_ms: 0,
+            fresh_until_ms: 1_000,
+            grace_ms: 0,
+            stale_if_error_ms: 500,
+            generation: bytes::Bytes::from_static(b"g"),
+            identity: "app:1".into(),
+            variant: "v".into(),
+            headers: vec![],
+            body: bytes::Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn which_failures_may_be_answered_stale() {
+        let failed = |e| failure_reason(&Answer::Failed(CacheStatus::Miss, e));
+        assert_eq!(
+            failed(ProxyError::Overloaded(LEASE_WAIT_SPENT)),
+            Some(StaleReason::LeaseWait)
+        );
+        assert_eq!(
+            failed(ProxyError::Overloaded("fill permits exhausted")),
+            Some(StaleReason::Permits)
+        );
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::Timeout)),
+            Some(StaleReason::UpstreamError)
+        );
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::Connect(
+                "refused".into()
+            ))),
+            Some(StaleReason::UpstreamError)
+        );
+        // The client's own fault is not the origin failing.
+        assert_eq!(
+            failed(ProxyError::Upstream(UpstreamError::ClientBody("x".into()))),
+            None
+        );
+        let shared = |s| failure_reason(&Answer::Shared(CacheStatus::Miss, entry(s)));
+        assert_eq!(shared(503), Some(StaleReason::UpstreamError));
+        assert_eq!(shared(200), None);
+        assert_eq!(shared(404), None);
+        let mut resp = http::Response::new(crate::body::empty());
+        *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
+        let exclusive = Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        assert_eq!(failure_reason(&exclusive), Some(StaleReason::UpstreamError));
+    }
+
+    #[test]
+    fn stale_if_error_window_is_checked_when_the_refill_fails() {
+        let stale = Some(entry(200));
+        assert!(usable_after_failure(&stale, 999).is_none(), "still fresh");
+        assert!(usable_after_failure(&stale, 1_000).is_some());
+        assert!(usable_after_failure(&stale, 1_499).is_some());
+        assert!(usable_after_failure(&stale, 1_500).is_none(), "window over");
+        assert!(usable_after_failure(&None, 1_200).is_none());
+    }
+}
