@@ -9,7 +9,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, warn};
@@ -33,13 +33,33 @@ pub fn builder() -> auto::Builder<TokioExecutor> {
 
 /// A connection's side of its listener's drain: [`Draining::started`]
 /// resolves once the listener stops, and the listener waits (bounded) until
-/// every `Draining` is dropped, i.e. every connection task has ended.
-pub struct Draining(watch::Receiver<bool>);
+/// every `Draining` is dropped, i.e. every connection task has ended. Also
+/// the connection's side of shedding at the connection cap ([`Shed`]).
+pub struct Draining {
+    drain: watch::Receiver<bool>,
+    shed: Shed,
+}
 
 impl Draining {
     pub async fn started(&mut self) {
         // An error means the listener is gone: draining as well.
-        let _ = self.0.wait_for(|draining| *draining).await;
+        let _ = self.drain.wait_for(|draining| *draining).await;
+    }
+
+    /// For a connection that is idle: resolves when draining starts or
+    /// when the listener, at its connection cap, asks idle connections to
+    /// make room (see [`Shed`]).
+    pub async fn started_or_shed(&mut self) {
+        tokio::select! {
+            _ = self.drain.wait_for(|draining| *draining) => {}
+            _ = self.shed.requested() => {}
+        }
+    }
+
+    /// A handle on the shed requests, for a watcher that runs beside
+    /// [`Draining::serve`].
+    pub fn shed_handle(&self) -> Shed {
+        self.shed.clone()
     }
 
     /// Runs a hyper connection to its end; once draining starts, asks it to
@@ -63,11 +83,49 @@ impl Draining {
     }
 }
 
+/// Requests to idle connections to close, sent by the accept loop when it
+/// is at the connection cap (and again every [`RECHECK_CAP`] while it
+/// stays there): a connection that is waiting for a client's first bytes,
+/// parked between keep-alive requests, or an HTTP/2 connection with no
+/// request in flight closes, so that new clients are not held in the
+/// backlog by connections that do nothing (nginx reuses idle keep-alive
+/// connections the same way). Connections with a request in flight are
+/// left alone, and so is a connection younger than [`SHED_MIN_AGE`] (its
+/// client may not have sent its first bytes yet): the requests repeat while
+/// the cap holds, so it is asked again once it is older.
+#[derive(Clone)]
+pub struct Shed {
+    requests: Option<watch::Receiver<u64>>,
+    accepted: Instant,
+}
+
+/// A connection accepted less than this long ago ignores shed requests.
+pub const SHED_MIN_AGE: Duration = Duration::from_secs(1);
+
+impl Shed {
+    /// Resolves at the next shed request that finds this connection old
+    /// enough; never without a cap.
+    pub async fn requested(&mut self) {
+        let Some(rx) = &mut self.requests else {
+            return std::future::pending().await;
+        };
+        loop {
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if self.accepted.elapsed() >= SHED_MIN_AGE {
+                return;
+            }
+        }
+    }
+}
+
 /// The client listener's cap on open connections (`limits.max_connections`).
 /// At the cap the accept loop stops calling `accept` until a connection
 /// closes: new clients wait in the kernel's backlog (their connect
 /// completes, their request waits) instead of being accepted and closed in
-/// a loop, and the process never runs into EMFILE.
+/// a loop, and the process never runs into EMFILE. Idle connections are
+/// asked to close meanwhile ([`Shed`]).
 pub struct ConnectionLimit {
     /// Read before every accept, so a reload applies at once.
     max: Box<dyn Fn() -> usize + Send + Sync>,
@@ -77,6 +135,8 @@ pub struct ConnectionLimit {
     paused: IntCounter,
     /// Woken (one permit kept if nobody waits) when a connection closes.
     closed: Notify,
+    /// Shed requests: a generation count the idle connections watch.
+    shed: watch::Sender<u64>,
 }
 
 impl ConnectionLimit {
@@ -90,6 +150,7 @@ impl ConnectionLimit {
             open,
             paused,
             closed: Notify::new(),
+            shed: watch::Sender::new(0),
         })
     }
 
@@ -103,9 +164,11 @@ impl ConnectionLimit {
                 self.paused.inc();
                 debug!(
                     open = self.open.get(),
-                    "connection cap reached; accepting paused"
+                    "connection cap reached; accepting paused, idle connections shed"
                 );
             }
+            self.shed
+                .send_modify(|generation| *generation = generation.wrapping_add(1));
             tokio::select! {
                 _ = self.closed.notified() => {}
                 // A reload may raise the cap while nothing closes.
@@ -182,7 +245,15 @@ pub async fn accept_limited<H>(
                 if let Some(limit) = &limit {
                     limit.open.inc();
                 }
-                handle(stream, peer, Draining(draining.clone()), slot);
+                let shed = Shed {
+                    requests: limit.as_ref().map(|l| l.shed.subscribe()),
+                    accepted: Instant::now(),
+                };
+                let draining = Draining {
+                    drain: draining.clone(),
+                    shed,
+                };
+                handle(stream, peer, draining, slot);
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.

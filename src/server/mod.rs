@@ -224,6 +224,7 @@ async fn serve_h2<S>(
         .max_concurrent_streams(limits.h2_max_concurrent_streams)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(io), svc));
+    let shed = draining.shed_handle();
     let ended = tokio::select! {
         served = draining.serve(conn.as_mut(), |conn| conn.graceful_shutdown()) => {
             if let Err(e) = served {
@@ -234,7 +235,7 @@ async fn serve_h2<S>(
             }
             return;
         }
-        ended = h2_watch(watched, limits) => ended,
+        ended = h2_watch(watched, limits, shed) => ended,
     };
     match ended {
         H2End::Idle => {
@@ -260,14 +261,25 @@ async fn serve_h2<S>(
 /// no body on the connection was polled (hyper polls a body only when the
 /// client's window has room; a blocked socket is the framing guard's send
 /// timeout). So either ends the connection within a quarter past its
-/// timeout. One timer per HTTP/2 connection, nothing per request.
-async fn h2_watch(state: &FramingState, limits: &LimitsConfig) -> H2End {
+/// timeout. One timer per HTTP/2 connection, nothing per request. At the
+/// connection cap ([`listener::Shed`]) a connection with no request in
+/// flight counts as idle at once.
+async fn h2_watch(state: &FramingState, limits: &LimitsConfig, mut shed: listener::Shed) -> H2End {
     let tick = (limits.idle_timeout.min(limits.send_timeout) / 4).max(Duration::from_millis(20));
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
     let (mut idle_for, mut stalled_for) = (Duration::ZERO, Duration::ZERO);
     let mut last = (state.requests(), state.body_progress().0);
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shed.requested() => {
+                let (started, finished) = state.requests();
+                if started == finished {
+                    return H2End::Idle;
+                }
+                continue;
+            }
+        }
         let requests = state.requests();
         let (polls, waiting) = state.body_progress();
         let quiet = (requests, polls) == last;
@@ -379,7 +391,7 @@ async fn next_request(stream: &TcpStream, idle: Duration, draining: &mut Drainin
     tokio::select! {
         readable = stream.readable() => readable.is_ok(),
         _ = tokio::time::sleep(idle) => false,
-        _ = draining.started() => false,
+        _ = draining.started_or_shed() => false,
     }
 }
 
@@ -413,7 +425,7 @@ async fn sniff(
     let peeked = tokio::select! {
         peeked = stream.peek(&mut buf) => peeked,
         _ = tokio::time::sleep_until(deadline) => return Err(SniffEnd::TimedOut),
-        _ = draining.started() => return Err(SniffEnd::Gone),
+        _ = draining.started_or_shed() => return Err(SniffEnd::Gone),
     };
     match peeked {
         Ok(0) | Err(_) => return Err(SniffEnd::Gone),
@@ -444,7 +456,7 @@ async fn sniff(
                 }
             }
             _ = tokio::time::sleep_until(deadline) => return Err(SniffEnd::TimedOut),
-            _ = draining.started() => return Err(SniffEnd::Gone),
+            _ = draining.started_or_shed() => return Err(SniffEnd::Gone),
         }
     }
 }
