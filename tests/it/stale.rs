@@ -32,6 +32,17 @@ async fn fill(sc: &Sidecache, body: &str) {
     assert_eq!((x_cache(&r), r.text()), ("HIT".into(), body.to_owned()));
 }
 
+/// One instance on its own Redis with `route_keys` on the route, and `P`
+/// filled (MISS, then HIT) with the origin's current body, which it returns.
+async fn started_and_filled(route_keys: &str) -> (RedisServer, Origin, Sidecache, String) {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, route_keys).start().await;
+    let old = origin.default_body(P);
+    fill(&sc, &old).await;
+    (redis, origin, sc, old)
+}
+
 /// Polls until a read of `P` answers STALE (the entry expired), and
 /// checks that answer: 200, the old body, an `Age`.
 async fn until_stale(sc: &Sidecache, body: &str) {
@@ -67,13 +78,7 @@ async fn never_the_old_body(sc: &Sidecache, old: &str, status: u16, what: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidated_or_unprovable_entries_are_never_served_stale() {
-    let redis = RedisServer::start();
-    let origin = Origin::start().await;
-    let sc = builder(&redis, &origin, "grace: 30s\nstale_if_error: 30s")
-        .start()
-        .await;
-    let old = origin.default_body(P);
-    fill(&sc, &old).await;
+    let (redis, origin, sc, old) = started_and_filled("grace: 30s\nstale_if_error: 30s").await;
     // Refreshes fail from now on, so the expired entry stays and is served.
     origin.reply(P, Reply::status(500));
     until_stale(&sc, &old).await;
@@ -181,13 +186,7 @@ async fn grace_answers_at_once_with_one_refresh_across_two_instances() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_refresh_keeps_the_stale_entry_and_publishes_nothing() {
-    let redis = RedisServer::start();
-    let origin = Origin::start().await;
-    let sc = builder(&redis, &origin, "grace: 30s\nstale_if_error: 30s")
-        .start()
-        .await;
-    let old = origin.default_body(P);
-    fill(&sc, &old).await;
+    let (_redis, origin, sc, old) = started_and_filled("grace: 30s\nstale_if_error: 30s").await;
     origin.reply(P, Reply::status(500).body("origin broke"));
     until_stale(&sc, &old).await;
     eventually("the refresh fails", Duration::from_secs(10), || async {
@@ -211,11 +210,7 @@ async fn a_failed_refresh_keeps_the_stale_entry_and_publishes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_if_error_answers_for_a_failed_refill_until_its_window_ends() {
-    let redis = RedisServer::start();
-    let origin = Origin::start().await;
-    let sc = builder(&redis, &origin, "stale_if_error: 2s").start().await;
-    let old = origin.default_body(P);
-    fill(&sc, &old).await;
+    let (_redis, origin, sc, old) = started_and_filled("stale_if_error: 2s").await;
 
     // Origin answers 500: the refill fails, the expired entry answers.
     origin.reply(P, Reply::status(500));
@@ -247,13 +242,7 @@ async fn stale_if_error_answers_for_a_failed_refill_until_its_window_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_if_error_covers_a_refused_connection() {
-    let redis = RedisServer::start();
-    let origin = Origin::start().await;
-    let sc = builder(&redis, &origin, "stale_if_error: 30s")
-        .start()
-        .await;
-    let old = origin.default_body(P);
-    fill(&sc, &old).await;
+    let (_redis, origin, sc, old) = started_and_filled("stale_if_error: 30s").await;
     origin.down();
     until_stale(&sc, &old).await;
     assert!(stale_served(&sc, "upstream_error").await >= 1.0);
@@ -350,11 +339,7 @@ async fn the_origin_can_turn_stale_serving_off_and_negatives_follow_the_rules() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_that_started_before_an_invalidation_cannot_publish() {
-    let redis = RedisServer::start();
-    let origin = Origin::start().await;
-    let sc = builder(&redis, &origin, "grace: 30s").start().await;
-    let old = origin.default_body(P);
-    fill(&sc, &old).await;
+    let (_redis, origin, sc, old) = started_and_filled("grace: 30s").await;
     // The refresh takes its ticket and waits at the origin with the old body.
     let gate = origin.hold(P);
     until_stale(&sc, &old).await;
