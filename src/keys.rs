@@ -145,10 +145,7 @@ pub fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
         .split('&')
         .filter(|p| !p.is_empty())
         .filter(|p| match mode {
-            QueryMode::Allow(names) => {
-                let name = p.split_once('=').map_or(*p, |(n, _)| n);
-                names.iter().any(|n| n == name)
-            }
+            QueryMode::Allow(names) => is_listed(names, p),
             _ => true,
         })
         .collect();
@@ -165,10 +162,16 @@ pub fn has_unlisted_param(mode: &QueryMode, raw: Option<&str>) -> bool {
     let (QueryMode::Allow(names), Some(raw)) = (mode, raw) else {
         return false;
     };
-    raw.split('&').filter(|p| !p.is_empty()).any(|p| {
-        let name = p.split_once('=').map_or(p, |(n, _)| n);
-        !names.iter().any(|n| n == name)
-    })
+    raw.split('&')
+        .filter(|p| !p.is_empty())
+        .any(|p| !is_listed(names, p))
+}
+
+/// Whether the name of the query pair `pair` (`name` or `name=value`) is
+/// one of `names`.
+fn is_listed(names: &[String], pair: &str) -> bool {
+    let name = pair.split_once('=').map_or(pair, |(n, _)| n);
+    names.iter().any(|n| n == name)
 }
 
 /// Hex digest (128 bits) of the normalized query and the vary header values.

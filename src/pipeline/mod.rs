@@ -2,7 +2,7 @@
 //! stage is a named function in its own file:
 //!
 //! ```text
-//! 0 validate + bypass   (route match in proxy::server; bypass() here)
+//! 0 validate + bypass   (route match in server; bypass() here)
 //! 1 key                 keys::cache_key
 //! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
 //!   3b stale            stale: expired but current entry; grace answers it
@@ -141,8 +141,7 @@ impl Pipeline {
         // response personal, and a query parameter outside the route's
         // allow-list could change the answer behind the key's back (or bust
         // the cache): forward untouched.
-        if bypass(route, req.headers()) || keys::has_unlisted_param(&route.query, req.uri().query())
-        {
+        if bypass(route, req.headers(), req.uri().query()) {
             let resp = crate::proxy::forward::forward(
                 &sh.client,
                 req,
@@ -275,11 +274,13 @@ impl Pipeline {
 }
 
 /// Stage 0: a request carrying credentials is cached only if the route
-/// makes them part of the key.
-pub fn bypass(route: &Route, headers: &HeaderMap) -> bool {
+/// makes them part of the key, and one whose query names a parameter
+/// outside the route's `query: [..]` list is not cached at all.
+pub fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
     [header::AUTHORIZATION, header::COOKIE]
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
+        || keys::has_unlisted_param(&route.query, query)
 }
 
 fn nonce() -> String {
