@@ -163,9 +163,21 @@ fn print_routes(path: &Path, cfg: &Config) {
         },
     );
     println!(
-        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} VARY",
-        "NAME", "METHODS", "PATH", "TTL", "JITTER", "NEG_TTL", "LEASE", "WAIT", "QUERY"
+        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {:<10} CLIENT_CC",
+        "NAME",
+        "METHODS",
+        "PATH",
+        "TTL",
+        "MAX_TTL",
+        "DEF_TTL",
+        "JITTER",
+        "NEG_TTL",
+        "LEASE",
+        "WAIT",
+        "QUERY",
+        "VARY"
     );
+    let dash = || "-".to_owned();
     for r in &cfg.routes.routes {
         let methods: Vec<&str> = r.methods.iter().map(|m| m.as_str()).collect();
         let query = match &r.query {
@@ -174,22 +186,31 @@ fn print_routes(path: &Path, cfg: &Config) {
             QueryMode::Allow(names) => format!("[{}]", names.join(",")),
         };
         let vary: Vec<&str> = r.vary.iter().map(|h| h.as_str()).collect();
+        let (max_ttl, default_ttl) = r
+            .ttl
+            .origin_caps()
+            .map_or((dash(), dash()), |(max, default)| {
+                (format!("{max:?}"), format!("{default:?}"))
+            });
         println!(
-            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {}",
+            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {:<10} {}",
             r.name,
             methods.join(","),
             r.template,
-            format!("{:?}", r.ttl),
+            r.ttl.to_string(),
+            max_ttl,
+            default_ttl,
             format!("{:?}", r.jitter),
             format!("{:?}", r.negative_ttl),
             format!("{:?}", r.lease),
             format!("{:?}", r.wait),
             query,
             if vary.is_empty() {
-                "-".to_owned()
+                dash()
             } else {
                 vary.join(",")
             },
+            r.client_cache_control,
         );
     }
     println!("{} route(s)", cfg.routes.routes.len());

@@ -243,7 +243,14 @@ pub struct FileRoute {
     pub query: FileQuery,
     #[serde(default)]
     pub vary: Vec<String>,
-    pub ttl: HumanDuration,
+    /// A duration, or `origin` (then `max_ttl` is required).
+    pub ttl: FileTtl,
+    /// With `ttl: origin`: the cap of the origin's lifetime.
+    #[serde(default)]
+    pub max_ttl: Option<HumanDuration>,
+    /// With `ttl: origin`: the lifetime of answers that give none.
+    #[serde(default)]
+    pub default_ttl: Option<HumanDuration>,
     #[serde(default = "defaults::zero")]
     pub jitter: HumanDuration,
     #[serde(default = "defaults::negative_ttl")]
@@ -278,6 +285,47 @@ pub struct FileRoute {
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,
+    #[serde(default)]
+    pub client_cache_control: FileClientCacheControl,
+}
+
+/// `ttl: 60s | origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileTtl {
+    Fixed(HumanDuration),
+    Origin,
+}
+
+impl<'de> Deserialize<'de> for FileTtl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "origin" {
+            return Ok(FileTtl::Origin);
+        }
+        super::units::parse_duration(&s)
+            .map(|d| FileTtl::Fixed(HumanDuration(d)))
+            .map_err(|e| serde::de::Error::custom(format!("{e}, or `origin`")))
+    }
+}
+
+/// `client_cache_control: pass | remaining | "<literal header value>"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FileClientCacheControl {
+    #[default]
+    Pass,
+    Remaining,
+    Literal(String),
+}
+
+impl<'de> Deserialize<'de> for FileClientCacheControl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.as_str() {
+            "pass" => FileClientCacheControl::Pass,
+            "remaining" => FileClientCacheControl::Remaining,
+            _ => FileClientCacheControl::Literal(s),
+        })
+    }
 }
 
 /// `origin_cache_control: honor | ignore`.

@@ -1,6 +1,7 @@
 //! Configuration: the file model (`file`), units (`units`), `${VAR}`
 //! interpolation (`interpolate`), validation into the typed [`Config`]
-//! (`validate`), route templates and matching (`route`), and the hot-reload
+//! (`validate`), route templates and matching (`route`) on the normal form
+//! of request paths (`path`), and the hot-reload
 //! watcher (`watch`).
 //!
 //! Flow: YAML text -> generic value -> `${VAR}` replaced in string values ->
@@ -11,6 +12,7 @@ pub mod bloom;
 pub mod bloom_sizing;
 pub mod file;
 pub mod interpolate;
+pub mod path;
 pub mod route;
 pub mod units;
 pub mod validate;
@@ -20,7 +22,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-pub use route::{OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable};
+pub use route::{
+    ClientCacheControl, OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable, Ttl,
+};
 
 /// A validated, typed configuration. Immutable once built; a reload builds a
 /// new one and swaps it in whole.

@@ -1,7 +1,10 @@
-//! Route templates (`/api/tenants/{tenant}/apps/{id}`), their anchored param
-//! patterns, and the route table that decides, per request, whether it is a
-//! cache read, a write on a cached object, a bad request, or plain forwarding.
+//! Route templates (`/api/tenants/{tenant}/apps/{id}`, `/static/{path...}`),
+//! their anchored param patterns, and the route table that decides, per
+//! request, whether it is a cache read, a write on a cached object, a bad
+//! request, or plain forwarding. Templates are matched against the path's
+//! normal form ([`super::path`]), never its raw text.
 
+use super::path;
 use http::Method;
 use regex::Regex;
 use std::sync::Arc;
@@ -13,6 +16,9 @@ pub enum Segment {
     Literal(String),
     /// Index into [`Route::params`].
     Param(usize),
+    /// `{name...}`, always the last segment: the rest of the path (one or
+    /// more segments). Index into [`Route::params`].
+    Prefix(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +49,7 @@ pub struct Route {
     pub query: QueryMode,
     /// Lower-case header names whose values are part of the variant.
     pub vary: Vec<http::HeaderName>,
-    pub ttl: Duration,
+    pub ttl: Ttl,
     pub jitter: Duration,
     pub negative_ttl: Duration,
     /// After expiry, how long an entry (still of the current generation)
@@ -69,6 +75,31 @@ pub struct Route {
     /// Upstream fetches for fills this route may run at once, within
     /// `fill.max_concurrency`.
     pub fill_budget: usize,
+    /// The `Cache-Control` clients receive with answers from the cache.
+    pub client_cache_control: ClientCacheControl,
+}
+
+/// `ttl`: where an entry's freshness comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// `ttl: 60s`: every positive entry is fresh this long (+ jitter).
+    Fixed(Duration),
+    /// `ttl: origin`: from the answer's `s-maxage`, `max-age` or `Expires`,
+    /// at most `max`; `default` when it gives none (zero: not stored).
+    Origin { max: Duration, default: Duration },
+}
+
+/// `client_cache_control`: what clients are told about keeping an answer
+/// that came from the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientCacheControl {
+    /// The origin's header as stored.
+    Pass,
+    /// This header instead of the origin's.
+    Literal(http::HeaderValue),
+    /// `max-age` set so that the client keeps it no longer than it stays
+    /// fresh here.
+    Remaining,
 }
 
 /// `origin_cache_control`.
@@ -82,31 +113,108 @@ pub enum OriginCacheControl {
     Ignore,
 }
 
+impl std::fmt::Display for Ttl {
+    /// `60s`, or `origin` (the caps are separate columns and fields).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ttl::Fixed(d) => write!(f, "{d:?}"),
+            Ttl::Origin { .. } => f.write_str("origin"),
+        }
+    }
+}
+
+impl Ttl {
+    /// `max_ttl` and `default_ttl` of `ttl: origin`.
+    pub fn origin_caps(&self) -> Option<(Duration, Duration)> {
+        match *self {
+            Ttl::Fixed(_) => None,
+            Ttl::Origin { max, default } => Some((max, default)),
+        }
+    }
+}
+
+impl std::fmt::Display for ClientCacheControl {
+    /// As written in the config: `pass`, `remaining` or the literal.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientCacheControl::Pass => f.write_str("pass"),
+            ClientCacheControl::Remaining => f.write_str("remaining"),
+            ClientCacheControl::Literal(v) => f.write_str(v.to_str().unwrap_or("?")),
+        }
+    }
+}
+
 impl Route {
     /// How long an entry is kept after it expires: the wider stale window.
     pub fn stale_keep(&self) -> Duration {
         self.grace.max(self.stale_if_error)
     }
 
+    /// The longest an entry of this route can be fresh.
+    pub fn max_fresh(&self) -> Duration {
+        let positive = match self.ttl {
+            Ttl::Fixed(ttl) => ttl + self.jitter,
+            Ttl::Origin { max, .. } => max,
+        };
+        positive.max(self.negative_ttl)
+    }
+
+    /// The path a fill requests: the template with `params` (normalised,
+    /// in template order) filled in, which is the normal form of every path
+    /// that matched with these values.
+    pub fn fill_path<S: AsRef<str>>(&self, params: &[S]) -> String {
+        let mut path = String::with_capacity(self.template.len() + 16);
+        for seg in &self.segments {
+            path.push('/');
+            match seg {
+                Segment::Literal(lit) => path.push_str(lit),
+                Segment::Param(i) | Segment::Prefix(i) => {
+                    path.push_str(params.get(*i).map_or("", |p| p.as_ref()))
+                }
+            }
+        }
+        path
+    }
+
+    /// Whether param `i` is the template's `{name...}` prefix param.
+    pub fn is_prefix(&self, i: usize) -> bool {
+        matches!(self.segments.last(), Some(Segment::Prefix(p)) if *p == i)
+    }
+
     pub fn varies_on(&self, name: &http::HeaderName) -> bool {
         self.vary.iter().any(|v| v == name)
     }
 
-    /// Matches `path` against the template. `None`: the shape differs.
-    /// `Some(Err(param))`: shape matches but `param` fails its pattern.
+    /// Matches a normalised `path` against the template. `None`: the shape
+    /// differs. `Some(Err(param))`: shape matches but `param` fails its
+    /// pattern.
     pub fn match_path<'p>(&self, path: &'p str) -> Option<Result<Vec<&'p str>, &str>> {
-        let rest = path.strip_prefix('/')?;
+        // `None` once the path is used up.
+        let mut rest = Some(path.strip_prefix('/')?);
         let mut values: Vec<&'p str> = Vec::with_capacity(self.params.len());
-        let mut parts = rest.split('/');
         for seg in &self.segments {
-            let part = parts.next()?;
+            let remaining = rest?;
+            if let Segment::Prefix(_) = seg {
+                // One or more segments: `/static/` has none.
+                if remaining.is_empty() {
+                    return None;
+                }
+                values.push(remaining);
+                rest = None;
+                continue;
+            }
+            let (part, tail) = match remaining.split_once('/') {
+                Some((part, tail)) => (part, Some(tail)),
+                None => (remaining, None),
+            };
+            rest = tail;
             match seg {
                 Segment::Literal(lit) if lit == part => {}
                 Segment::Literal(_) => return None,
-                Segment::Param(_) => values.push(part),
+                Segment::Param(_) | Segment::Prefix(_) => values.push(part),
             }
         }
-        if parts.next().is_some() {
+        if rest.is_some() {
             return None;
         }
         for (param, value) in self.params.iter().zip(&values) {
@@ -122,16 +230,18 @@ impl Route {
     }
 }
 
-/// What the route table says about one request.
+/// What the route table says about one request. Param values are those of
+/// the path's normal form, in template order.
 #[derive(Debug)]
-pub enum RouteMatch<'p> {
+pub enum RouteMatch {
     /// A cache read: method listed, path and params valid.
-    Read(Arc<Route>, Vec<&'p str>),
+    Read(Arc<Route>, Vec<String>),
     /// A non-read method on a cached object's path (write-through candidate).
-    Write(Arc<Route>, Vec<&'p str>),
+    Write(Arc<Route>, Vec<String>),
     /// Method listed, template matches, a param fails its pattern: 400.
     BadParam(Arc<Route>, String),
-    /// Not ours: forward untouched.
+    /// Not ours (no template matches the normal form, or the path has no
+    /// trusted normal form): forward untouched.
     Forward,
 }
 
@@ -145,17 +255,24 @@ impl RouteTable {
         self.routes.iter().find(|r| r.name == name)
     }
 
-    pub fn classify<'p>(&self, method: &Method, path: &'p str) -> RouteMatch<'p> {
+    /// Classifies a request by its method and raw path; the path is
+    /// normalised first ([`path::normalize`]), and one without a trusted
+    /// normal form is forwarded.
+    pub fn classify(&self, method: &Method, raw_path: &str) -> RouteMatch {
+        let Ok(path) = path::normalize(raw_path) else {
+            return RouteMatch::Forward;
+        };
+        let owned = |values: Vec<&str>| values.into_iter().map(str::to_owned).collect();
         for route in &self.routes {
-            let Some(m) = route.match_path(path) else {
+            let Some(m) = route.match_path(&path) else {
                 continue;
             };
             let is_read = route.is_cache_method(method);
             return match (m, is_read) {
-                (Ok(values), true) => RouteMatch::Read(route.clone(), values),
+                (Ok(values), true) => RouteMatch::Read(route.clone(), owned(values)),
                 (Err(param), true) => RouteMatch::BadParam(route.clone(), param.to_owned()),
                 (Ok(values), false) if is_write_method(method) => {
-                    RouteMatch::Write(route.clone(), values)
+                    RouteMatch::Write(route.clone(), owned(values))
                 }
                 // A write with a bad param, or another method: the route has
                 // nothing to say; keep looking in case another route matches.
@@ -173,18 +290,38 @@ pub fn is_write_method(m: &Method) -> bool {
     )
 }
 
-/// Parses a template into segments and param names (in order).
+/// Parses a template into segments and param names (in order). `{name}`
+/// is one segment; `{name...}` (at most one, and only as the last segment)
+/// the rest of the path. Literal segments must be in normal form
+/// ([`path::is_normal_segment`]): requests are matched after normalisation,
+/// so `/a//b`, `/a/./b` or `/%7euser` could never match.
 pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), String> {
     let rest = template
         .strip_prefix('/')
         .ok_or_else(|| format!("template {template:?} must start with '/'"))?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    let prefixes: Vec<&str> = parts
+        .iter()
+        .copied()
+        .filter(|p| p.starts_with('{') && p.ends_with("...}"))
+        .collect();
+    if let [first, second, ..] = prefixes[..] {
+        return Err(format!(
+            "two prefix params ({first} and {second}); a template has at most one, as its last segment"
+        ));
+    }
     let mut segments = Vec::new();
     let mut names: Vec<String> = Vec::new();
-    for part in rest.split('/') {
+    for (i, part) in parts.iter().copied().enumerate() {
+        let last = i + 1 == parts.len();
         if let Some(inner) = part.strip_prefix('{') {
             let name = inner
                 .strip_suffix('}')
                 .ok_or_else(|| format!("segment {part:?} opens '{{' but does not close it"))?;
+            let (name, prefix) = match name.strip_suffix("...") {
+                Some(name) => (name, true),
+                None => (name, false),
+            };
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!(
                     "param name {name:?} must be non-empty letters, digits or '_'"
@@ -193,15 +330,31 @@ pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), Str
             if names.iter().any(|n| n == name) {
                 return Err(format!("param {name:?} appears twice"));
             }
-            segments.push(Segment::Param(names.len()));
+            if prefix && !last {
+                return Err(format!(
+                    "prefix param {part} must be the last segment (it takes the rest of the path)"
+                ));
+            }
+            segments.push(if prefix {
+                Segment::Prefix(names.len())
+            } else {
+                Segment::Param(names.len())
+            });
             names.push(name.to_owned());
         } else if part.contains(['{', '}']) {
             return Err(format!(
                 "segment {part:?}: a param must be a whole segment like {{id}}"
             ));
-        } else if part.is_empty() && segments.is_empty() && rest.is_empty() {
-            // "/" alone: one empty literal segment, matches "/" only.
+        } else if part.is_empty() && (last || rest.is_empty()) {
+            // "/" alone, or a trailing slash: an empty last segment, which
+            // normalisation keeps.
             segments.push(Segment::Literal(String::new()));
+        } else if !path::is_normal_segment(part) {
+            return Err(format!(
+                "segment {part:?} is not in normal form (empty, '.', '..', an encoded \
+                 unreserved character or lower-case hex): request paths are normalised \
+                 before matching, so it could never match"
+            ));
         } else {
             segments.push(Segment::Literal(part.to_owned()));
         }
@@ -210,21 +363,45 @@ pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), Str
 }
 
 /// True if some request path could match both routes with a shared method.
+/// Two params (or a param and a prefix) may or may not intersect: that
+/// counts as a conflict; a literal is checked against the other's pattern.
 pub fn overlaps(a: &Route, b: &Route) -> bool {
     if !a.methods.iter().any(|m| b.methods.contains(m)) {
         return false;
     }
-    if a.segments.len() != b.segments.len() {
-        return false;
+    let mut i = 0;
+    loop {
+        match (a.segments.get(i), b.segments.get(i)) {
+            (None, None) => return true,
+            (Some(Segment::Prefix(p)), Some(_)) => return rest_may_match(a, *p, b, i),
+            (Some(_), Some(Segment::Prefix(p))) => return rest_may_match(b, *p, a, i),
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some(x), Some(y)) => {
+                let may = match (x, y) {
+                    (Segment::Literal(l), Segment::Literal(r)) => l == r,
+                    (Segment::Literal(l), Segment::Param(j)) => b.params[*j].pattern.is_match(l),
+                    (Segment::Param(j), Segment::Literal(r)) => a.params[*j].pattern.is_match(r),
+                    _ => true,
+                };
+                if !may {
+                    return false;
+                }
+            }
+        }
+        i += 1;
     }
-    a.segments
-        .iter()
-        .zip(&b.segments)
-        .all(|(x, y)| match (x, y) {
-            (Segment::Literal(l), Segment::Literal(r)) => l == r,
-            (Segment::Literal(l), Segment::Param(i)) => b.params[*i].pattern.is_match(l),
-            (Segment::Param(i), Segment::Literal(r)) => a.params[*i].pattern.is_match(r),
-            // Two regexes may or may not intersect; call it ambiguous.
-            (Segment::Param(_), Segment::Param(_)) => true,
-        })
+}
+
+/// Whether `route`'s prefix param `p` could take the segments of `other`
+/// from index `from` on: only all-literal tails can be checked.
+fn rest_may_match(route: &Route, p: usize, other: &Route, from: usize) -> bool {
+    let mut tail = Vec::new();
+    for seg in &other.segments[from..] {
+        match seg {
+            Segment::Literal(l) => tail.push(l.as_str()),
+            Segment::Param(_) | Segment::Prefix(_) => return true,
+        }
+    }
+    let tail = tail.join("/");
+    !tail.is_empty() && route.params[p].pattern.is_match(&tail)
 }

@@ -4,12 +4,14 @@
 
 use super::file::FileStreamStart;
 use super::file::{
-    defaults, FileConfig, FileNearCache, FileOriginCacheControl, FileQuery, FileQueryMode,
-    FileRoute,
+    defaults, FileClientCacheControl, FileConfig, FileNearCache, FileOriginCacheControl, FileQuery,
+    FileQueryMode, FileRoute, FileTtl,
 };
 use super::route::{
-    overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
+    overlaps, parse_template, ClientCacheControl, OriginCacheControl, Param, QueryMode, Route,
+    RouteTable, Ttl,
 };
+use super::units::HumanDuration;
 use super::{
     AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
     NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
@@ -113,7 +115,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
 
     let max_fresh = routes
         .iter()
-        .map(|r| (r.ttl + r.jitter).max(r.negative_ttl) + r.stale_keep())
+        .map(|r| r.max_fresh() + r.stale_keep())
         .max()
         .unwrap_or_default();
     let max_lease = routes.iter().map(|r| r.lease).max().unwrap_or_default();
@@ -497,10 +499,16 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
             format!("{s} is in both cache_status and negative_status"),
         );
     }
-    if r.ttl.0.is_zero() {
-        return err(format!("{at}.ttl"), "must be greater than zero");
+    let origin_cache_control = match r.origin_cache_control {
+        FileOriginCacheControl::Honor => OriginCacheControl::Honor,
+        FileOriginCacheControl::Ignore => OriginCacheControl::Ignore,
+    };
+    let ttl = ttl(at, r.ttl, r.max_ttl, r.default_ttl, origin_cache_control)?;
+    let fresh = match ttl {
+        Ttl::Fixed(t) => t + r.jitter.0,
+        Ttl::Origin { max, .. } => max,
     }
-    let fresh = (r.ttl.0 + r.jitter.0).max(r.negative_ttl.0);
+    .max(r.negative_ttl.0);
     stale_windows(at, fresh, r.grace.0, r.stale_if_error.0)?;
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
@@ -549,7 +557,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         methods,
         query,
         vary,
-        ttl: r.ttl.0,
+        ttl,
         jitter: r.jitter.0,
         negative_ttl: r.negative_ttl.0,
         grace: r.grace.0,
@@ -562,12 +570,153 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         bloom,
         host,
         fill_headers,
-        origin_cache_control: match r.origin_cache_control {
-            FileOriginCacheControl::Honor => OriginCacheControl::Honor,
-            FileOriginCacheControl::Ignore => OriginCacheControl::Ignore,
-        },
+        origin_cache_control,
         fill_budget,
+        client_cache_control: client_cache_control(at, r.client_cache_control)?,
     })
+}
+
+/// `ttl`, and `max_ttl` / `default_ttl`, which belong to `ttl: origin`.
+fn ttl(
+    at: &str,
+    ttl: FileTtl,
+    max_ttl: Option<HumanDuration>,
+    default_ttl: Option<HumanDuration>,
+    occ: OriginCacheControl,
+) -> Result<Ttl> {
+    match ttl {
+        FileTtl::Fixed(t) => {
+            if t.0.is_zero() {
+                return err(format!("{at}.ttl"), "must be greater than zero");
+            }
+            for (field, given) in [("max_ttl", max_ttl), ("default_ttl", default_ttl)] {
+                if given.is_some() {
+                    return err(
+                        format!("{at}.{field}"),
+                        "only applies with `ttl: origin` (this route's ttl is fixed)",
+                    );
+                }
+            }
+            Ok(Ttl::Fixed(t.0))
+        }
+        FileTtl::Origin => {
+            let Some(max) = max_ttl else {
+                return err(
+                    format!("{at}.max_ttl"),
+                    "is required with `ttl: origin` (the longest the origin may make an entry fresh)",
+                );
+            };
+            if max.0.is_zero() {
+                return err(format!("{at}.max_ttl"), "must be greater than zero");
+            }
+            let default = default_ttl.map_or(Duration::ZERO, |d| d.0);
+            if default > max.0 {
+                return err(
+                    format!("{at}.default_ttl"),
+                    format!("{default:?} exceeds max_ttl ({:?})", max.0),
+                );
+            }
+            if occ == OriginCacheControl::Ignore {
+                return err(
+                    format!("{at}.origin_cache_control"),
+                    "`ignore` contradicts `ttl: origin`, which takes the lifetime from the \
+                     origin's Cache-Control; use `honor`",
+                );
+            }
+            Ok(Ttl::Origin {
+                max: max.0,
+                default,
+            })
+        }
+    }
+}
+
+/// Response directives of RFC 9111 §5.2.2 (and RFC 5861, RFC 8246) that a
+/// literal `client_cache_control` may use; anything else is a typo.
+const CLIENT_DIRECTIVES: &[&str] = &[
+    "max-age",
+    "s-maxage",
+    "no-cache",
+    "no-store",
+    "no-transform",
+    "must-revalidate",
+    "proxy-revalidate",
+    "must-understand",
+    "private",
+    "public",
+    "immutable",
+    "stale-while-revalidate",
+    "stale-if-error",
+];
+
+/// `client_cache_control`: `pass`, `remaining`, or a literal header value
+/// made of known directives.
+fn client_cache_control(at: &str, raw: FileClientCacheControl) -> Result<ClientCacheControl> {
+    let path = format!("{at}.client_cache_control");
+    let literal = match raw {
+        FileClientCacheControl::Pass => return Ok(ClientCacheControl::Pass),
+        FileClientCacheControl::Remaining => return Ok(ClientCacheControl::Remaining),
+        FileClientCacheControl::Literal(l) => l,
+    };
+    let trimmed = literal.trim();
+    if trimmed.eq_ignore_ascii_case("pass") || trimmed.eq_ignore_ascii_case("remaining") {
+        return err(
+            path,
+            format!("{literal:?}: the modes are spelled `pass` and `remaining`"),
+        );
+    }
+    let Ok(value) = http::HeaderValue::from_str(trimmed) else {
+        return err(
+            path,
+            format!("{literal:?} is not a header value (visible ASCII only)"),
+        );
+    };
+    let mut names = 0;
+    for element in split_list(trimmed) {
+        let name = element.split('=').next().unwrap_or_default().trim();
+        if name.is_empty() {
+            continue;
+        }
+        names += 1;
+        if !CLIENT_DIRECTIVES
+            .iter()
+            .any(|d| d.eq_ignore_ascii_case(name))
+        {
+            return err(
+                path,
+                format!(
+                    "{name:?} is not a Cache-Control response directive; use `pass`, \
+                     `remaining` or a list of: {}",
+                    CLIENT_DIRECTIVES.join(", ")
+                ),
+            );
+        }
+    }
+    if names == 0 {
+        return err(
+            path,
+            "is empty; use `pass`, `remaining` or directives such as \"private, max-age=0\"",
+        );
+    }
+    Ok(ClientCacheControl::Literal(value))
+}
+
+/// Splits a header list at commas outside quoted strings.
+fn split_list(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
 }
 
 /// `fill_headers`: client headers a fill may carry besides `vary`. Refused

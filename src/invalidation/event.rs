@@ -1,10 +1,12 @@
 //! The invalidation event model shared by every source (admin endpoint,
 //! outbox rows, stream entries, write-through): `{route, params, kind,
-//! revision?}`, validated against the live route table. An event that names
-//! an unknown route or params that fail their patterns is poison: it is
-//! dead-lettered by its source, never retried.
+//! revision?}`, validated against the live route table. Param values are
+//! normalised like request paths (`config::path`), so an event names the
+//! object that a read of the same path finds. An event that names an
+//! unknown route or params that fail their patterns (or that no path could
+//! carry) is poison: it is dead-lettered by its source, never retried.
 
-use crate::config::{Config, Route};
+use crate::config::{path, Config, Route};
 use crate::keys;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -143,15 +145,18 @@ impl Event {
             return Err(Poison::ExtraParam(extra.clone()));
         }
         let mut values = Vec::with_capacity(route.params.len());
-        for p in &route.params {
+        for (i, p) in route.params.iter().enumerate() {
             let v = self
                 .params
                 .get(&p.name)
                 .ok_or_else(|| Poison::MissingParam(p.name.clone()))?;
-            if !p.pattern.is_match(v) {
-                return Err(Poison::BadParam(p.name.clone()));
-            }
-            values.push(v.clone());
+            // The value a read of the object's path would carry, so the
+            // event names the object that read finds (`css/./a.css` and
+            // `css/a.css` are one object); a value no path can carry is poison.
+            let v = path::normalize_value(v, route.is_prefix(i))
+                .filter(|v| p.pattern.is_match(v))
+                .ok_or_else(|| Poison::BadParam(p.name.clone()))?;
+            values.push(v);
         }
         Ok(Validated::new(cfg, route, values, self.kind))
     }

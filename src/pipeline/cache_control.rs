@@ -1,5 +1,6 @@
-//! The origin's own say on caching (RFC 9111 §5.2.2, §4.1): the
-//! `Cache-Control` directives a shared cache must honour, and `Vary`.
+//! The origin's own say on caching (RFC 9111 §5.2.2, §4.1, §4.2.1): the
+//! `Cache-Control` directives a shared cache must honour, the freshness
+//! lifetime an answer gives itself (for `ttl: origin`), and `Vary`.
 //!
 //! Parsing follows RFC 9110 §5.6: a header may come as several lines, each a
 //! comma-separated list; directive names are case-insensitive; a value is a
@@ -9,7 +10,7 @@
 //! a response stale), a repeated `max-age` takes its smallest value.
 
 use http::header::{self, HeaderMap, HeaderName};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The directives of a response that decide whether a shared cache may
 /// store it. Absent directives are `false` / `None`.
@@ -101,6 +102,53 @@ impl CacheControl {
             _ => None,
         }
     }
+
+    /// The freshness the answer's own headers give it in a shared cache
+    /// (RFC 9111 §4.2.1): `s-maxage`, else `max-age`, else `Expires` minus
+    /// `Date` (minus `now` without a readable `Date`), less the `Age` it
+    /// arrived with (§4.2.3). An unreadable `Expires` is in the past
+    /// (§5.3). `now` is when the answer was received.
+    pub fn freshness(&self, headers: &HeaderMap, now: SystemTime) -> OriginFreshness {
+        let date = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        };
+        let lifetime = if let Some(secs) = self.s_maxage.or(self.max_age) {
+            Duration::from_secs(secs)
+        } else if headers.contains_key(header::EXPIRES) {
+            let Some(expires) = date(header::EXPIRES) else {
+                return OriginFreshness::Spent;
+            };
+            let sent = date(header::DATE).unwrap_or(now);
+            expires.duration_since(sent).unwrap_or(Duration::ZERO)
+        } else {
+            return OriginFreshness::Unspecified;
+        };
+        // An unreadable Age is ignored, as if absent.
+        let age = headers
+            .get(header::AGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        match lifetime.checked_sub(Duration::from_secs(age)) {
+            Some(left) if !left.is_zero() => OriginFreshness::Fresh(left),
+            _ => OriginFreshness::Spent,
+        }
+    }
+}
+
+/// What an answer's headers say about its freshness (`ttl: origin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OriginFreshness {
+    /// Fresh for this long after it was received.
+    Fresh(Duration),
+    /// A lifetime was given and is already used up (`Expires` at or before
+    /// `Date` or unreadable, `Age` at least the lifetime, a zero `max-age`).
+    Spent,
+    /// No `s-maxage`, `max-age` or `Expires`.
+    Unspecified,
 }
 
 /// The directive that set a zero freshness lifetime.
@@ -111,51 +159,57 @@ pub enum ZeroLifetime {
 }
 
 /// Splits one header line into `(name, value)` directives; quoted values
-/// are unquoted (`\"` → `"`). Empty list elements are skipped.
+/// are unquoted (`\"` → `"`), anything after a closing quote up to the next
+/// `,` is junk and dropped.
 fn directives(line: &str) -> Vec<(&str, Option<String>)> {
-    let mut out = Vec::new();
+    elements(line)
+        .into_iter()
+        .filter_map(|element| {
+            let (name, value) = match element.split_once('=') {
+                Some((name, value)) => (name.trim(), Some(unquote(value.trim()))),
+                None => (element, None),
+            };
+            (!name.is_empty()).then_some((name, value))
+        })
+        .collect()
+}
+
+/// The elements of one comma-separated header line (RFC 9110 §5.6.1),
+/// trimmed, split at commas outside quoted strings; empty ones skipped.
+pub fn elements(line: &str) -> Vec<&str> {
     let bytes = line.as_bytes();
-    let mut i = 0;
+    let mut out = Vec::new();
+    let (mut start, mut quoted, mut i) = (0, false, 0);
     while i < bytes.len() {
-        // Name: up to '=', ',' or the end.
-        let start = i;
-        while i < bytes.len() && bytes[i] != b'=' && bytes[i] != b',' {
-            i += 1;
-        }
-        let name = line[start..i].trim();
-        let mut value = None;
-        if i < bytes.len() && bytes[i] == b'=' {
-            i += 1;
-            while i < bytes.len() && bytes[i] == b' ' {
-                i += 1;
+        match bytes[i] {
+            b'\\' if quoted => i += 1,
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                out.push(line[start..i].trim());
+                start = i + 1;
             }
-            if i < bytes.len() && bytes[i] == b'"' {
-                i += 1;
-                let mut v = String::new();
-                while i < bytes.len() && bytes[i] != b'"' {
-                    if bytes[i] == b'\\' && i + 1 < bytes.len() {
-                        i += 1;
-                    }
-                    v.push(bytes[i] as char);
-                    i += 1;
-                }
-                i += 1; // the closing quote (or past the end if unclosed)
-                        // Anything between the quote and the next ',' is junk.
-                while i < bytes.len() && bytes[i] != b',' {
-                    i += 1;
-                }
-                value = Some(v);
-            } else {
-                let vstart = i;
-                while i < bytes.len() && bytes[i] != b',' {
-                    i += 1;
-                }
-                value = Some(line[vstart..i].trim().to_owned());
-            }
+            _ => {}
         }
-        i += 1; // the ','
-        if !name.is_empty() {
-            out.push((name, value));
+        i += 1;
+    }
+    out.push(line[start..].trim());
+    out.retain(|e| !e.is_empty());
+    out
+}
+
+/// A token as it is, or a quoted string's content (up to its closing
+/// quote, escapes resolved).
+fn unquote(value: &str) -> String {
+    let Some(quoted) = value.strip_prefix('"') else {
+        return value.to_owned();
+    };
+    let mut out = String::with_capacity(quoted.len());
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => break,
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
         }
     }
     out
@@ -281,6 +335,68 @@ mod tests {
         );
         assert_eq!(cc(&["max-age=60"]).zero_lifetime(), None);
         assert_eq!(cc(&["public"]).zero_lifetime(), None);
+    }
+
+    #[test]
+    fn origin_freshness_prefers_s_maxage_then_max_age_then_expires() {
+        use OriginFreshness::*;
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let fresh = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+            }
+            CacheControl::parse(&h).freshness(&h, now)
+        };
+        let secs = |s| Fresh(Duration::from_secs(s));
+        assert_eq!(fresh(&[("cache-control", "max-age=60")]), secs(60));
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=60, s-maxage=5")]),
+            secs(5)
+        );
+        // Expires minus Date, whatever our clock says.
+        let expires = [
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("expires", "Sun, 06 Nov 1994 08:49:39 GMT"),
+        ];
+        assert_eq!(fresh(&expires), secs(2));
+        // max-age wins over Expires (RFC 9111 §5.3).
+        let mut both = expires.to_vec();
+        both.push(("cache-control", "max-age=7"));
+        assert_eq!(fresh(&both), secs(7));
+        // Without Date: Expires minus the time received.
+        assert_eq!(
+            fresh(&[("expires", "Tue, 14 Nov 2023 22:13:30 GMT")]),
+            secs(10)
+        );
+        assert_eq!(
+            fresh(&[("expires", "Tue, 14 Nov 2023 22:13:10 GMT")]),
+            Spent
+        );
+        assert_eq!(fresh(&[("expires", "0")]), Spent);
+        assert_eq!(
+            fresh(&[
+                ("date", "Sun, 06 Nov 1994 08:49:39 GMT"),
+                ("expires", "Sun, 06 Nov 1994 08:49:37 GMT")
+            ]),
+            Spent
+        );
+        // The age it arrived with counts against the lifetime.
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=60"), ("age", "45")]),
+            secs(15)
+        );
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=60"), ("age", "60")]),
+            Spent
+        );
+        assert_eq!(
+            fresh(&[("cache-control", "max-age=60"), ("age", "x")]),
+            secs(60)
+        );
+        assert_eq!(fresh(&[("cache-control", "max-age=0")]), Spent);
+        assert_eq!(fresh(&[("cache-control", "public")]), Unspecified);
+        assert_eq!(fresh(&[]), Unspecified);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! and reads the body up to `max_body`; a larger body is streamed through
 //! uncached.
 //!
-//! What a fill sends: `GET`, the matched path, the normalized query the key
+//! What a fill sends: `GET`, the matched path in its normal form (the
+//! template with the key's params), the normalized query the key
 //! used, `Host` = the route's `host` or the upstream's authority, the
 //! client's values of the route's `vary` headers (they are in the key), and
 //! the client's values of `fill_headers` (default `traceparent`,
@@ -42,9 +43,9 @@ pub struct FillRequest {
     pub headers: HeaderMap,
 }
 
-/// Builds the fill request from the key's parts: `path` is the request path
-/// that matched the route (its params are the identity), `query` the
-/// normalized query of the key. Only `vary` and `fill_headers` values are
+/// Builds the fill request from the key's parts: `path` is the normal form
+/// of the request path that matched the route ([`Route::fill_path`]: its
+/// params are the identity), `query` the normalized query of the key. Only `vary` and `fill_headers` values are
 /// taken from `client_headers` (see the module doc).
 pub fn fill_request(
     route: &Route,

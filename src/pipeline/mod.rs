@@ -15,6 +15,8 @@
 //!   7b degraded         fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, publish::publish
 //! 9 release             lease::release
+//!   answer              client_cc: the route's client_cache_control on
+//!                       answers built from an entry
 //! ```
 //! `status::CacheStatus`
 //! is the result of every request: the `X-Cache` header, the metric label
@@ -22,6 +24,7 @@
 
 pub mod bloom;
 pub mod cache_control;
+pub mod client_cc;
 pub mod entry;
 pub mod fill;
 pub mod flight;
@@ -118,6 +121,7 @@ impl Pipeline {
         peer: SocketAddr,
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
+        client_cc::apply(&route, status, &mut resp, publish::now_ms());
         resp.headers_mut().insert("x-cache", status.header_value());
         self.shared
             .metrics
@@ -187,7 +191,12 @@ impl Pipeline {
         // Stage 5 (in-process): join or start the fill for this key.
         let fill = Fill {
             shared: Arc::clone(sh),
-            request: fill::fill_request(route, req.uri().path(), &key.query, req.headers()),
+            request: fill::fill_request(
+                route,
+                &route.fill_path(&params),
+                &key.query,
+                req.headers(),
+            ),
             cfg,
             route: Arc::clone(route),
             key,
@@ -520,6 +529,9 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
         h.insert(header::AGE, HeaderValue::from(age));
     }
+    resp.extensions_mut().insert(client_cc::FromEntry {
+        fresh_until_ms: entry.fresh_until_ms,
+    });
     resp
 }
 

@@ -2,9 +2,9 @@
 //! entry stamped with the generation ticket, and publish it with the
 //! publish script (which re-checks lease owner and generation atomically).
 
-use super::cache_control::{judge_vary, CacheControl, VaryVerdict, ZeroLifetime};
+use super::cache_control::{judge_vary, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime};
 use super::entry::Entry;
-use crate::config::{OriginCacheControl, Route};
+use crate::config::{OriginCacheControl, Route, Ttl};
 use crate::keys::CacheKey;
 use crate::proxy::headers::strip_hop_by_hop;
 use crate::store::{GuardedStore, PublishOutcome, StoreError};
@@ -45,6 +45,11 @@ pub enum Uncacheable {
     VaryStar,
     /// `Vary` names a header the route's key does not include.
     VaryUnkeyed,
+    /// `ttl: origin`: the lifetime the answer gives itself is already used
+    /// up (`Expires` not after `Date`, `Age` at least the lifetime).
+    Expired,
+    /// `ttl: origin` without `default_ttl`: the answer gives no lifetime.
+    NoLifetime,
 }
 
 impl Uncacheable {
@@ -59,22 +64,26 @@ impl Uncacheable {
             Uncacheable::SMaxAgeZero => "s_maxage_0",
             Uncacheable::VaryStar => "vary_star",
             Uncacheable::VaryUnkeyed => "vary_unkeyed",
+            Uncacheable::Expired => "expired",
+            Uncacheable::NoLifetime => "no_lifetime",
         }
     }
 }
 
 impl Cacheability {
     /// May coalesced requests for the same key receive this answer? Only
-    /// if it is cacheable or merely has an unlisted status (an upstream
-    /// error is the same for all of them). An answer the origin refused to
-    /// let us share is for the request whose fill fetched it; the others
-    /// fetch their own.
+    /// if it is cacheable, merely has an unlisted status (an upstream
+    /// error is the same for all of them) or gives no lifetime to store it
+    /// for (`ttl: origin`). An answer the origin refused to let us share is
+    /// for the request whose fill fetched it; the others fetch their own.
     pub fn is_shareable(self) -> bool {
         matches!(
             self,
             Cacheability::Positive
                 | Cacheability::Negative
-                | Cacheability::Uncacheable(Uncacheable::Status)
+                | Cacheability::Uncacheable(
+                    Uncacheable::Status | Uncacheable::Expired | Uncacheable::NoLifetime
+                )
         )
     }
 }
@@ -114,7 +123,8 @@ impl FillOutcome {
 /// Stage 8's verdict on an upstream answer. `Set-Cookie`, `private` and
 /// `no-store` always keep it out (SPEC §5 stage 8); with
 /// `origin_cache_control: honor` so do `no-cache`, a zero shared freshness
-/// lifetime and a `Vary` beyond the route's key.
+/// lifetime and a `Vary` beyond the route's key; with `ttl: origin` also a
+/// lifetime already spent, or none without a `default_ttl`.
 pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
     use Cacheability::Uncacheable as No;
     if headers.contains_key(header::SET_COOKIE) {
@@ -146,6 +156,15 @@ pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> C
         Some(ZeroLifetime::MaxAge) => return No(Uncacheable::MaxAgeZero),
         None => {}
     }
+    if let Ttl::Origin { default, .. } = route.ttl {
+        match cc.freshness(headers, SystemTime::now()) {
+            OriginFreshness::Spent => return No(Uncacheable::Expired),
+            OriginFreshness::Unspecified if kind == Cacheability::Positive && default.is_zero() => {
+                return No(Uncacheable::NoLifetime)
+            }
+            _ => {}
+        }
+    }
     match judge_vary(headers, &route.vary) {
         VaryVerdict::Keyed => kind,
         VaryVerdict::Star => No(Uncacheable::VaryStar),
@@ -170,28 +189,59 @@ impl Lifetime {
 
 /// The entry's lifetime: [`entry_ttl`] fresh, then the route's stale
 /// windows as narrowed (never widened) by the origin's `Cache-Control`.
+/// The store keeps the entry for [`Lifetime::store_ttl`], so a short
+/// per-answer freshness (`ttl: origin`) also shortens its stay.
 pub fn lifetime(route: &Route, kind: Cacheability, headers: &HeaderMap) -> Lifetime {
     let cc = CacheControl::parse(headers);
+    let origin = match route.ttl {
+        Ttl::Fixed(_) => OriginFreshness::Unspecified,
+        Ttl::Origin { .. } => cc.freshness(headers, SystemTime::now()),
+    };
     Lifetime {
-        fresh: entry_ttl(route, kind),
+        fresh: entry_ttl(route, kind, origin),
         grace: cc.narrow(route.grace, cc.stale_while_revalidate),
         stale_if_error: cc.narrow(route.stale_if_error, cc.stale_if_error),
     }
 }
 
-/// Positive TTL = ttl + uniform[0, jitter], so entries filled together do
-/// not expire together (avalanche). Negative answers use `negative_ttl`.
-pub fn entry_ttl(route: &Route, kind: Cacheability) -> Duration {
-    if kind == Cacheability::Negative {
-        return route.negative_ttl;
-    }
-    let jitter_ms = route.jitter.as_millis() as u64;
-    let extra = if jitter_ms == 0 {
-        0
-    } else {
-        rand::rng().random_range(0..=jitter_ms)
+/// How long an entry is fresh.
+///
+/// `ttl: 60s`: positive TTL = ttl + uniform[0, jitter], so entries filled
+/// together do not expire together (avalanche); negative answers use
+/// `negative_ttl`.
+///
+/// `ttl: origin` (`origin` is what the answer says, see
+/// [`CacheControl::freshness`]): positive = the origin's lifetime, else
+/// `default_ttl`, at most `max_ttl`; negative = the origin's lifetime, else
+/// `negative_ttl`, at most `negative_ttl`. Jitter is taken off, never
+/// added (the origin's lifetime is a limit), and at most a tenth of the
+/// lifetime, so a short lifetime keeps its meaning.
+pub fn entry_ttl(route: &Route, kind: Cacheability, origin: OriginFreshness) -> Duration {
+    let given = match origin {
+        OriginFreshness::Fresh(d) => Some(d),
+        OriginFreshness::Spent => Some(Duration::ZERO),
+        OriginFreshness::Unspecified => None,
     };
-    route.ttl + Duration::from_millis(extra)
+    match (route.ttl, kind) {
+        (Ttl::Fixed(_), Cacheability::Negative) => route.negative_ttl,
+        (Ttl::Fixed(ttl), _) => ttl + jitter(route.jitter),
+        (Ttl::Origin { .. }, Cacheability::Negative) => {
+            given.unwrap_or(route.negative_ttl).min(route.negative_ttl)
+        }
+        (Ttl::Origin { max, default }, _) => {
+            let fresh = given.unwrap_or(default).min(max);
+            fresh.saturating_sub(jitter(route.jitter.min(fresh / 10)))
+        }
+    }
+}
+
+/// uniform[0, max], in milliseconds.
+fn jitter(max: Duration) -> Duration {
+    let max_ms = max.as_millis() as u64;
+    if max_ms == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(rand::rng().random_range(0..=max_ms))
 }
 
 /// Response headers worth replaying from the cache: no hop-by-hop headers,
@@ -369,7 +419,7 @@ mod tests {
         let r = route();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..200 {
-            let t = entry_ttl(&r, Cacheability::Positive);
+            let t = entry_ttl(&r, Cacheability::Positive, OriginFreshness::Unspecified);
             assert!(
                 t >= Duration::from_secs(10) && t <= Duration::from_secs(12),
                 "{t:?}"
@@ -378,9 +428,78 @@ mod tests {
         }
         assert!(seen.len() > 10, "jitter should spread TTLs");
         assert_eq!(
-            entry_ttl(&r, Cacheability::Negative),
+            entry_ttl(&r, Cacheability::Negative, OriginFreshness::Unspecified),
             Duration::from_secs(3)
         );
+        // A fixed ttl ignores what the origin says.
+        let long = OriginFreshness::Fresh(Duration::from_secs(3600));
+        assert!(entry_ttl(&r, Cacheability::Positive, long) <= Duration::from_secs(12));
+    }
+
+    fn origin_route(keys: &str) -> std::sync::Arc<Route> {
+        crate::config::testing::route(&format!(
+            "  - {{ name: app, path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: origin, max_ttl: 60s, negative_ttl: 3s{keys} }}\n"
+        ))
+    }
+
+    #[test]
+    fn origin_ttl_is_capped_defaulted_and_only_shortened_by_jitter() {
+        use OriginFreshness::*;
+        let s = Duration::from_secs;
+        let r = origin_route(", default_ttl: 10s");
+        let pos = |o| entry_ttl(&r, Cacheability::Positive, o);
+        let neg = |o| entry_ttl(&r, Cacheability::Negative, o);
+        assert_eq!(pos(Fresh(s(2))), s(2));
+        assert_eq!(pos(Fresh(s(3600))), s(60), "capped by max_ttl");
+        assert_eq!(pos(Unspecified), s(10), "default_ttl");
+        assert_eq!(neg(Fresh(s(3600))), s(3), "capped by negative_ttl");
+        assert_eq!(neg(Fresh(s(1))), s(1));
+        assert_eq!(neg(Unspecified), s(3));
+        let jittered = origin_route(", jitter: 30s");
+        for _ in 0..200 {
+            let t = entry_ttl(&jittered, Cacheability::Positive, Fresh(s(20)));
+            assert!(t >= s(18) && t <= s(20), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn origin_ttl_refuses_spent_and_missing_lifetimes() {
+        use Cacheability::Uncacheable as No;
+        let c = |r: &Route, s: u16, h: &[(&'static str, &'static str)]| {
+            cacheability(r, StatusCode::from_u16(s).expect("status"), &headers(h))
+        };
+        let r = origin_route("");
+        assert_eq!(c(&r, 200, &[]), No(Uncacheable::NoLifetime));
+        assert_eq!(
+            c(&r, 404, &[]),
+            Cacheability::Negative,
+            "negative_ttl applies"
+        );
+        assert_eq!(
+            c(&r, 200, &[("cache-control", "max-age=5")]),
+            Cacheability::Positive
+        );
+        assert_eq!(
+            c(&r, 200, &[("cache-control", "max-age=0")]),
+            No(Uncacheable::MaxAgeZero)
+        );
+        assert_eq!(
+            c(&r, 200, &[("cache-control", "max-age=5"), ("age", "9")]),
+            No(Uncacheable::Expired)
+        );
+        assert_eq!(c(&r, 200, &[("expires", "0")]), No(Uncacheable::Expired));
+        assert_eq!(
+            c(&r, 200, &[("cache-control", "max-age=5, private")]),
+            No(Uncacheable::Private)
+        );
+        assert_eq!(
+            c(&r, 200, &[("cache-control", "max-age=5, no-store")]),
+            No(Uncacheable::NoStore)
+        );
+        let with_default = origin_route(", default_ttl: 5s");
+        assert_eq!(c(&with_default, 200, &[]), Cacheability::Positive);
+        assert!(No(Uncacheable::NoLifetime).is_shareable());
+        assert!(No(Uncacheable::Expired).is_shareable());
     }
 
     #[test]

@@ -569,12 +569,10 @@ async fn handle(
     }
 
     let cfg = state.config.load_full();
-    // The path outlives `req` (moved on below): a clone of the URI shares
-    // its bytes, where `to_owned` would copy them.
-    let uri = req.uri().clone();
-    let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
+    // Matched on the path's normal form; the request itself, forwarded
+    // below, keeps the path exactly as the client sent it.
+    let invalidate = match cfg.routes.classify(req.method(), req.uri().path()) {
         RouteMatch::Read(route, params) => {
-            let params = params.into_iter().map(str::to_owned).collect();
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
             // a read pipeline held inline would make every forwarded request
@@ -593,10 +591,7 @@ async fn handle(
             ))
             .to_response();
         }
-        RouteMatch::Write(route, params) if route.invalidate_on_write => {
-            let params: Vec<String> = params.into_iter().map(str::to_owned).collect();
-            Some((route, params))
-        }
+        RouteMatch::Write(route, params) if route.invalidate_on_write => Some((route, params)),
         RouteMatch::Write(..) | RouteMatch::Forward => None,
     };
     count_forward(&state);

@@ -1,0 +1,286 @@
+//! The normal form of a request path, in which route templates are matched
+//! (README "Path normalisation"). Normalising first means that no spelling
+//! of a path (`/static/../admin`, `/static/%2e%2e/admin`, `/static//x`)
+//! can match a cached route that the path does not name once resolved, and
+//! that every spelling of one object reads and fills the same entry.
+//!
+//! Rules, in order, per segment:
+//! 1. percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are
+//!    decoded (`%41` → `A`, `%2e` → `.`); other escapes stay, with upper-case
+//!    hex (`%c3%a9` → `%C3%A9`), RFC 3986 §6.2.2.1-2;
+//! 2. empty segments (`//`) are merged, except a trailing slash, which stays;
+//! 3. `.` and `..` segments are resolved (RFC 3986 §5.2.4); `..` above the
+//!    root stays at the root.
+//!
+//! Paths that origins resolve in incompatible ways have no trusted normal
+//! form ([`Ambiguous`]) and are never a cache read: an encoded `/` or `\`
+//! (`%2F`, `%5C`), a raw `\`, an encoded NUL, a broken escape (`%zz`, `%`),
+//! a dot segment carrying `;` parameters (`..;`, which some servers resolve
+//! as `..`).
+//!
+//! A path already in normal form is returned as it is, without allocating:
+//! that is every path a well-behaved client sends.
+
+use std::borrow::Cow;
+
+/// Why a path has no normal form sidecache trusts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Ambiguous {
+    #[error("a '%' not followed by two hex digits")]
+    BadEscape,
+    #[error("an encoded '/' or '\\' inside a segment")]
+    EncodedSeparator,
+    #[error("a '\\' in the path")]
+    Backslash,
+    #[error("an encoded NUL")]
+    EncodedNul,
+    #[error("a dot segment with ';' parameters")]
+    DotParams,
+}
+
+/// The normal form of `path` (which starts with `/`; anything else is
+/// returned unchanged and matches no template).
+pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
+    if is_normal(path)? {
+        return Ok(Cow::Borrowed(path));
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Ok(Cow::Borrowed(path));
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut trailing = false;
+    let mut raw = rest.split('/').peekable();
+    while let Some(seg) = raw.next() {
+        let last = raw.peek().is_none();
+        let seg = decode_segment(seg)?;
+        match seg.as_ref() {
+            "" | "." => trailing = last,
+            ".." => {
+                out.pop();
+                trailing = last;
+            }
+            _ => {
+                out.push(seg.into_owned());
+                trailing = false;
+            }
+        }
+    }
+    let mut normal = String::with_capacity(path.len());
+    for seg in &out {
+        normal.push('/');
+        normal.push_str(seg);
+    }
+    if trailing || out.is_empty() {
+        normal.push('/');
+    }
+    Ok(Cow::Owned(normal))
+}
+
+/// A param value as a request path would carry it, normalised the same way
+/// (so an invalidation event names the object a read of that path would):
+/// `prefix` values may span segments (`css/site.css`), others are one
+/// segment. `None`: no path could carry this value (empty, `..`, a `/` in
+/// a one-segment value, ambiguous).
+pub fn normalize_value(value: &str, prefix: bool) -> Option<String> {
+    let path = format!("/{value}");
+    let normal = normalize(&path).ok()?;
+    let value = &normal[1..];
+    let fits = !value.is_empty() && (prefix || !value.contains('/'));
+    fits.then(|| value.to_owned())
+}
+
+/// True if `segment` is a template literal that a normal path can contain:
+/// non-empty, not a dot segment, and its own normal form.
+pub fn is_normal_segment(segment: &str) -> bool {
+    !matches!(segment, "" | "." | "..")
+        && !segment.starts_with(".;")
+        && !segment.starts_with("..;")
+        && matches!(decode_segment(segment), Ok(Cow::Borrowed(_)))
+}
+
+/// The fast check: `Ok(true)` if `path` is already normal. Raw `\` is
+/// refused here; escapes send the path to the slow path, which judges them.
+fn is_normal(path: &str) -> Result<bool, Ambiguous> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Ok(true);
+    };
+    if rest.contains('\\') {
+        return Err(Ambiguous::Backslash);
+    }
+    if rest.contains('%') {
+        return Ok(false);
+    }
+    let mut segments = rest.split('/').peekable();
+    while let Some(seg) = segments.next() {
+        let last = segments.peek().is_none();
+        match seg {
+            "" if last => {}
+            "" | "." | ".." => return Ok(false),
+            s if s.starts_with(".;") || s.starts_with("..;") => return Err(Ambiguous::DotParams),
+            _ => {}
+        }
+    }
+    Ok(true)
+}
+
+/// Rule 1 for one segment, plus the ambiguity checks that need decoding.
+fn decode_segment(seg: &str) -> Result<Cow<'_, str>, Ambiguous> {
+    if seg.contains('\\') {
+        return Err(Ambiguous::Backslash);
+    }
+    let decoded = if seg.contains('%') {
+        Cow::Owned(decode_unreserved(seg)?)
+    } else {
+        Cow::Borrowed(seg)
+    };
+    if decoded.starts_with(".;") || decoded.starts_with("..;") {
+        return Err(Ambiguous::DotParams);
+    }
+    // Unchanged text borrows, so callers can tell a normal segment apart.
+    match decoded {
+        Cow::Owned(s) if s == seg => Ok(Cow::Borrowed(seg)),
+        other => Ok(other),
+    }
+}
+
+fn decode_unreserved(seg: &str) -> Result<String, Ambiguous> {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let bytes = seg.as_bytes();
+    let mut out = String::with_capacity(seg.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            // Copy up to the next escape as text (keeps multi-byte chars whole).
+            let end = seg[i..].find('%').map_or(seg.len(), |n| i + n);
+            out.push_str(&seg[i..end]);
+            i = end;
+            continue;
+        }
+        let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
+        let (Some(hi), Some(lo)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) else {
+            return Err(Ambiguous::BadEscape);
+        };
+        let b = (hi * 16 + lo) as u8;
+        match b {
+            b'/' | b'\\' => return Err(Ambiguous::EncodedSeparator),
+            0 => return Err(Ambiguous::EncodedNul),
+            b if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') => {
+                out.push(b as char)
+            }
+            b => {
+                out.push('%');
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 0x0f)] as char);
+            }
+        }
+        i += 3;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(p: &str) -> Result<String, Ambiguous> {
+        normalize(p).map(Cow::into_owned)
+    }
+
+    #[test]
+    fn normal_paths_are_borrowed_unchanged() {
+        for p in [
+            "/",
+            "/api/tenants/acme/apps/42",
+            "/docs/",
+            "/a.b/c..d/.e/...",
+            "/static/a;b",
+            "/x/%C3%A9",
+        ] {
+            assert!(
+                matches!(normalize(p), Ok(Cow::Borrowed(b)) if b == p),
+                "{p}: {:?}",
+                normalize(p)
+            );
+        }
+    }
+
+    #[test]
+    fn dots_slashes_and_escapes_resolve() {
+        let cases = [
+            ("/static/../admin", "/admin"),
+            ("/static/%2e%2e/admin", "/admin"),
+            ("/static/%2E./admin", "/admin"),
+            ("/static/.%2e/admin", "/admin"),
+            ("/static/./a", "/static/a"),
+            ("/static//a", "/static/a"),
+            ("//static///a//", "/static/a/"),
+            ("/a/b/..", "/a/"),
+            ("/a/b/.", "/a/b/"),
+            ("/a/..", "/"),
+            ("/../../x", "/x"),
+            ("/..", "/"),
+            ("//", "/"),
+            ("/%41%7e%2D", "/A~-"),
+            ("/x/%c3%a9", "/x/%C3%A9"),
+            ("/x/%3a%20", "/x/%3A%20"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(norm(raw).as_deref(), Ok(want), "{raw}");
+            // Idempotent: the normal form is its own normal form.
+            assert_eq!(norm(want).as_deref(), Ok(want), "{want}");
+        }
+    }
+
+    #[test]
+    fn ambiguous_paths_have_no_normal_form() {
+        let cases = [
+            ("/static/a%2Fb", Ambiguous::EncodedSeparator),
+            ("/static/a%2f..%2fadmin", Ambiguous::EncodedSeparator),
+            ("/static/a%5Cb", Ambiguous::EncodedSeparator),
+            ("/static/a\\b", Ambiguous::Backslash),
+            ("/static/..\\admin", Ambiguous::Backslash),
+            ("/static/a%00.css", Ambiguous::EncodedNul),
+            ("/static/100%", Ambiguous::BadEscape),
+            ("/static/%zz", Ambiguous::BadEscape),
+            ("/static/%2", Ambiguous::BadEscape),
+            ("/static/..;/admin", Ambiguous::DotParams),
+            ("/static/.;x/a", Ambiguous::DotParams),
+            ("/static/%2e%2e;/admin", Ambiguous::DotParams),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(norm(raw), Err(want), "{raw}");
+        }
+    }
+
+    #[test]
+    fn values_normalise_like_the_paths_that_carry_them() {
+        assert_eq!(
+            normalize_value("css/./site.css", true).as_deref(),
+            Some("css/site.css")
+        );
+        assert_eq!(normalize_value("/css//a", true).as_deref(), Some("css/a"));
+        assert_eq!(normalize_value("a/", true).as_deref(), Some("a/"));
+        assert_eq!(normalize_value("%7e", false).as_deref(), Some("~"));
+        assert_eq!(normalize_value("42", false).as_deref(), Some("42"));
+        for (bad, prefix) in [
+            ("a/b", false),
+            ("..", true),
+            ("", true),
+            ("a/..", true),
+            ("a%2Fb", true),
+            ("100%", false),
+        ] {
+            assert_eq!(normalize_value(bad, prefix), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn template_literals_must_be_normal() {
+        for ok in ["api", "a.b", "%C3%A9", "v1;x"] {
+            assert!(is_normal_segment(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "%7e", "%c3%a9", "a%2Fb", "..;x", "a\\b"] {
+            assert!(!is_normal_segment(bad), "{bad}");
+        }
+    }
+}
