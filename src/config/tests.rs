@@ -438,3 +438,230 @@ fn stale_windows_validated_and_kept_in_gen_ttl() {
         assert!(e.contains(path), "{extra}: expected {path} in: {e}");
     }
 }
+
+const STATIC: &str = r#"
+routes:
+  - name: files
+    path: /static/{path...}
+    params: { path: "[A-Za-z0-9._/-]+" }
+    ttl: 60s
+  - name: admin
+    path: /admin/{page}
+    params: { page: "[a-z]+" }
+    ttl: 60s
+"#;
+
+#[test]
+fn prefix_params_take_the_rest_of_the_normal_path() {
+    let cfg = parse(STATIC).expect("valid");
+    let t = &cfg.routes;
+    let read = |p: &str| match t.classify(&Method::GET, p) {
+        RouteMatch::Read(r, v) => Some((r.name.clone(), v)),
+        _ => None,
+    };
+    let files = |v: &str| Some(("files".to_owned(), vec![v.to_owned()]));
+    assert_eq!(read("/static/a.css"), files("a.css"));
+    assert_eq!(read("/static/css/site.css"), files("css/site.css"));
+    assert_eq!(read("/static/css/"), files("css/"));
+    // Every spelling of one object is that object.
+    assert_eq!(read("/static/css/./site.css"), files("css/site.css"));
+    assert_eq!(read("/static//css///site.css"), files("css/site.css"));
+    assert_eq!(read("/static/x/../css/site.css"), files("css/site.css"));
+    assert_eq!(read("/static/%63ss/site.css"), files("css/site.css"));
+    // One or more segments.
+    assert_eq!(read("/static/"), None);
+    assert_eq!(read("/static"), None);
+    // Escaping the prefix never matches it: resolved first, then matched
+    // (here the other route), or forwarded when ambiguous.
+    let admin = Some(("admin".to_owned(), vec!["users".to_owned()]));
+    for p in [
+        "/static/../admin/users",
+        "/static/%2e%2e/admin/users",
+        "/static/%2E%2E/%2e%2E/admin/users",
+        "/static/css/../../admin/users",
+    ] {
+        assert_eq!(read(p), admin, "{p}");
+    }
+    for p in [
+        "/static/..%2fadmin/users",
+        "/static/..%5Cadmin/users",
+        "/static/..\\admin/users",
+        "/static/..;/admin/users",
+        "/static/a%00.css",
+        "/static/100%",
+    ] {
+        assert!(
+            matches!(t.classify(&Method::GET, p), RouteMatch::Forward),
+            "{p}"
+        );
+    }
+    // A bad param is checked on the whole rest.
+    assert!(matches!(
+        t.classify(&Method::GET, "/static/a b"),
+        RouteMatch::BadParam(_, ref p) if p == "path"
+    ));
+    // Writes are classified on the normal form too (write-through).
+    assert!(matches!(
+        t.classify(&Method::PUT, "/static/./css//a.css"),
+        RouteMatch::Write(_, ref v) if v == &["css/a.css"]
+    ));
+    // The fill asks for the normal form.
+    let r = t.find("files").expect("route");
+    assert_eq!(r.fill_path(&["css/site.css"]), "/static/css/site.css");
+    assert!(r.is_prefix(0));
+}
+
+#[test]
+fn prefix_templates_are_validated() {
+    for (path, words) in [
+        ("/a/{rest...}/b", "last segment"),
+        ("/a/{x...}/{y...}", "two prefix params"),
+        ("/a/{...}", "param name"),
+        ("/a//{id}", "normal form"),
+        ("/a/./{id}", "normal form"),
+        ("/%7euser/{id}", "normal form"),
+        ("/a/%2f/{id}", "normal form"),
+    ] {
+        let yaml = format!(
+            "routes:\n  - name: r\n    path: \"{path}\"\n    params: {{ id: \"x\", rest: \"x\", x: \"x\", y: \"x\" }}\n    ttl: 1s\n"
+        );
+        let e = err(&yaml);
+        assert!(e.contains("routes[0].path"), "{path}: {e}");
+        assert!(e.contains(words), "{path}: {e}");
+    }
+    // The trailing slash and the root stay valid templates.
+    parse(
+        "routes:\n  - { name: r, path: /docs/, ttl: 1s }\n  - { name: root, path: /, ttl: 1s }\n",
+    )
+    .expect("valid");
+}
+
+#[test]
+fn prefix_routes_conflict_only_when_a_path_could_match_both() {
+    // Route a is `/s/{p...}`; route b is `b` with the params it names.
+    let two = |b: &str| {
+        let mut params = Vec::new();
+        if b.contains("{q...}") {
+            params.push("q: \"[a-z]+\"");
+        }
+        if b.contains("{w}") {
+            params.push("w: \"[0-9]+\"");
+        }
+        format!(
+            "routes:\n  - name: a\n    path: \"/s/{{p...}}\"\n    params: {{ p: \"[a-z]+(/[a-z]+)*\" }}\n    ttl: 1s\n  - name: b\n    path: \"{b}\"\n    params: {{ {} }}\n    ttl: 1s\n",
+            params.join(", ")
+        )
+    };
+    // A literal tail the prefix pattern refuses: no conflict.
+    parse(&two("/s/x1")).expect("digits are outside [a-z]");
+    parse(&two("/s")).expect("the prefix needs a segment");
+    parse(&two("/s/")).expect("nor an empty one");
+    parse(&two("/t/{q...}")).expect("another literal");
+    for b in ["/s/x", "/s/x/y", "/s/{q...}", "/s/x/{q...}", "/s/{w}"] {
+        let e = err(&two(b));
+        assert!(
+            e.contains("routes[1].path") && e.contains("conflicts"),
+            "{b}: {e}"
+        );
+    }
+}
+
+#[test]
+fn ttl_origin_needs_a_cap_and_a_consistent_route() {
+    let cfg = parse(&APP.replace(
+        "ttl: 60s",
+        "ttl: origin\n    max_ttl: 1h\n    default_ttl: 30s\n    grace: 10s",
+    ))
+    .expect("valid");
+    let r = &cfg.routes.routes[0];
+    assert_eq!(
+        r.ttl,
+        Ttl::Origin {
+            max: Duration::from_secs(3600),
+            default: Duration::from_secs(30)
+        }
+    );
+    // The generation outlives the longest entry: 3600 + 10 + 3 + 10 + 60.
+    assert_eq!(cfg.gen_ttl, Duration::from_secs(3683));
+    let no_default =
+        parse(&APP.replace("ttl: 60s", "ttl: origin\n    max_ttl: 5s")).expect("valid");
+    assert_eq!(
+        no_default.routes.routes[0].ttl.origin_caps(),
+        Some((Duration::from_secs(5), Duration::ZERO))
+    );
+    for (keys, path, words) in [
+        ("ttl: origin", "routes[0].max_ttl", "required"),
+        (
+            "ttl: origin\n    max_ttl: 0s",
+            "routes[0].max_ttl",
+            "greater than zero",
+        ),
+        (
+            "ttl: origin\n    max_ttl: 5s\n    default_ttl: 6s",
+            "routes[0].default_ttl",
+            "exceeds max_ttl",
+        ),
+        (
+            "ttl: 60s\n    max_ttl: 5s",
+            "routes[0].max_ttl",
+            "ttl: origin",
+        ),
+        (
+            "ttl: 60s\n    default_ttl: 5s",
+            "routes[0].default_ttl",
+            "ttl: origin",
+        ),
+        (
+            "ttl: origin\n    max_ttl: 5s\n    origin_cache_control: ignore",
+            "routes[0].origin_cache_control",
+            "contradicts",
+        ),
+        ("ttl: originn", "routes[0].ttl", "origin"),
+        (
+            "ttl: origin\n    max_ttl: 800h",
+            "routes[0].grace",
+            "at most",
+        ),
+    ] {
+        let e = err(&APP.replace("ttl: 60s", keys));
+        assert!(e.contains(path), "{keys}: expected {path} in: {e}");
+        assert!(e.contains(words), "{keys}: expected {words:?} in: {e}");
+    }
+}
+
+#[test]
+fn client_cache_control_modes_and_literals() {
+    let mode = |v: &str| {
+        parse(&APP.replace(
+            "ttl: 60s",
+            &format!("ttl: 60s\n    client_cache_control: {v}"),
+        ))
+        .map(|c| c.routes.routes[0].client_cache_control.clone())
+    };
+    assert_eq!(
+        parse(APP).expect("valid").routes.routes[0].client_cache_control,
+        ClientCacheControl::Pass
+    );
+    assert_eq!(mode("pass").expect("valid"), ClientCacheControl::Pass);
+    assert_eq!(
+        mode("remaining").expect("valid"),
+        ClientCacheControl::Remaining
+    );
+    assert_eq!(
+        mode("\"private, max-age=0\"").expect("valid"),
+        ClientCacheControl::Literal(http::HeaderValue::from_static("private, max-age=0"))
+    );
+    mode("\"no-cache=\\\"Set-Cookie, X-A\\\", Public\"").expect("quoted commas are one directive");
+    for (v, words) in [
+        ("\"\"", "empty"),
+        ("\" , \"", "empty"),
+        ("Remaining", "spelled"),
+        ("\"privat, max-age=0\"", "privat"),
+        ("\"max-age=0\\u0001\"", "header value"),
+    ] {
+        let e = mode(v).map(|_| ()).expect_err(v);
+        let e = e.to_string();
+        assert!(e.contains("routes[0].client_cache_control"), "{v}: {e}");
+        assert!(e.contains(words), "{v}: {e}");
+    }
+}
