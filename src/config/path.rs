@@ -47,30 +47,14 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
     let Some(rest) = path.strip_prefix('/') else {
         return Ok(Cow::Borrowed(path));
     };
-    let mut out: Vec<String> = Vec::new();
-    let mut trailing = false;
-    let mut raw = rest.split('/').peekable();
-    while let Some(seg) = raw.next() {
-        let last = raw.peek().is_none();
-        let seg = decode_segment(seg)?;
-        match seg.as_ref() {
-            "" | "." => trailing = last,
-            ".." => {
-                out.pop();
-                trailing = last;
-            }
-            _ => {
-                out.push(seg.into_owned());
-                trailing = false;
-            }
-        }
-    }
+    // `..` above the root stays at the root (RFC 3986 §5.2.4).
+    let Resolved { segments, trailing } = resolve(rest, Above::Clamp)?.unwrap_or_default();
     let mut normal = String::with_capacity(path.len());
-    for seg in &out {
+    for seg in &segments {
         normal.push('/');
         normal.push_str(seg);
     }
-    if trailing || out.is_empty() {
+    if trailing || segments.is_empty() {
         normal.push('/');
     }
     Ok(Cow::Owned(normal))
@@ -79,14 +63,61 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
 /// A param value as a request path would carry it, normalised the same way
 /// (so an invalidation event names the object a read of that path would):
 /// `prefix` values may span segments (`css/site.css`), others are one
-/// segment. `None`: no path could carry this value (empty, `..`, a `/` in
-/// a one-segment value, ambiguous).
+/// segment. `None`: no path that matches the route could carry this value
+/// (empty, a `/` in a one-segment value, a `..` that climbs out of the
+/// value into the template, ambiguous).
 pub fn normalize_value(value: &str, prefix: bool) -> Option<String> {
-    let path = format!("/{value}");
-    let normal = normalize(&path).ok()?;
-    let value = &normal[1..];
-    let fits = !value.is_empty() && (prefix || !value.contains('/'));
-    fits.then(|| value.to_owned())
+    let Resolved { segments, trailing } = resolve(value, Above::Refuse).ok()??;
+    let fits = !segments.is_empty() && (prefix || (segments.len() == 1 && !trailing));
+    if !fits {
+        return None;
+    }
+    let mut out = segments.join("/");
+    if trailing {
+        out.push('/');
+    }
+    Some(out)
+}
+
+/// What a `..` above the start does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Above {
+    /// Stays at the start (a whole path: the root).
+    Clamp,
+    /// Has no meaning (a value: it would climb into the template).
+    Refuse,
+}
+
+#[derive(Default)]
+struct Resolved {
+    segments: Vec<String>,
+    /// Ends with `/` (also after a final `.` or `..`).
+    trailing: bool,
+}
+
+/// Rules 1-3 over the segments of `rest` (a path without its leading `/`,
+/// or a value). `Ok(None)`: a `..` above the start, with [`Above::Refuse`].
+fn resolve(rest: &str, above: Above) -> Result<Option<Resolved>, Ambiguous> {
+    let mut out = Resolved::default();
+    let mut raw = rest.split('/').peekable();
+    while let Some(seg) = raw.next() {
+        let last = raw.peek().is_none();
+        let seg = decode_segment(seg)?;
+        match seg.as_ref() {
+            "" | "." => out.trailing = last,
+            ".." => {
+                if out.segments.pop().is_none() && above == Above::Refuse {
+                    return Ok(None);
+                }
+                out.trailing = last;
+            }
+            _ => {
+                out.segments.push(seg.into_owned());
+                out.trailing = false;
+            }
+        }
+    }
+    Ok(Some(out))
 }
 
 /// True if `segment` is a template literal that a normal path can contain:
@@ -263,9 +294,15 @@ mod tests {
         assert_eq!(normalize_value("a/", true).as_deref(), Some("a/"));
         assert_eq!(normalize_value("%7e", false).as_deref(), Some("~"));
         assert_eq!(normalize_value("42", false).as_deref(), Some("42"));
+        assert_eq!(normalize_value("a/../b", true).as_deref(), Some("b"));
         for (bad, prefix) in [
             ("a/b", false),
+            ("a/", false),
             ("..", true),
+            // `/static/../x` is not under /static/ at all.
+            ("../x", true),
+            ("a/../../x", true),
+            ("%2e%2e/x", true),
             ("", true),
             ("a/..", true),
             ("a%2Fb", true),

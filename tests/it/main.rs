@@ -16,6 +16,7 @@ mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
 mod limits;
+mod prefix;
 mod outbox;
 mod reload;
 mod stale;

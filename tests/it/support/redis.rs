@@ -66,6 +66,14 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// The `store:` section of a sidecache config on this server.
+    pub fn store_yaml(&self) -> String {
+        format!(
+            "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
+            self.url()
+        )
+    }
+
     /// Runs one raw command on a fresh connection, e.g. `cli(&["SCRIPT", "FLUSH"])`.
     pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = redis::Client::open(self.url())?;
