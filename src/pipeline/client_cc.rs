@@ -10,12 +10,11 @@
 //! `remaining` writes `max-age = Age + remaining whole seconds`: a client
 //! subtracts the `Age` it receives from `max-age` (RFC 9111 §4.2.3), so
 //! this leaves it exactly the entry's remaining freshness, rounded down.
-//! An expired entry (STALE) gets `max-age=0`. The origin's other
+//! Less than a second left, or an expired entry (STALE), gets `max-age=0`. The origin's other
 //! directives stay; `s-maxage` goes too (a downstream shared cache would
 //! prefer it to `max-age`). Both rewriting modes drop `Expires`, which a
 //! `max-age` overrides anyway and an HTTP/1.0 cache would follow instead.
 
-use super::status::CacheStatus;
 use crate::body::Body;
 use crate::config::{ClientCacheControl, Route};
 use http::header::{self, HeaderMap, HeaderValue};
@@ -29,7 +28,7 @@ pub struct FromEntry {
 }
 
 /// Applies the route's `client_cache_control` to `resp` at `now_ms`.
-pub fn apply(route: &Route, status: CacheStatus, resp: &mut Response<Body>, now_ms: u64) {
+pub fn apply(route: &Route, resp: &mut Response<Body>, now_ms: u64) {
     if route.client_cache_control == ClientCacheControl::Pass {
         return;
     }
@@ -44,7 +43,7 @@ pub fn apply(route: &Route, status: CacheStatus, resp: &mut Response<Body>, now_
     let value = match &route.client_cache_control {
         ClientCacheControl::Pass => return,
         ClientCacheControl::Literal(v) => v.clone(),
-        ClientCacheControl::Remaining => remaining(headers, status, from, now_ms),
+        ClientCacheControl::Remaining => remaining(headers, from, now_ms),
     };
     headers.remove(header::EXPIRES);
     headers.insert(header::CACHE_CONTROL, value);
@@ -52,14 +51,9 @@ pub fn apply(route: &Route, status: CacheStatus, resp: &mut Response<Body>, now_
 
 /// The `remaining` header: the stored directives without `max-age` and
 /// `s-maxage`, then `max-age` (see the module doc).
-fn remaining(
-    headers: &HeaderMap,
-    status: CacheStatus,
-    from: FromEntry,
-    now_ms: u64,
-) -> HeaderValue {
+fn remaining(headers: &HeaderMap, from: FromEntry, now_ms: u64) -> HeaderValue {
     let left_secs = from.fresh_until_ms.saturating_sub(now_ms) / 1000;
-    let max_age = if status == CacheStatus::Stale || left_secs == 0 {
+    let max_age = if left_secs == 0 {
         0
     } else {
         let age = headers
@@ -122,7 +116,7 @@ mod tests {
     #[test]
     fn pass_keeps_the_origin_header() {
         let mut r = resp(200, &[("cache-control", "public, max-age=600")], 0);
-        apply(&route("pass"), CacheStatus::Hit, &mut r, 1_000);
+        apply(&route("pass"), &mut r, 1_000);
         assert_eq!(cc(&r), Some("public, max-age=600"));
     }
 
@@ -137,12 +131,7 @@ mod tests {
             ],
             0,
         );
-        apply(
-            &route("private, max-age=0"),
-            CacheStatus::Hit,
-            &mut r,
-            1_000,
-        );
+        apply(&route("private, max-age=0"), &mut r, 1_000);
         assert_eq!(cc(&r), Some("private, max-age=0"));
         assert_eq!(r.headers().get_all(header::CACHE_CONTROL).iter().count(), 1);
         assert!(r.headers().get(header::EXPIRES).is_none());
@@ -163,22 +152,22 @@ mod tests {
             ],
             100_000,
         );
-        apply(&r60, CacheStatus::Hit, &mut r, 57_100);
+        apply(&r60, &mut r, 57_100);
         assert_eq!(cc(&r), Some("public, stale-if-error=\"1,2\", max-age=60"));
         // A MISS has no Age: the whole remaining lifetime.
         let mut r = resp(200, &[], 60_000);
-        apply(&r60, CacheStatus::Miss, &mut r, 0);
+        apply(&r60, &mut r, 0);
         assert_eq!(cc(&r), Some("max-age=60"));
         // Negative entries too.
         let mut r = resp(404, &[("age", "1")], 5_000);
-        apply(&r60, CacheStatus::Negative, &mut r, 1_000);
+        apply(&r60, &mut r, 1_000);
         assert_eq!(cc(&r), Some("max-age=5"));
         // Never negative; stale answers are stale for the client too.
         let mut r = resp(200, &[("age", "70")], 60_000);
-        apply(&r60, CacheStatus::Stale, &mut r, 70_000);
+        apply(&r60, &mut r, 70_000);
         assert_eq!(cc(&r), Some("max-age=0"));
         let mut r = resp(200, &[("age", "59")], 60_000);
-        apply(&r60, CacheStatus::Hit, &mut r, 59_500);
+        apply(&r60, &mut r, 59_500);
         assert_eq!(cc(&r), Some("max-age=0"));
     }
 
@@ -190,11 +179,11 @@ mod tests {
         plain
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
-        apply(&r, CacheStatus::Miss, &mut plain, 0);
+        apply(&r, &mut plain, 0);
         assert_eq!(cc(&plain), Some("public"));
         // A status the route does not store (a shared 500).
         let mut err = resp(500, &[("cache-control", "public")], 0);
-        apply(&r, CacheStatus::Miss, &mut err, 0);
+        apply(&r, &mut err, 0);
         assert_eq!(cc(&err), Some("public"));
     }
 }

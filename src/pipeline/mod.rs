@@ -121,7 +121,7 @@ impl Pipeline {
         peer: SocketAddr,
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
-        client_cc::apply(&route, status, &mut resp, publish::now_ms());
+        client_cc::apply(&route, &mut resp, publish::now_ms());
         resp.headers_mut().insert("x-cache", status.header_value());
         self.shared
             .metrics

@@ -140,7 +140,11 @@ async fn prefix_objects_are_invalidated(redis: Option<RedisServer>) {
     assert_eq!(get(&sc, css).await, ("MISS".into(), fill(1)));
     assert_eq!(get(&sc, css).await, ("HIT".into(), fill(1)));
 
-    for (n, value) in [(2, "css/site.css"), (3, "css/./site.css"), (4, "/css//site.css")] {
+    for (n, value) in [
+        (2, "css/site.css"),
+        (3, "css/./site.css"),
+        (4, "/css//site.css"),
+    ] {
         origin.bump(css);
         let r = invalidate(&sc, "files", &format!(r#"{{"path":"{value}"}}"#)).await;
         assert_eq!(r.status, 200, "{value}: {}", r.text());
