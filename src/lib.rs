@@ -19,7 +19,8 @@
 //! - [`proxy`]: the upstream side: streaming forwarding and the pooled
 //!   upstream client.
 //! - [`config`]: the YAML file model, validation into a typed `Config`, route
-//!   templates and matching, the reload watcher.
+//!   templates and their matching on the normal form of request paths, the
+//!   reload watcher.
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 

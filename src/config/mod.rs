@@ -1,8 +1,7 @@
 //! Configuration: the file model (`file`), units (`units`), `${VAR}`
 //! interpolation (`interpolate`), validation into the typed [`Config`]
 //! (`validate`), route templates and matching (`route`) on the normal form
-//! of request paths (`path`), and the hot-reload
-//! watcher (`watch`).
+//! of request paths (`path`), and the hot-reload watcher (`watch`).
 //!
 //! Flow: YAML text -> generic value -> `${VAR}` replaced in string values ->
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
@@ -39,7 +38,7 @@ pub struct Config {
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
     pub limits: LimitsConfig,
-    /// TTL of generation keys: max(ttl + jitter + max(grace,
+    /// TTL of generation keys: max(ttl + jitter (or max_ttl) + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
     /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
     /// that a kept entry's generation outlives it: a lost generation would

@@ -49,6 +49,8 @@ async fn health_ready_metrics_routes() {
     assert_eq!(app["methods"], serde_json::json!(["GET", "HEAD"]));
     assert_eq!(app["params"]["id"], "[1-9][0-9]{0,17}");
     assert_eq!(app["ttl"], "60s");
+    assert_eq!(app["max_ttl"], serde_json::Value::Null);
+    assert_eq!(app["client_cache_control"], "pass");
 
     assert_eq!(client::get(&sc.admin_url("/nope")).await.status, 404);
     assert_eq!(

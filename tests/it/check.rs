@@ -206,3 +206,112 @@ fn config_from_env_and_run_with_bad_config_exits_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `VALID` plus a prefix route with `ttl: origin` and `client_cache_control`
+/// (`keys` replace its last lines, to break it).
+fn with_files_route(keys: &str) -> String {
+    format!(
+        "{VALID}  - name: files\n    path: /static/{{path...}}\n    params:\n      path: \"[a-z0-9./-]+\"\n{keys}"
+    )
+}
+
+const FILES_KEYS: &str =
+    "    ttl: origin\n    max_ttl: 1h\n    default_ttl: 5m\n    client_cache_control: remaining\n";
+
+#[test]
+fn new_route_fields_in_the_table() {
+    let out = check(&with_files_route(FILES_KEYS));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in ["MAX_TTL", "DEF_TTL", "CLIENT_CC"] {
+        assert!(stdout.contains(want), "header {want:?}:\n{stdout}");
+    }
+    let files = stdout
+        .lines()
+        .find(|l| l.starts_with("files "))
+        .unwrap_or_else(|| panic!("no files row:\n{stdout}"));
+    for want in ["/static/{path...}", "origin", "3600s", "300s", "remaining"] {
+        assert!(
+            files.contains(want),
+            "files row should show {want:?}: {files}"
+        );
+    }
+    let app = stdout
+        .lines()
+        .find(|l| l.starts_with("app "))
+        .expect("app row");
+    assert!(
+        app.ends_with(" pass"),
+        "default client_cache_control: {app}"
+    );
+    let literal = with_files_route(&FILES_KEYS.replace("remaining", "\"private, max-age=0\""));
+    let out = check(&literal);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("private, max-age=0"));
+}
+
+#[test]
+fn new_route_field_errors() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("    ttl: origin\n", "routes[2].max_ttl", "required"),
+        (
+            "    ttl: origin\n    max_ttl: 0s\n",
+            "routes[2].max_ttl",
+            "greater than zero",
+        ),
+        (
+            "    ttl: origin\n    max_ttl: 1m\n    default_ttl: 2m\n",
+            "routes[2].default_ttl",
+            "exceeds",
+        ),
+        (
+            "    ttl: 1m\n    max_ttl: 1h\n",
+            "routes[2].max_ttl",
+            "ttl: origin",
+        ),
+        (
+            "    ttl: 1m\n    default_ttl: 1h\n",
+            "routes[2].default_ttl",
+            "ttl: origin",
+        ),
+        (
+            "    ttl: origin\n    max_ttl: 1h\n    origin_cache_control: ignore\n",
+            "routes[2].origin_cache_control",
+            "contradicts",
+        ),
+        ("    ttl: orign\n", "routes[2].ttl", "origin"),
+        (
+            "    ttl: 1m\n    client_cache_control: \"privte\"\n",
+            "routes[2].client_cache_control",
+            "privte",
+        ),
+        (
+            "    ttl: 1m\n    client_cache_control: Remaining\n",
+            "routes[2].client_cache_control",
+            "spelled",
+        ),
+        (
+            "    ttl: 1m\n    client_cache_control: \"\"\n",
+            "routes[2].client_cache_control",
+            "empty",
+        ),
+    ];
+    for (keys, path, words) in cases {
+        rejects(&with_files_route(keys), path, words);
+    }
+    let template =
+        |path: &str| with_files_route("    ttl: 1m\n").replace("/static/{path...}", path);
+    for (path, words) in [
+        ("/static/{path...}/x", "last segment"),
+        ("/static/{path...}/{more...}", "two prefix params"),
+        ("/static//{path...}", "normal form"),
+        ("/static/../{path...}", "normal form"),
+        ("/%73tatic/{path...}", "normal form"),
+    ] {
+        rejects(&template(path), "routes[2].path", words);
+    }
+}
