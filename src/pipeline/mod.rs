@@ -121,7 +121,6 @@ impl Pipeline {
         peer: SocketAddr,
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
-        client_cc::apply(&route, &mut resp, publish::now_ms());
         resp.headers_mut().insert("x-cache", status.header_value());
         self.shared
             .metrics
@@ -171,7 +170,7 @@ impl Pipeline {
             match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
                 Ok(Found::Fresh(entry)) => {
                     let status = hit_status(&entry);
-                    return (status, respond(&entry, status, head));
+                    return (status, respond(route, &entry, status, head));
                 }
                 Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry))),
                 Ok(Found::Miss) => (false, None),
@@ -238,13 +237,13 @@ impl Pipeline {
                 return self.serve_stale(route, &entry, reason, head);
             }
         }
-        if let Some(answered) = to_client(&answer, started, head) {
+        if let Some(answered) = to_client(route, &answer, started, head) {
             return answered;
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
         let own = fetch_only(&fill, CacheStatus::Miss).await;
-        to_client(&own, true, head).unwrap_or_else(|| {
+        to_client(route, &own, true, head).unwrap_or_else(|| {
             (
                 CacheStatus::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
@@ -278,7 +277,7 @@ impl Pipeline {
             .with_label_values(&[&route.name, reason.as_str()])
             .inc();
         let status = CacheStatus::Stale;
-        (status, respond(entry, status, head))
+        (status, respond(route, entry, status, head))
     }
 }
 
@@ -507,7 +506,7 @@ fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) ->
 }
 
 /// A client response from an entry; hits carry `Age`.
-fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
+fn respond(route: &Route, entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
     let mut resp = Response::new(if head {
         body::empty()
     } else {
@@ -529,17 +528,20 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
         h.insert(header::AGE, HeaderValue::from(age));
     }
-    resp.extensions_mut().insert(client_cc::FromEntry {
-        fresh_until_ms: entry.fresh_until_ms,
-    });
+    client_cc::apply(route, entry, h);
     resp
 }
 
 /// A flight's answer as this client's response; `None` for a one-client
 /// answer when this request did not start the flight.
-fn to_client(answer: &Answer, started: bool, head: bool) -> Option<(CacheStatus, Response<Body>)> {
+fn to_client(
+    route: &Route,
+    answer: &Answer,
+    started: bool,
+    head: bool,
+) -> Option<(CacheStatus, Response<Body>)> {
     match answer {
-        Answer::Shared(status, entry) => Some((*status, respond(entry, *status, head))),
+        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, head))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),
         Answer::Exclusive(..) if !started => None,
         Answer::Exclusive(status, slot) => {
