@@ -163,7 +163,7 @@ fn print_routes(path: &Path, cfg: &Config) {
         },
     );
     println!(
-        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {:<10} CLIENT_CC",
+        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} {:<10} CLIENT_CC",
         "NAME",
         "METHODS",
         "PATH",
@@ -172,6 +172,8 @@ fn print_routes(path: &Path, cfg: &Config) {
         "DEF_TTL",
         "JITTER",
         "NEG_TTL",
+        "GRACE",
+        "STALE_IF_ERROR",
         "LEASE",
         "WAIT",
         "QUERY",
@@ -193,7 +195,7 @@ fn print_routes(path: &Path, cfg: &Config) {
                 (format!("{max:?}"), format!("{default:?}"))
             });
         println!(
-            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {:<10} {}",
+            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} {:<10} {}",
             r.name,
             methods.join(","),
             r.template,
@@ -202,6 +204,8 @@ fn print_routes(path: &Path, cfg: &Config) {
             default_ttl,
             format!("{:?}", r.jitter),
             format!("{:?}", r.negative_ttl),
+            format!("{:?}", r.grace),
+            format!("{:?}", r.stale_if_error),
             format!("{:?}", r.lease),
             format!("{:?}", r.wait),
             query,
