@@ -85,6 +85,10 @@ pub enum Poison {
     MissingParam(String),
     #[error("param {0:?} does not match its pattern")]
     BadParam(String),
+    /// Empty, a `/` in a one-segment param, a `..` that leaves the value,
+    /// or an escape whose meaning origins disagree on (`%2F`).
+    #[error("param {0:?} is not a value a request path could carry")]
+    NotInPath(String),
     #[error("route has no param {0:?}")]
     ExtraParam(String),
     #[error("malformed event: {0}")]
@@ -154,8 +158,10 @@ impl Event {
             // event names the object that read finds (`css/./a.css` and
             // `css/a.css` are one object); a value no path can carry is poison.
             let v = path::normalize_value(v, route.is_prefix(i))
-                .filter(|v| p.pattern.is_match(v))
-                .ok_or_else(|| Poison::BadParam(p.name.clone()))?;
+                .ok_or_else(|| Poison::NotInPath(p.name.clone()))?;
+            if !p.pattern.is_match(&v) {
+                return Err(Poison::BadParam(p.name.clone()));
+            }
             values.push(v);
         }
         Ok(Validated::new(cfg, route, values, self.kind))
@@ -176,6 +182,74 @@ impl Validated {
             route: Arc::clone(route),
             params,
             kind,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let yaml = r#"
+version: 1
+listen: 127.0.0.1:1
+admin: { listen: 127.0.0.1:2 }
+upstream: { url: "http://127.0.0.1:9" }
+routes:
+  - name: files
+    path: /t/{tenant}/static/{path...}
+    params: { tenant: "[a-z~]+", path: "[a-z./]+" }
+    ttl: 60s
+"#;
+        Config::parse(yaml, &|_| None).expect("config")
+    }
+
+    fn event(tenant: &str, path: &str) -> Event {
+        Event {
+            route: "files".into(),
+            params: BTreeMap::from([
+                ("tenant".into(), tenant.into()),
+                ("path".into(), path.into()),
+            ]),
+            kind: EventKind::Invalidate,
+            revision: None,
+        }
+    }
+
+    #[test]
+    fn values_name_the_object_a_read_of_their_path_finds() {
+        let cfg = config();
+        let gen_key = |t: &str, p: &str| event(t, p).validate(&cfg).map(|v| v.gen_key);
+        // What a read of /t/acme/static/css/./site.css finds.
+        let read = match cfg
+            .routes
+            .classify(&http::Method::GET, "/t/acme/static/css/./site.css")
+        {
+            crate::config::RouteMatch::Read(route, params) => {
+                Validated::new(&cfg, &route, params, EventKind::Invalidate).gen_key
+            }
+            other => panic!("not a read: {other:?}"),
+        };
+        for (t, p) in [
+            ("acme", "css/site.css"),
+            ("acme", "css/./site.css"),
+            ("acme", "/css//site.css"),
+            ("acme", "img/../css/site.css"),
+            ("%61cme", "css/site.css"),
+        ] {
+            assert_eq!(gen_key(t, p).as_deref(), Ok(read.as_str()), "{t} {p}");
+        }
+        assert_eq!(gen_key("%7e", "a").map(|_| ()), Ok(()), "~ decoded");
+        for (t, p, want) in [
+            ("acme", "../x", Poison::NotInPath("path".into())),
+            ("acme", "", Poison::NotInPath("path".into())),
+            ("acme", "css%2Fsite.css", Poison::NotInPath("path".into())),
+            ("a/b", "x", Poison::NotInPath("tenant".into())),
+            ("..", "x", Poison::NotInPath("tenant".into())),
+            ("acme", "CSS", Poison::BadParam("path".into())),
+        ] {
+            assert_eq!(gen_key(t, p), Err(want), "{t} {p}");
         }
     }
 }

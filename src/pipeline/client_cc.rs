@@ -11,10 +11,11 @@
 //! `remaining` writes `max-age = Age + remaining whole seconds`: a client
 //! subtracts the `Age` it receives from `max-age` (RFC 9111 §4.2.3), so
 //! this leaves it exactly the entry's remaining freshness, rounded down.
-//! Less than a second left, or an expired entry (STALE), gets `max-age=0`. The origin's other
-//! directives stay; `s-maxage` goes too (a downstream shared cache would
-//! prefer it to `max-age`). Both rewriting modes drop `Expires`, which a
-//! `max-age` overrides anyway and an HTTP/1.0 cache would follow instead.
+//! Less than a second left, or an expired entry (STALE), gets `max-age=0`.
+//! The origin's other directives stay; `s-maxage` goes too (a downstream
+//! shared cache would prefer it to `max-age`). Both rewriting modes drop
+//! `Expires`, which a `max-age` overrides anyway and an HTTP/1.0 cache
+//! would follow instead.
 
 use super::entry::Entry;
 use crate::config::{ClientCacheControl, Route};

@@ -162,6 +162,11 @@ async fn prefix_objects_are_invalidated(redis: Option<RedisServer>) {
     for bad in ["../css/site.css", "", "css%2Fsite.css"] {
         let r = invalidate(&sc, "files", &format!(r#"{{"path":"{bad}"}}"#)).await;
         assert_eq!(r.status, 400, "{bad:?}: {}", r.text());
+        assert!(
+            r.text().contains("request path could carry"),
+            "{bad:?}: {}",
+            r.text()
+        );
     }
     assert_eq!(get(&sc, css).await, ("HIT".into(), fill(5)));
 }
