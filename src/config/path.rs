@@ -129,26 +129,32 @@ pub fn is_normal_segment(segment: &str) -> bool {
         && matches!(decode_segment(segment), Ok(Cow::Borrowed(_)))
 }
 
-/// The fast check: `Ok(true)` if `path` is already normal. Raw `\` is
-/// refused here; escapes send the path to the slow path, which judges them.
+/// The fast check, one pass over the bytes (it runs on every request):
+/// `Ok(true)` if `path` is already normal. An escape sends the path to the
+/// slow path, which judges it; a raw `\` or a `..;` segment is refused here.
 fn is_normal(path: &str) -> Result<bool, Ambiguous> {
-    let Some(rest) = path.strip_prefix('/') else {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
         return Ok(true);
-    };
-    if rest.contains('\\') {
-        return Err(Ambiguous::Backslash);
     }
-    if rest.contains('%') {
-        return Ok(false);
-    }
-    let mut segments = rest.split('/').peekable();
-    while let Some(seg) = segments.next() {
-        let last = segments.peek().is_none();
-        match seg {
-            "" if last => {}
-            "" | "." | ".." => return Ok(false),
-            s if s.starts_with(".;") || s.starts_with("..;") => return Err(Ambiguous::DotParams),
-            _ => {}
+    let mut start = 1;
+    for i in 1..=bytes.len() {
+        let b = bytes.get(i).copied();
+        match b {
+            Some(b'%') => return Ok(false),
+            Some(b'\\') => return Err(Ambiguous::Backslash),
+            Some(b'/') | None => {
+                let seg = &bytes[start..i];
+                match seg {
+                    // A trailing slash stays; other empty segments merge.
+                    [] if b.is_none() => {}
+                    [] | [b'.'] | [b'.', b'.'] => return Ok(false),
+                    [b'.', b';', ..] | [b'.', b'.', b';', ..] => return Err(Ambiguous::DotParams),
+                    _ => {}
+                }
+                start = i + 1;
+            }
+            Some(_) => {}
         }
     }
     Ok(true)
