@@ -18,8 +18,9 @@
 //! a dot segment carrying `;` parameters (`..;`, which some servers resolve
 //! as `..`).
 //!
-//! A path already in normal form and without escapes is returned as it
-//! is, without allocating: that is nearly every path a client sends.
+//! A path without escapes, `//` or segments starting with `.` is normal as
+//! it is and returned without allocating after one cheap pass: that is
+//! nearly every path a client sends.
 
 use std::borrow::Cow;
 
@@ -41,7 +42,7 @@ pub enum Ambiguous {
 /// The normal form of `path` (which starts with `/`; anything else is
 /// returned unchanged and matches no template).
 pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
-    if is_normal(path)? {
+    if is_normal(path) {
         return Ok(Cow::Borrowed(path));
     }
     let Some(rest) = path.strip_prefix('/') else {
@@ -129,35 +130,21 @@ pub fn is_normal_segment(segment: &str) -> bool {
         && matches!(decode_segment(segment), Ok(Cow::Borrowed(_)))
 }
 
-/// The fast check, one pass over the bytes (it runs on every request):
-/// `Ok(true)` if `path` is already normal. An escape sends the path to the
-/// slow path, which judges it; a raw `\` or a `..;` segment is refused here.
-fn is_normal(path: &str) -> Result<bool, Ambiguous> {
-    let bytes = path.as_bytes();
-    if bytes.first() != Some(&b'/') {
-        return Ok(true);
-    }
-    let mut start = 1;
-    for i in 1..=bytes.len() {
-        let b = bytes.get(i).copied();
+/// The fast check (it runs on every request): true if `path` has no
+/// escape, no `\\`, no `//` and no segment starting with `.`, so it is
+/// normal as it is. Anything else takes the slow path, which judges it (a
+/// segment like `.well-known` comes back unchanged from there).
+fn is_normal(path: &str) -> bool {
+    let mut after_slash = false;
+    for &b in path.as_bytes() {
         match b {
-            Some(b'%') => return Ok(false),
-            Some(b'\\') => return Err(Ambiguous::Backslash),
-            Some(b'/') | None => {
-                let seg = &bytes[start..i];
-                match seg {
-                    // A trailing slash stays; other empty segments merge.
-                    [] if b.is_none() => {}
-                    [] | [b'.'] | [b'.', b'.'] => return Ok(false),
-                    [b'.', b';', ..] | [b'.', b'.', b';', ..] => return Err(Ambiguous::DotParams),
-                    _ => {}
-                }
-                start = i + 1;
-            }
-            Some(_) => {}
+            b'%' | b'\\' => return false,
+            b'/' | b'.' if after_slash => return false,
+            _ => {}
         }
+        after_slash = b == b'/';
     }
-    Ok(true)
+    true
 }
 
 /// Rule 1 for one segment, plus the ambiguity checks that need decoding.
@@ -229,7 +216,7 @@ mod tests {
             "/",
             "/api/tenants/acme/apps/42",
             "/docs/",
-            "/a.b/c..d/.e/...",
+            "/a.b/c..d/e...",
             "/static/a;b",
         ] {
             assert!(
@@ -238,8 +225,11 @@ mod tests {
                 normalize(p)
             );
         }
-        // Escapes are checked on the slow path, and come back unchanged.
+        // Escapes and dot-led segments are checked on the slow path, and
+        // come back unchanged.
         assert_eq!(norm("/x/%C3%A9%20").as_deref(), Ok("/x/%C3%A9%20"));
+        assert_eq!(norm("/.well-known/x").as_deref(), Ok("/.well-known/x"));
+        assert_eq!(norm("/a/.e/...").as_deref(), Ok("/a/.e/..."));
     }
 
     #[test]
