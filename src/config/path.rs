@@ -134,15 +134,55 @@ pub fn is_normal_segment(segment: &str) -> bool {
 /// escape, no `\\`, no `//` and no segment starting with `.`, so it is
 /// normal as it is. Anything else takes the slow path, which judges it (a
 /// segment like `.well-known` comes back unchanged from there).
+///
+/// Eight bytes at a time (SWAR): a byte loop cost 250-390 instructions per
+/// hit on a 24-byte path, over the hit path's 1 % budget (callgrind,
+/// bench/README.md). [`is_normal_bytewise`] is the plain statement of the
+/// same rule; a test holds them equal.
 fn is_normal(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    let mut chunks = bytes.chunks_exact(8);
+    // Whether the byte before the current chunk was '/'.
+    let mut carry = false;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        if eq_mask(w, b'%') | eq_mask(w, b'\\') != 0 {
+            return false;
+        }
+        let slash = eq_mask(w, b'/');
+        let next_bad = slash | eq_mask(w, b'.');
+        // Byte i+1 sits 8 bits above byte i (little-endian).
+        if (slash << 8) & next_bad != 0 || (carry && next_bad & 0x80 != 0) {
+            return false;
+        }
+        carry = slash >> 63 != 0;
+    }
+    let rest = chunks.remainder();
+    match rest.first() {
+        Some(b'/' | b'.') if carry => false,
+        _ => is_normal_bytewise(rest),
+    }
+}
+
+/// 0x80 in every byte of `w` equal to `c`, 0 elsewhere (exact, no carries
+/// between bytes).
+fn eq_mask(w: u64, c: u8) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let x = w ^ (u64::from(c) * 0x0101_0101_0101_0101);
+    !(((x & LOW7) + LOW7) | x | LOW7)
+}
+
+/// [`is_normal`], one byte at a time.
+fn is_normal_bytewise(bytes: &[u8]) -> bool {
     let mut after_slash = false;
-    for &b in path.as_bytes() {
+    for &b in bytes {
         match b {
             b'%' | b'\\' => return false,
             b'/' | b'.' if after_slash => return false,
-            _ => {}
+            _ => after_slash = b == b'/',
         }
-        after_slash = b == b'/';
     }
     true
 }
@@ -230,6 +270,34 @@ mod tests {
         assert_eq!(norm("/x/%C3%A9%20").as_deref(), Ok("/x/%C3%A9%20"));
         assert_eq!(norm("/.well-known/x").as_deref(), Ok("/.well-known/x"));
         assert_eq!(norm("/a/.e/...").as_deref(), Ok("/a/.e/..."));
+    }
+
+    #[test]
+    fn the_word_check_is_the_byte_check() {
+        // Every string over the interesting bytes up to length 11 would be
+        // 7^11; instead: each pair of special bytes at every offset of
+        // paths of 1..=24 bytes (chunk edges at 8 and 16), on a plain base.
+        let special = [b'/', b'.', b'%', b'\\', b'a'];
+        for len in 1..=24 {
+            for i in 0..len {
+                for j in i..len {
+                    for &x in &special {
+                        for &y in &special {
+                            let mut p = vec![b'a'; len];
+                            p[i] = x;
+                            p[j] = y;
+                            let p = String::from_utf8(p).expect("ascii");
+                            assert_eq!(is_normal(&p), is_normal_bytewise(p.as_bytes()), "{p:?}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(is_normal("/api/tenants/acme/apps/1"));
+        assert!(!is_normal("/api/tenants/acme/apps/.x"));
+        assert!(!is_normal("/api/ten/./acme"));
+        assert!(!is_normal("/api/tena//acme"));
+        assert!(!is_normal("/api/tenants/acme/%41"));
     }
 
     #[test]
