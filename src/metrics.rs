@@ -31,6 +31,7 @@ pub mod names {
     pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const STALE_SERVED: &str = "sidecache_stale_served_total";
     pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
+    pub const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
@@ -97,6 +98,9 @@ pub struct Metrics {
     /// `{route, outcome}`: background refreshes started by grace (a
     /// `pipeline::stale::RefreshOutcome` string).
     pub background_refresh: IntCounterVec,
+    /// `{route, answer}`: cache reads answered 304, 412, 206 or 416 (a
+    /// `pipeline::answer::Shaped` string).
+    pub client_answers: IntCounterVec,
     pub corrupt: IntCounterVec,
     pub unlock_failed: IntCounterVec,
     /// `{route}`: fill leases dropped without release (task panicked or
@@ -240,6 +244,11 @@ impl Metrics {
                 BACKGROUND_REFRESH,
                 "Background refreshes started under grace, by outcome.",
                 &["route", "outcome"],
+            ),
+            client_answers: counter(
+                CLIENT_ANSWERS,
+                "Cache reads answered from an entry with 304, 412, 206 or 416, by answer.",
+                &["route", "answer"],
             ),
             uncacheable: counter(
                 UNCACHEABLE,

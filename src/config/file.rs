@@ -278,6 +278,17 @@ pub struct FileRoute {
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,
+    #[serde(default)]
+    pub etag: FileEtag,
+}
+
+/// `etag: origin | auto`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileEtag {
+    #[default]
+    Origin,
+    Auto,
 }
 
 /// `origin_cache_control: honor | ignore`.

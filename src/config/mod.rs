@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-pub use route::{OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable};
+pub use route::{EtagMode, OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable};
 
 /// A validated, typed configuration. Immutable once built; a reload builds a
 /// new one and swaps it in whole.

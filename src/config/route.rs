@@ -69,6 +69,18 @@ pub struct Route {
     /// Upstream fetches for fills this route may run at once, within
     /// `fill.max_concurrency`.
     pub fill_budget: usize,
+    /// Whether entries without an origin `ETag` get a derived one.
+    pub etag: EtagMode,
+}
+
+/// `etag`: where a stored answer's `ETag` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtagMode {
+    /// The origin's, if it sent one; otherwise none.
+    Origin,
+    /// The origin's if it sent one, else a strong tag derived from the body
+    /// (SHA-256, first 128 bits) at publish time.
+    Auto,
 }
 
 /// `origin_cache_control`.

@@ -4,11 +4,11 @@
 
 use super::file::FileStreamStart;
 use super::file::{
-    defaults, FileConfig, FileNearCache, FileOriginCacheControl, FileQuery, FileQueryMode,
-    FileRoute,
+    defaults, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl, FileQuery,
+    FileQueryMode, FileRoute,
 };
 use super::route::{
-    overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
+    overlaps, parse_template, EtagMode, OriginCacheControl, Param, QueryMode, Route, RouteTable,
 };
 use super::{
     AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
@@ -486,6 +486,15 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
                 format!("{s} is not an HTTP status"),
             );
         }
+        // Fills ask for the whole object without conditions: a 206 or 304
+        // from the origin is a partial or empty answer, never one to store
+        // and replay to everyone (ranges and 304s are answered from the 200).
+        if let Some((i, s)) = list.iter().enumerate().find(|(_, s)| [206, 304].contains(*s)) {
+            return err(
+                format!("{at}.{field}[{i}]"),
+                format!("{s} cannot be cached: ranges and 304s are answered from the cached 200"),
+            );
+        }
     }
     if let Some(s) = r
         .cache_status
@@ -567,6 +576,10 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
             FileOriginCacheControl::Ignore => OriginCacheControl::Ignore,
         },
         fill_budget,
+        etag: match r.etag {
+            FileEtag::Origin => EtagMode::Origin,
+            FileEtag::Auto => EtagMode::Auto,
+        },
     })
 }
 

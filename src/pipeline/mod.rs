@@ -15,19 +15,25 @@
 //!   7b degraded         fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, publish::publish
 //! 9 release             lease::release
+//! 10 answer             answer::shape: the client's preconditions
+//!                       (conditional) and range (range) against the entry
 //! ```
 //! `status::CacheStatus`
 //! is the result of every request: the `X-Cache` header, the metric label
 //! and the log field.
 
+pub mod answer;
 pub mod bloom;
 pub mod cache_control;
+pub mod conditional;
 pub mod entry;
+pub mod etag;
 pub mod fill;
 pub mod flight;
 pub mod lease;
 pub mod lookup;
 pub mod publish;
+pub mod range;
 pub mod stale;
 pub mod status;
 
@@ -39,12 +45,13 @@ use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
 use crate::store::{GuardedStore, PublishOutcome};
+use answer::{ClientAsk, Shaped};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
 use flight::{Answer, Flights};
 use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
 use lookup::Found;
@@ -119,6 +126,13 @@ impl Pipeline {
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
         resp.headers_mut().insert("x-cache", status.header_value());
+        if let Some(shaped) = resp.extensions().get::<Shaped>() {
+            self.shared
+                .metrics
+                .client_answers
+                .with_label_values(&[&route.name, shaped.as_str()])
+                .inc();
+        }
         self.shared
             .metrics
             .requests
@@ -152,7 +166,8 @@ impl Pipeline {
             .await;
             return (CacheStatus::Bypass, resp);
         }
-        let head = req.method() == Method::HEAD;
+        // Stage 10's input: kept before the request is dropped for the fill.
+        let ask = ClientAsk::from_request(req.method(), req.headers());
         // Stage 1.
         let key = keys::cache_key(
             &cfg.store.namespace,
@@ -167,7 +182,7 @@ impl Pipeline {
             match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
                 Ok(Found::Fresh(entry)) => {
                     let status = hit_status(&entry);
-                    return (status, respond(&entry, status, head));
+                    return (status, respond(&entry, status, &ask));
                 }
                 Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry))),
                 Ok(Found::Miss) => (false, None),
@@ -180,7 +195,7 @@ impl Pipeline {
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
-            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, head).await {
+            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, ask.head).await {
                 return rejected;
             }
         }
@@ -200,7 +215,7 @@ impl Pipeline {
             .filter(|e| e.within_grace(publish::now_ms()))
         {
             self.start_refresh(&fill);
-            return self.serve_stale(route, entry, StaleReason::Revalidating, head);
+            return self.serve_stale(route, entry, StaleReason::Revalidating, &ask);
         }
         let flight_key = if degraded {
             format!("degraded:{}", fill.key.keys.entry)
@@ -226,16 +241,16 @@ impl Pipeline {
         // if it is still within its window now.
         if let Some(reason) = stale::failure_reason(&answer) {
             if let Some(entry) = stale::usable_after_failure(&expired, publish::now_ms()) {
-                return self.serve_stale(route, &entry, reason, head);
+                return self.serve_stale(route, &entry, reason, &ask);
             }
         }
-        if let Some(answered) = to_client(&answer, started, head) {
+        if let Some(answered) = to_client(&answer, started, &ask) {
             return answered;
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
         let own = fetch_only(&fill, CacheStatus::Miss).await;
-        to_client(&own, true, head).unwrap_or_else(|| {
+        to_client(&own, true, &ask).unwrap_or_else(|| {
             (
                 CacheStatus::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
@@ -261,7 +276,7 @@ impl Pipeline {
         route: &Route,
         entry: &Entry,
         reason: StaleReason,
-        head: bool,
+        ask: &ClientAsk,
     ) -> (CacheStatus, Response<Body>) {
         self.shared
             .metrics
@@ -269,7 +284,7 @@ impl Pipeline {
             .with_label_values(&[&route.name, reason.as_str()])
             .inc();
         let status = CacheStatus::Stale;
-        (status, respond(entry, status, head))
+        (status, respond(entry, status, ask))
     }
 }
 
@@ -439,15 +454,11 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         return Judged::OneClient(one_client(code, headers, body), reason);
     }
     let life = publish::lifetime(&fill.route, kind, &headers);
-    let entry = publish::build_entry(
-        &fill.key,
-        generation,
-        kind,
-        life,
-        code,
-        publish::replayable_headers(headers),
-        body,
-    );
+    let mut headers = publish::replayable_headers(headers);
+    if kind == Cacheability::Positive {
+        etag::ensure(fill.route.etag, &mut headers, &body);
+    }
+    let entry = publish::build_entry(&fill.key, generation, kind, life, code, headers, body);
     Judged::Shareable(entry, kind, life)
 }
 
@@ -497,13 +508,10 @@ fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) ->
     resp
 }
 
-/// A client response from an entry; hits carry `Age`.
-fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
-    let mut resp = Response::new(if head {
-        body::empty()
-    } else {
-        body::full(entry.body.clone())
-    });
+/// A client response from an entry; hits carry `Age`. Stage 10 shapes it
+/// for the client's preconditions and range, and adds the body.
+fn respond(entry: &Entry, status: CacheStatus, ask: &ClientAsk) -> Response<Body> {
+    let mut resp = Response::new(body::empty());
     *resp.status_mut() =
         http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     let h = resp.headers_mut();
@@ -520,19 +528,25 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
         h.insert(header::AGE, HeaderValue::from(age));
     }
-    resp
+    answer::shape(resp, entry, ask)
 }
 
 /// A flight's answer as this client's response; `None` for a one-client
-/// answer when this request did not start the flight.
-fn to_client(answer: &Answer, started: bool, head: bool) -> Option<(CacheStatus, Response<Body>)> {
+/// answer when this request did not start the flight. A one-client answer
+/// (too large, or private to this client) goes out as the origin sent it:
+/// no preconditions or range are applied to it.
+fn to_client(
+    answer: &Answer,
+    started: bool,
+    ask: &ClientAsk,
+) -> Option<(CacheStatus, Response<Body>)> {
     match answer {
-        Answer::Shared(status, entry) => Some((*status, respond(entry, *status, head))),
+        Answer::Shared(status, entry) => Some((*status, respond(entry, *status, ask))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),
         Answer::Exclusive(..) if !started => None,
         Answer::Exclusive(status, slot) => {
             let taken = slot.lock().ok().and_then(|mut s| s.take())?;
-            Some((*status, strip_body_for_head(taken, head)))
+            Some((*status, strip_body_for_head(taken, ask.head)))
         }
     }
 }
