@@ -489,7 +489,11 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         // Fills ask for the whole object without conditions: a 206 or 304
         // from the origin is a partial or empty answer, never one to store
         // and replay to everyone (ranges and 304s are answered from the 200).
-        if let Some((i, s)) = list.iter().enumerate().find(|(_, s)| [206, 304].contains(*s)) {
+        if let Some((i, s)) = list
+            .iter()
+            .enumerate()
+            .find(|(_, s)| [206, 304].contains(*s))
+        {
             return err(
                 format!("{at}.{field}[{i}]"),
                 format!("{s} cannot be cached: ranges and 304s are answered from the cached 200"),

@@ -209,18 +209,23 @@ mod tests {
         let e = entry(200, false);
         let (s, h, b, shaped) = run(&e, Method::GET, &[]).await;
         assert_eq!((s, &b[..], shaped), (200, &b"0123456789"[..], None));
-        assert_eq!(h.get("accept-ranges").map(|v| v.as_bytes()), Some(&b"bytes"[..]));
+        assert_eq!(
+            h.get("accept-ranges").map(|v| v.as_bytes()),
+            Some(&b"bytes"[..])
+        );
         let (s, h, b, _) = run(&e, Method::HEAD, &[]).await;
         assert_eq!((s, b.len()), (200, 0));
-        assert_eq!(h.get("content-length").map(|v| v.as_bytes()), Some(&b"10"[..]));
+        assert_eq!(
+            h.get("content-length").map(|v| v.as_bytes()),
+            Some(&b"10"[..])
+        );
     }
 
     #[tokio::test]
     async fn not_modified_has_no_body_and_the_listed_headers() {
         let e = entry(200, false);
         for method in [Method::GET, Method::HEAD] {
-            let (s, h, b, shaped) =
-                run(&e, method, &[("if-none-match", "\"v1\", \"v2\"")]).await;
+            let (s, h, b, shaped) = run(&e, method, &[("if-none-match", "\"v1\", \"v2\"")]).await;
             assert_eq!((s, b.len(), shaped), (304, 0, Some(Shaped::NotModified)));
             assert_eq!(h.get("etag").map(|v| v.as_bytes()), Some(&b"\"v2\""[..]));
             assert!(h.get("cache-control").is_some());
@@ -229,25 +234,51 @@ mod tests {
         let (s, _, b, _) = run(&e, Method::GET, &[("if-none-match", "\"v1\"")]).await;
         assert_eq!((s, &b[..]), (200, &b"0123456789"[..]));
         let (s, _, b, shaped) = run(&e, Method::GET, &[("if-match", "\"v1\"")]).await;
-        assert_eq!((s, b.len(), shaped), (412, 0, Some(Shaped::PreconditionFailed)));
+        assert_eq!(
+            (s, b.len(), shaped),
+            (412, 0, Some(Shaped::PreconditionFailed))
+        );
     }
 
     #[tokio::test]
     async fn ranges_cut_the_stored_body() {
         let e = entry(200, false);
         let (s, h, b, shaped) = run(&e, Method::GET, &[("range", "bytes=-3")]).await;
-        assert_eq!((s, &b[..], shaped), (206, &b"789"[..], Some(Shaped::Partial)));
-        assert_eq!(h.get("content-range").map(|v| v.as_bytes()), Some(&b"bytes 7-9/10"[..]));
-        assert_eq!(h.get("content-length").map(|v| v.as_bytes()), Some(&b"3"[..]));
-        assert!(h.get("etag").is_some(), "a 206 keeps the representation's fields");
+        assert_eq!(
+            (s, &b[..], shaped),
+            (206, &b"789"[..], Some(Shaped::Partial))
+        );
+        assert_eq!(
+            h.get("content-range").map(|v| v.as_bytes()),
+            Some(&b"bytes 7-9/10"[..])
+        );
+        assert_eq!(
+            h.get("content-length").map(|v| v.as_bytes()),
+            Some(&b"3"[..])
+        );
+        assert!(
+            h.get("etag").is_some(),
+            "a 206 keeps the representation's fields"
+        );
         let (s, h, b, shaped) = run(&e, Method::GET, &[("range", "bytes=5-2")]).await;
-        assert_eq!((s, b.len(), shaped), (416, 0, Some(Shaped::RangeUnsatisfiable)));
-        assert_eq!(h.get("content-range").map(|v| v.as_bytes()), Some(&b"bytes */10"[..]));
+        assert_eq!(
+            (s, b.len(), shaped),
+            (416, 0, Some(Shaped::RangeUnsatisfiable))
+        );
+        assert_eq!(
+            h.get("content-range").map(|v| v.as_bytes()),
+            Some(&b"bytes */10"[..])
+        );
         let (s, _, b, _) = run(&e, Method::HEAD, &[("range", "bytes=0-1")]).await;
         assert_eq!((s, b.len()), (200, 0), "HEAD ignores Range");
         // Preconditions come first: a matching If-None-Match is a 304 even
         // with a Range.
-        let (s, ..) = run(&e, Method::GET, &[("range", "bytes=0-1"), ("if-none-match", "*")]).await;
+        let (s, ..) = run(
+            &e,
+            Method::GET,
+            &[("range", "bytes=0-1"), ("if-none-match", "*")],
+        )
+        .await;
         assert_eq!(s, 304);
         let (s, _, b, _) = run(
             &e,
@@ -255,7 +286,11 @@ mod tests {
             &[("range", "bytes=0-1"), ("if-range", "\"v1\"")],
         )
         .await;
-        assert_eq!((s, b.len()), (200, 10), "If-Range with an old tag: the full 200");
+        assert_eq!(
+            (s, b.len()),
+            (200, 10),
+            "If-Range with an old tag: the full 200"
+        );
     }
 
     #[tokio::test]
@@ -264,7 +299,11 @@ mod tests {
             let (s, h, b, shaped) = run(
                 &e,
                 Method::GET,
-                &[("if-none-match", "*"), ("range", "bytes=0-1"), ("if-match", "\"zz\"")],
+                &[
+                    ("if-none-match", "*"),
+                    ("range", "bytes=0-1"),
+                    ("if-match", "\"zz\""),
+                ],
             )
             .await;
             assert_eq!((s, b.len(), shaped), (e.status, 10, None));

@@ -97,7 +97,9 @@ pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
     // else If-Modified-Since (only with a Last-Modified to compare).
     if let Some(inm) = &c.if_none_match {
         let matches = *inm == headers::IfNoneMatch::any()
-            || v.etag.as_ref().is_some_and(|tag| !inm.precondition_passes(tag));
+            || v.etag
+                .as_ref()
+                .is_some_and(|tag| !inm.precondition_passes(tag));
         if matches {
             return Precondition::NotModified;
         }

@@ -99,7 +99,10 @@ fn if_range_holds(if_range: &HeaderValue, v: &Validators) -> bool {
         let Ok(tag) = text.parse::<headers::ETag>() else {
             return false;
         };
-        return !tag.is_weak() && v.etag.as_ref().is_some_and(|stored| strong_eq(stored, &tag));
+        return !tag.is_weak()
+            && v.etag
+                .as_ref()
+                .is_some_and(|stored| strong_eq(stored, &tag));
     }
     match (httpdate::parse_http_date(text), v.last_modified) {
         (Ok(date), Some(lm)) => same_second(date, lm),
@@ -166,9 +169,17 @@ mod tests {
         assert_eq!(e("bytes=0-99", 1000), Partial(0..=99));
         assert_eq!(e("bytes=990-", 1000), Partial(990..=999));
         assert_eq!(e("bytes=-10", 1_048_576), Partial(1_048_566..=1_048_575));
-        assert_eq!(e("bytes=-5000", 1000), Partial(0..=999), "suffix longer than all");
+        assert_eq!(
+            e("bytes=-5000", 1000),
+            Partial(0..=999),
+            "suffix longer than all"
+        );
         assert_eq!(e("bytes=900-5000", 1000), Partial(900..=999), "end clipped");
-        assert_eq!(e("BYTES=1-1", 10), Partial(1..=1), "unit is case-insensitive");
+        assert_eq!(
+            e("BYTES=1-1", 10),
+            Partial(1..=1),
+            "unit is case-insensitive"
+        );
     }
 
     #[test]

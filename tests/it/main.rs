@@ -6,6 +6,7 @@
 mod support;
 
 mod admin;
+mod answers;
 mod bloom;
 mod bloom_postgres;
 mod cache;
