@@ -41,27 +41,37 @@ impl Conditions {
     }
 }
 
-/// The validators of a stored response.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Validators {
-    pub etag: Option<headers::ETag>,
-    pub last_modified: Option<SystemTime>,
+/// The validators of a stored response, parsed only when a condition
+/// needs them (a date parse costs more than the rest of a 304).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Validators<'a> {
+    etag: Option<&'a HeaderValue>,
+    last_modified: Option<&'a HeaderValue>,
 }
 
-impl Validators {
-    /// From an entry's headers; a value that does not parse counts as absent.
-    pub fn of(headers: &[(HeaderName, HeaderValue)]) -> Validators {
+impl<'a> Validators<'a> {
+    pub fn of(headers: &'a [(HeaderName, HeaderValue)]) -> Validators<'a> {
         let mut v = Validators::default();
         for (name, value) in headers {
-            if name == header::ETAG && v.etag.is_none() {
-                v.etag = headers::ETag::decode(&mut std::iter::once(value)).ok();
-            } else if name == header::LAST_MODIFIED && v.last_modified.is_none() {
-                v.last_modified = headers::LastModified::decode(&mut std::iter::once(value))
-                    .ok()
-                    .map(SystemTime::from);
+            if name == header::ETAG {
+                v.etag.get_or_insert(value);
+            } else if name == header::LAST_MODIFIED {
+                v.last_modified.get_or_insert(value);
             }
         }
         v
+    }
+
+    /// The stored `ETag`; one that does not parse counts as absent.
+    pub fn etag(&self) -> Option<headers::ETag> {
+        headers::ETag::decode(&mut self.etag.into_iter()).ok()
+    }
+
+    /// The stored `Last-Modified`; one that does not parse counts as absent.
+    pub fn last_modified(&self) -> Option<SystemTime> {
+        headers::LastModified::decode(&mut self.last_modified.into_iter())
+            .ok()
+            .map(SystemTime::from)
     }
 }
 
@@ -82,13 +92,12 @@ pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
     // else If-Unmodified-Since (only with a Last-Modified to compare).
     if let Some(if_match) = &c.if_match {
         let holds = if_match.is_any()
-            || v.etag
-                .as_ref()
-                .is_some_and(|tag| if_match.precondition_passes(tag));
+            || v.etag()
+                .is_some_and(|tag| if_match.precondition_passes(&tag));
         if !holds {
             return Precondition::Failed;
         }
-    } else if let (Some(ius), Some(lm)) = (&c.if_unmodified_since, v.last_modified) {
+    } else if let (Some(ius), Some(lm)) = (&c.if_unmodified_since, v.last_modified()) {
         if !ius.precondition_passes(lm) {
             return Precondition::Failed;
         }
@@ -97,13 +106,11 @@ pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
     // else If-Modified-Since (only with a Last-Modified to compare).
     if let Some(inm) = &c.if_none_match {
         let matches = *inm == headers::IfNoneMatch::any()
-            || v.etag
-                .as_ref()
-                .is_some_and(|tag| !inm.precondition_passes(tag));
+            || v.etag().is_some_and(|tag| !inm.precondition_passes(&tag));
         if matches {
             return Precondition::NotModified;
         }
-    } else if let (Some(ims), Some(lm)) = (&c.if_modified_since, v.last_modified) {
+    } else if let (Some(ims), Some(lm)) = (&c.if_modified_since, v.last_modified()) {
         if !ims.is_modified(lm) {
             return Precondition::NotModified;
         }
@@ -127,12 +134,18 @@ const NOT_MODIFIED_KEEPS: [HeaderName; 8] = [
 ];
 
 /// Reduces the headers of the 200 that would have been sent to those of
-/// its 304.
+/// its 304, in one pass.
 pub fn not_modified_headers(full: &mut HeaderMap) {
     let mut kept = HeaderMap::with_capacity(NOT_MODIFIED_KEEPS.len());
-    for name in &NOT_MODIFIED_KEEPS {
-        for value in full.get_all(name) {
-            kept.append(name.clone(), value.clone());
+    let mut current: Option<(HeaderName, bool)> = None;
+    // The owned iterator names a header only at its first value.
+    for (name, value) in std::mem::take(full) {
+        if let Some(name) = name {
+            let keep = NOT_MODIFIED_KEEPS.contains(&name);
+            current = Some((name, keep));
+        }
+        if let Some((name, true)) = &current {
+            kept.append(name.clone(), value);
         }
     }
     *full = kept;
@@ -155,7 +168,10 @@ mod tests {
     const BEFORE: &str = "Tue, 15 Nov 1994 12:45:25 GMT";
     const AFTER: &str = "Tue, 15 Nov 1994 12:45:27 GMT";
 
-    fn stored(etag: Option<&'static str>, last_modified: Option<&'static str>) -> Validators {
+    fn stored(
+        etag: Option<&'static str>,
+        last_modified: Option<&'static str>,
+    ) -> Vec<(HeaderName, HeaderValue)> {
         let mut h = vec![(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"))];
         if let Some(t) = etag {
             h.push((header::ETAG, HeaderValue::from_static(t)));
@@ -163,7 +179,11 @@ mod tests {
         if let Some(d) = last_modified {
             h.push((header::LAST_MODIFIED, HeaderValue::from_static(d)));
         }
-        Validators::of(&h)
+        h
+    }
+
+    fn evaluate(c: &Conditions, stored: &[(HeaderName, HeaderValue)]) -> Precondition {
+        super::evaluate(c, &Validators::of(stored))
     }
 
     use Precondition::*;
@@ -272,13 +292,16 @@ mod tests {
 
     #[test]
     fn validators_tolerate_garbage() {
-        let v = stored(Some("not-quoted"), Some("last tuesday"));
-        assert_eq!(v, Validators::default());
-        let t = stored(Some("\"x\""), Some(LM));
+        let garbage = stored(Some("not-quoted"), Some("last tuesday"));
+        let v = Validators::of(&garbage);
+        assert_eq!((v.etag(), v.last_modified()), (None, None));
+        let good = stored(Some("\"x\""), Some(LM));
+        let v = Validators::of(&good);
         assert_eq!(
-            t.last_modified,
+            v.last_modified(),
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(784_903_526))
         );
+        assert_eq!(v.etag().map(|t| t.is_weak()), Some(false));
     }
 
     #[test]
