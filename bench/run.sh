@@ -786,11 +786,13 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
         "$payload" "$hot_objects" "$post_bytes" "$stampede_clients" "$stampede_keys"
     printf '"stampede_delay_ms": %d, "stampede_instances": %d, "stream_bytes": %d, "idle_connections": %d, ' \
         "$stampede_delay" "$stampede_instances" "$stream_bytes" "$idle_connections"
+    printf '"range_object_bytes": %d, "range_bytes": %d, ' "$range_object" "$range_bytes"
     printf '"sidecache_store": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
         "$(json_str "$store")" "$( ((pin)) && echo true || echo false)" \
         "$(json_str "$server_cpus")" "$(json_str "$load_cpus")"
-    printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s},\n' "$(json_str "$passthrough_path")" \
-        "$(json_str "$post_path")" "$(json_str "$hit_path")"
+    printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s, "conditional": %s, "range": %s},\n' \
+        "$(json_str "$passthrough_path")" "$(json_str "$post_path")" "$(json_str "$hit_path")" \
+        "$(json_str "$conditional_path")" "$(json_str "$range_path")"
     printf '  "runs": [\n'
     awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"round\": %d, \"rps\": %s, \"p50_us\": %s, \"p99_us\": %s, \"requests\": %s, \"bytes\": %s, \"socket_errors\": %s, \"origin_requests\": %s, \"cpu_us_per_request\": %s, \"redis_cpu_us_per_request\": %s}",
                   (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 } END { print "" }' "$results"
