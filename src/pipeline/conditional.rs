@@ -97,8 +97,10 @@ pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
         if !holds {
             return Precondition::Failed;
         }
-    } else if let (Some(ius), Some(lm)) = (&c.if_unmodified_since, v.last_modified()) {
-        if !ius.precondition_passes(lm) {
+    } else if let Some(ius) = &c.if_unmodified_since {
+        if v.last_modified()
+            .is_some_and(|lm| !ius.precondition_passes(lm))
+        {
             return Precondition::Failed;
         }
     }
@@ -110,8 +112,8 @@ pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
         if matches {
             return Precondition::NotModified;
         }
-    } else if let (Some(ims), Some(lm)) = (&c.if_modified_since, v.last_modified()) {
-        if !ims.is_modified(lm) {
+    } else if let Some(ims) = &c.if_modified_since {
+        if v.last_modified().is_some_and(|lm| !ims.is_modified(lm)) {
             return Precondition::NotModified;
         }
     }
