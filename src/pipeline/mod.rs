@@ -89,7 +89,7 @@ impl Pipeline {
         Pipeline {
             shared: Arc::new(Shared {
                 client,
-                permits: FillPermits::new(cfg.fill.max_concurrency),
+                permits: FillPermits::new(&cfg.fill),
                 blooms,
                 store,
                 metrics,
@@ -101,7 +101,7 @@ impl Pipeline {
     /// Applies limits from a reloaded config (fill permits; route budgets
     /// are read from the route at each fill) and logs its warnings.
     pub fn reconfigure(&self, cfg: &Config) {
-        self.shared.permits.resize(cfg.fill.max_concurrency);
+        self.shared.permits.reconfigure(&cfg.fill);
         for w in &cfg.warnings {
             tracing::warn!(path = %w.path, "config: {}", w.message);
         }
@@ -453,7 +453,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
-    let _permit = sh.permits.try_acquire(&fill.route)?;
+    let _permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
     let _inflight = Inflight::enter(
         sh.metrics
             .fill_inflight
