@@ -444,6 +444,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         generation,
         kind,
         life,
+        cache_control::origin_age(&headers),
         code,
         publish::replayable_headers(headers),
         body,
@@ -512,12 +513,16 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         h.append(name.clone(), value.clone());
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
-    // A stale answer's Age counts from the original fetch as well.
-    if matches!(
-        status,
-        CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
-    ) {
-        let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
+    // A stale answer's Age counts from the original fetch as well; a
+    // fresh fill's answer carries the origin's own Age, if it sent one.
+    let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
+        .min(cache_control::MAX_AGE_SECONDS);
+    if age > 0
+        || matches!(
+            status,
+            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+        )
+    {
         h.insert(header::AGE, HeaderValue::from(age));
     }
     resp

@@ -428,6 +428,34 @@ async fn large_bodies_stream_through_uncached(b: Backend) {
     );
 }
 
+/// The origin's `Age` is kept (RFC 9111 §4.2.3, §5.1): the MISS answer
+/// carries it, and a HIT adds the time the entry has been stored to it, so
+/// a downstream cache never thinks the object younger than it is.
+async fn origin_age_is_kept_and_grows(b: Backend) {
+    let origin = Origin::start().await;
+    origin.reply(P, Reply::ok("aged").header("age", "30"));
+    let sc = b.start(&origin).await;
+    let age =
+        |r: &client::Resp| -> u64 { r.header("age").expect("Age").parse().expect("numeric Age") };
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(age(&r), 30, "the origin's Age on the miss");
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&r), "HIT");
+    let a = age(&r);
+    assert!(
+        (30..90).contains(&a),
+        "origin's 30 s plus resident time: {a}"
+    );
+    // An Age that is not a number is ignored, not passed on.
+    let other = "/api/tenants/acme/apps/2";
+    origin.reply(other, Reply::ok("odd").header("age", "-7200"));
+    let r = client::get(&sc.url(other)).await;
+    assert!(r.header("age").is_none(), "an invalid Age is dropped");
+    let r = client::get(&sc.url(other)).await;
+    assert!(age(&r) < 30, "and counts as zero");
+}
+
 /// With the queue off (`queue_timeout: 0s`), a full pool answers 503 at once.
 async fn full_fill_permits_answer_503_at_once(b: Backend) {
     let origin = Origin::start().await;
@@ -723,6 +751,7 @@ on_both_stores!(
     fills_drop_poisoning_headers,
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,
+    origin_age_is_kept_and_grows,
     fill_queue_serves_bursts_and_stays_bounded,
     fill_queue_wait_is_bounded,
     coalesces_concurrent_misses_in_one_instance,
