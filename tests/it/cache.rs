@@ -679,6 +679,16 @@ async fn successful_writes_invalidate_the_object(b: Backend) {
         .await,
         1.0
     );
+    // A method whose safety is unknown counts as unsafe (RFC 9111 §4.4);
+    // a safe one invalidates nothing.
+    let w = client::request("M-SEARCH", &sc.url(P), &[], "").await;
+    assert_eq!(w.status, 200);
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(
+        client::request("OPTIONS", &sc.url(P), &[], "").await.status,
+        200
+    );
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
     // A failed write invalidates nothing.
     origin.reply(P, Reply::status(500));
     assert_eq!(client::put(&sc.url(P), "x").await.status, 500);
