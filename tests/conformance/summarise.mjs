@@ -8,7 +8,8 @@
 // judged by what it asserted), as issue 18 measures. The suite's own
 // scoring (with chains) is printed beside it. Prints, per results file and
 // per kind, passes out of the tests run; then the failing required tests
-// with the reason from REASONS_TSV ("id<TAB>reason", '#' comments). With
+// with the reason from REASONS_TSV ("id<TAB>reason", '#' comments, a
+// trailing '*' matches a prefix). With
 // --markdown, writes the same as docs/conformance.md. Prints one line
 // "FLOOR name required=N" per results file, for run.sh's floor check.
 import fs from 'node:fs'
@@ -37,6 +38,17 @@ for (const line of fs.readFileSync(reasonsFile, 'utf8').split('\n')) {
   const tab = line.indexOf('\t')
   if (tab < 0) throw new Error(`${reasonsFile}: no tab in line: ${line}`)
   reasons.set(line.slice(0, tab).trim(), line.slice(tab + 1).trim())
+}
+
+// An id ending in '*' gives the reason for every test id with that prefix;
+// an exact id wins over a prefix, a longer prefix over a shorter one.
+function reasonFor (id) {
+  if (reasons.has(id)) return reasons.get(id)
+  let best
+  for (const [k, v] of reasons) {
+    if (k.endsWith('*') && id.startsWith(k.slice(0, -1)) && (!best || k.length > best[0].length)) best = [k, v]
+  }
+  return best && best[1]
 }
 
 const tests = []
@@ -96,7 +108,7 @@ let unexplained = 0
 for (const c of columns.filter(c => c.ours)) {
   const rows = ['| test | group | what the suite saw | why |', '|---|---|---|---|']
   for (const f of c.own.failing) {
-    const why = reasons.get(f.id)
+    const why = reasonFor(f.id)
     if (!why) unexplained++
     rows.push(`| \`${f.id}\` | ${f.group} | ${detail(f.detail)} | ${why || '**no reason recorded**'} |`)
   }
@@ -107,7 +119,7 @@ console.log(table)
 for (const c of columns.filter(c => c.ours)) {
   console.log(`\n${c.name}: failing required tests`)
   for (const f of c.own.failing) {
-    console.log(`  ${f.id}: ${reasons.get(f.id) || 'NO REASON RECORDED'}\n      suite: ${detail(f.detail)}`)
+    console.log(`  ${f.id}: ${reasonFor(f.id) || 'NO REASON RECORDED'}\n      suite: ${detail(f.detail)}`)
   }
 }
 for (const c of columns.filter(c => c.ours)) {
