@@ -10,8 +10,10 @@
 //!   (`read_near`: the same answer from process memory, where the backend
 //!   keeps a coherent copy: the Redis near cache, [`near`]);
 //! - `ticket`: current generation, created fresh if missing — never absent;
-//! - `try_lease` / `renew_lease` / `unlock`: `SET NX PX` with an owner token,
-//!   compare-and-`PEXPIRE` (a slow fill keeps its lease), compare-and-delete;
+//! - `take_lease` / `renew_lease` / `unlock`: the fill lease taken together
+//!   with the fill's ticket (a lease held for an older generation is
+//!   superseded), compare-and-`PEXPIRE` (a slow fill keeps its lease),
+//!   compare-and-delete;
 //! - `publish`: write the entry only if the lease is still ours and the
 //!   generation still equals the ticket;
 //! - `invalidate`: replace the generation with a fresh unique value;
@@ -65,6 +67,41 @@ pub struct Snapshot {
     pub generation: Option<Bytes>,
 }
 
+/// What `take_lease` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseReply {
+    /// The lease is ours: `value` (`<owner>@<ticket>`) is what publish,
+    /// renew and unlock compare; `ticket` the generation the fill is for.
+    Won {
+        value: String,
+        ticket: Bytes,
+        /// A fill of an older generation held it and was superseded.
+        superseded: bool,
+    },
+    /// A fill of the current generation holds it: wait for its answer.
+    Held,
+}
+
+impl LeaseReply {
+    /// The reply for a lease taken by `owner` for `ticket`. Generations are
+    /// ASCII (built from server time and a hex nonce); a value someone else
+    /// wrote that is not UTF-8 makes a value that never compares equal, so
+    /// that fill's publish is refused: a miss, never a wrong answer.
+    pub fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
+        LeaseReply::Won {
+            value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
+            ticket,
+            superseded,
+        }
+    }
+}
+
+/// The ticket a lease value was taken for (`<owner>@<ticket>`).
+pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
+    let at = value.iter().position(|b| *b == b'@')?;
+    Some(&value[at + 1..])
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PublishOutcome {
     Published,
@@ -88,13 +125,19 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         None
     }
 
-    /// `SET lease owner NX PX ttl`: true if we now hold the lease.
-    fn try_lease<'a>(
+    /// Takes the fill lease of `keys` for `owner` (`lua/lease.lua`), with
+    /// the fill's ticket: the current generation, created fresh (`nonce`,
+    /// `gen_ttl`) if missing. Free, or held by a fill whose ticket is not
+    /// the current generation: ours (that fill is superseded). Held by a
+    /// fill of the current generation: [`LeaseReply::Held`].
+    fn take_lease<'a>(
         &'a self,
-        lease_key: &'a str,
+        keys: &'a ObjectKeys,
         owner: &'a str,
+        nonce: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>>;
 
     /// The current generation; created as a fresh unique value if missing.
     /// Refreshes the generation key's TTL to `gen_ttl`.
@@ -105,7 +148,8 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
 
-    /// Writes `entry` with `ttl` if `lease == owner` and `gen == ticket`.
+    /// Writes `entry` with `ttl` if `gen == ticket` and `lease == owner`
+    /// (the lease value), checked in that order.
     fn publish<'a>(
         &'a self,
         keys: &'a ObjectKeys,

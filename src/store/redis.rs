@@ -21,7 +21,7 @@
 
 use super::near::{self, NearCache};
 use super::scripts;
-use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -302,27 +302,30 @@ impl Store for RedisStore {
         })
     }
 
-    fn try_lease<'a>(
+    fn take_lease<'a>(
         &'a self,
-        lease_key: &'a str,
+        keys: &'a ObjectKeys,
         owner: &'a str,
+        nonce: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let reply: Value = redis::cmd("SET")
-                .arg(lease_key)
+            let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
+                .key(&keys.lease)
+                .key(&keys.generation)
                 .arg(owner)
-                .arg("NX")
-                .arg("PX")
+                .arg(nonce)
                 .arg(px(ttl))
-                .query_async(&mut conn)
+                .arg(px(gen_ttl))
+                .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
-            match reply {
-                Value::Okay => Ok(true),
-                Value::Nil => Ok(false),
-                other => Err(StoreError::Protocol(format!("SET NX replied {other:?}"))),
+            match code {
+                0 => Ok(LeaseReply::Held),
+                1 | 2 => Ok(LeaseReply::won(owner, Bytes::from(ticket), code == 2)),
+                other => Err(StoreError::Protocol(format!("lease.lua returned {other}"))),
             }
         })
     }

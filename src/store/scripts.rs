@@ -15,6 +15,11 @@ use std::sync::LazyLock;
 pub static TICKET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/ticket.lua")));
 
+/// `lease.lua`: {1, ticket} won, {2, ticket} won by superseding an older
+/// generation's fill, {0, ticket} held by a fill of the current generation.
+pub static LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/lease.lua")));
+
 /// `publish.lua`: 1 published, 0 lease lost, -1 generation changed.
 pub static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/publish.lua")));
@@ -64,6 +69,7 @@ mod tests {
     fn scripts_have_contract_headers() {
         for (name, src) in [
             ("ticket", include_str!("../../lua/ticket.lua")),
+            ("lease", include_str!("../../lua/lease.lua")),
             ("publish", include_str!("../../lua/publish.lua")),
             ("invalidate", include_str!("../../lua/invalidate.lua")),
             ("unlock", include_str!("../../lua/unlock.lua")),
