@@ -335,15 +335,24 @@ mod tests {
         let (store, m, key, route) = setup();
         let old = won(&store, &key, &route, &m).await;
         let try_once = || try_acquire(&store, &key, &route, GEN_TTL, &m);
-        assert!(try_once().await.unwrap().is_none(), "held for the current generation");
+        assert!(
+            try_once().await.unwrap().is_none(),
+            "held for the current generation"
+        );
         store
             .invalidate(&key.keys.generation, "inv", GEN_TTL)
             .await
             .unwrap();
-        let new = try_once().await.unwrap().expect("an older generation's fill is superseded");
+        let new = try_once()
+            .await
+            .unwrap()
+            .expect("an older generation's fill is superseded");
         assert_ne!(new.ticket(), old.ticket());
         assert_eq!(m.lease_superseded.with_label_values(&["app"]).get(), 1);
-        assert!(try_once().await.unwrap().is_none(), "the new fill is waited for");
+        assert!(
+            try_once().await.unwrap().is_none(),
+            "the new fill is waited for"
+        );
         // The superseded fill cannot release its successor's lease.
         old.release().await;
         assert!(try_once().await.unwrap().is_none());

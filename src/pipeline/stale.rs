@@ -118,24 +118,23 @@ pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
 /// Its answer goes to no client (the flight is never awaited).
 pub(super) async fn refresh(fill: &Fill) -> Answer {
     let sh = &fill.shared;
-    let (outcome, answer) =
-        match lease::try_acquire(
-            &sh.store,
-            &fill.key,
-            &fill.route,
-            fill.cfg.gen_ttl,
-            &sh.metrics,
-        )
-        .await
-        {
-            Ok(Some(lease)) => {
-                let answer = fill_holding_lease(fill, &lease).await;
-                lease.release().await;
-                (refresh_outcome(&answer), answer)
-            }
-            Ok(None) => (RefreshOutcome::Busy, busy()),
-            Err(_) => (RefreshOutcome::StoreError, busy()),
-        };
+    let (outcome, answer) = match lease::try_acquire(
+        &sh.store,
+        &fill.key,
+        &fill.route,
+        fill.cfg.gen_ttl,
+        &sh.metrics,
+    )
+    .await
+    {
+        Ok(Some(lease)) => {
+            let answer = fill_holding_lease(fill, &lease).await;
+            lease.release().await;
+            (refresh_outcome(&answer), answer)
+        }
+        Ok(None) => (RefreshOutcome::Busy, busy()),
+        Err(_) => (RefreshOutcome::StoreError, busy()),
+    };
     sh.metrics
         .background_refresh
         .with_label_values(&[&fill.route.name, outcome.as_str()])

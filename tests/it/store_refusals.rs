@@ -51,7 +51,7 @@ async fn refusals(
     assert!(
         sc.metric_sum(
             "sidecache_store_write_refusals_total",
-            &[("op", "try_lease")]
+            &[("op", "take_lease")]
         )
         .await
             >= 3.0

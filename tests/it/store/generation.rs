@@ -2,7 +2,7 @@
 //! until an invalidation replaces it; invalidations always give a new value,
 //! commute and are idempotent in effect; a lost generation comes back fresh.
 
-use super::{binary_entry, eventually, keys, ENTRY_TTL, GEN_TTL, LEASE};
+use super::{binary_entry, eventually, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
 use sidecache::store::{PublishOutcome, Store};
 use std::time::Duration;
 
@@ -49,22 +49,24 @@ pub async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
     // ticket can no longer publish; the object just misses and refills.
     for (id, invalidations) in [("idem-1", 1), ("idem-2", 2), ("idem-5", 5)] {
         let k = keys(id);
-        let ticket = s.ticket(&k.generation, "t", GEN_TTL).await.unwrap();
-        assert!(s.try_lease(&k.lease, "owner", LEASE).await.unwrap());
+        let (owner, ticket) = lease(s, &k, "owner", LEASE).await.expect("free");
         for i in 0..invalidations {
             s.invalidate(&k.generation, &format!("e{i}"), GEN_TTL)
                 .await
                 .unwrap();
         }
         let outcome = s
-            .publish(&k, "owner", &ticket, binary_entry(1), ENTRY_TTL)
+            .publish(&k, &owner, &ticket, binary_entry(1), ENTRY_TTL)
             .await
             .unwrap();
         assert_eq!(outcome, PublishOutcome::GenerationChanged, "{id}");
         // The next fill, with a fresh ticket, publishes normally.
-        let fresh = s.ticket(&k.generation, "t2", GEN_TTL).await.unwrap();
+        let (next, fresh) = lease(s, &k, "next", LEASE)
+            .await
+            .expect("the invalidated fill is superseded");
+        assert_ne!(fresh, ticket);
         let outcome = s
-            .publish(&k, "owner", &fresh, binary_entry(2), ENTRY_TTL)
+            .publish(&k, &next, &fresh, binary_entry(2), ENTRY_TTL)
             .await
             .unwrap();
         assert_eq!(outcome, PublishOutcome::Published, "{id}");
