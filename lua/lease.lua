@@ -16,10 +16,13 @@
 -- Returns: {1, ticket} won, the lease was free
 --          {2, ticket} won, a fill of an older generation was superseded
 --          {0, ticket} held by a fill of the current generation: wait
+-- The first write is a SET (lease or new generation): at maxmemory with
+-- noeviction Redis refuses it, and the fill takes the degraded path, as a
+-- store that refuses writes should make it (PEXPIRE first would let the
+-- script write on).
 local gen = redis.call('GET', KEYS[2])
-if gen then
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
-else
+local existed = gen
+if not gen then
   local t = redis.call('TIME')
   gen = string.format('%s.%06d-%s', t[1], tonumber(t[2]), ARGV[2])
   redis.call('SET', KEYS[2], gen, 'PX', ARGV[4])
@@ -29,9 +32,15 @@ local held = redis.call('GET', KEYS[1])
 if held then
   local at = string.find(held, '@', 1, true)
   if at and string.sub(held, at + 1) == gen then
+    if existed then
+      redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    end
     return {0, gen}
   end
   code = 2
 end
 redis.call('SET', KEYS[1], ARGV[1] .. '@' .. gen, 'PX', ARGV[3])
+if existed then
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
 return {code, gen}

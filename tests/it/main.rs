@@ -15,6 +15,7 @@ mod example_postgres;
 mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
+mod join_current;
 mod limits;
 mod outbox;
 mod reload;
