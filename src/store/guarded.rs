@@ -261,6 +261,24 @@ impl GuardedStore {
             .await
     }
 
+    /// [`Store::invalidate_marked`], counted and timed as one `invalidate`
+    /// call.
+    pub async fn invalidate_marked(
+        &self,
+        gen_keys: &[String],
+        marks: &[String],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if gen_keys.is_empty() {
+            return Ok(());
+        }
+        self.call(Op::Invalidate, |s| {
+            s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
+        })
+        .await
+    }
+
     /// Invalidates every key in one call (one round trip on a single Redis
     /// node). Counted and timed as one `invalidate` call.
     pub async fn invalidate_many(

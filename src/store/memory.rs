@@ -12,7 +12,7 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
-use super::{lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{covers, lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::keys::ObjectKeys;
 
 #[path = "memory_bloom.rs"]
@@ -261,6 +261,30 @@ impl Store for MemoryStore {
             let generation = Bytes::from(generation);
             inner.set(gen_key, generation.clone(), gen_ttl, now);
             Ok(generation)
+        })
+    }
+
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if marks.len() != gen_keys.len() {
+                return Err(StoreError::Protocol("one mark per key expected".into()));
+            }
+            let now = Instant::now();
+            let mut inner = self.lock();
+            for (key, mark) in gen_keys.iter().zip(marks) {
+                if inner.get(key, now).is_some_and(|g| covers(g, mark)) {
+                    continue;
+                }
+                let generation = format!("{}@{mark}", fresh_generation(nonce));
+                inner.set(key, Bytes::from(generation), gen_ttl, now);
+            }
+            Ok(())
         })
     }
 }

@@ -19,6 +19,9 @@
 //! - `invalidate`: replace the generation with a fresh unique value;
 //! - `invalidate_many`: the same for many objects in one round trip where
 //!   the backend can (invalidation sources apply events in batches);
+//! - `invalidate_marked`: the same for events a feed delivers to every
+//!   instance, a no-op where the event (or a later stream entry) already
+//!   replaced the generation;
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
@@ -96,7 +99,33 @@ impl LeaseReply {
     }
 }
 
-/// The ticket a lease value was taken for (`<owner>@<ticket>`).
+/// Whether a generation value `current` was created by applying an event
+/// marked `mark` or, for stream marks (`s:<ms>-<seq>`), a later entry of the
+/// stream: then it was created after that event committed, and replacing it
+/// again would only cost a miss. Mirrors `lua/invalidate_marked.lua`.
+pub fn covers(current: &[u8], mark: &str) -> bool {
+    let Some(seen) = lease_ticket(current) else {
+        return false;
+    };
+    if seen == mark.as_bytes() {
+        return true;
+    }
+    let (Some(seen), Some(mark)) = (stream_mark(seen), stream_mark(mark.as_bytes())) else {
+        return false;
+    };
+    seen >= mark
+}
+
+/// `s:<ms>-<seq>` as comparable numbers (`None` if not a stream mark).
+fn stream_mark(mark: &[u8]) -> Option<(u128, u128)> {
+    let id = std::str::from_utf8(mark.strip_prefix(b"s:")?).ok()?;
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The ticket a lease value was taken for (`<owner>@<ticket>`), or the
+/// mark a generation value carries (`<time>-<nonce>@<mark>`): what follows
+/// the first `@`.
 pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
     let at = value.iter().position(|b| *b == b'@')?;
     Some(&value[at + 1..])
@@ -209,6 +238,24 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
             }
             Ok(())
         })
+    }
+
+    /// [`Store::invalidate_many`] for events marked with their position in
+    /// a feed (`marks[i]` for `gen_keys[i]`, see [`covers`]), as
+    /// `lua/invalidate_marked.lua`: the new generation carries the mark,
+    /// and a generation whose mark covers the event's is left alone. Every
+    /// instance applies every feed event (the fan-out); this makes all
+    /// deliveries but the first cost no cache miss. Same error contract as
+    /// `invalidate_many`. The default replaces every time (correct, dearer).
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = marks;
+        self.invalidate_many(gen_keys, nonce, gen_ttl)
     }
 }
 pub use guarded::{open, GuardedStore};

@@ -28,6 +28,10 @@ pub static PUBLISH: LazyLock<Script> =
 pub static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/invalidate.lua")));
 
+/// `invalidate_marked.lua`: 1 replaced, 0 already covered by the event's mark.
+pub static INVALIDATE_MARKED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/invalidate_marked.lua")));
+
 /// `unlock.lua`: 1 deleted, 0 not the owner.
 pub static UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/unlock.lua")));
@@ -72,6 +76,10 @@ mod tests {
             ("lease", include_str!("../../lua/lease.lua")),
             ("publish", include_str!("../../lua/publish.lua")),
             ("invalidate", include_str!("../../lua/invalidate.lua")),
+            (
+                "invalidate_marked",
+                include_str!("../../lua/invalidate_marked.lua"),
+            ),
             ("unlock", include_str!("../../lua/unlock.lua")),
             ("lease_renew", include_str!("../../lua/lease_renew.lua")),
             (
