@@ -12,9 +12,11 @@
 //!
 //! Fan-out (issue 19): a worker stopped between its claim and its commit
 //! (SIGSTOP, a GC pause, CPU throttling) keeps its rows locked, and `SKIP
-//! LOCKED` hides them from every other worker until it resumes. So on every
-//! wake-up each worker first reads the due rows without locking them (a
-//! plain `SELECT` is never blocked by row locks) and applies those it has
+//! LOCKED` hides them from every other worker until it resumes; a worker
+//! whose store fails pushes its rows into backoff, where the others' claims
+//! do not look either. So on every wake-up each worker first reads the
+//! pending rows (not dead-lettered, due or in backoff) without locking them
+//! (a plain `SELECT` is never blocked by row locks) and applies those it has
 //! not applied yet, with the mark `o:<id>:<created_at µs>`
 //! (`lua/invalidate_marked.lua`): the first worker replaces the generation,
 //! the others find it covered and change nothing. No lock is held while it
@@ -92,8 +94,9 @@ pub struct OutboxWorker {
 
 /// The SQL of one table, prepared once per connection.
 struct Statements {
-    /// The due rows, unlocked (the fan-out).
-    due: Statement,
+    /// The rows not dead-lettered, unlocked, also those in backoff (the
+    /// fan-out).
+    pending: Statement,
     claim: Statement,
     delete: Statement,
     retry: Statement,
@@ -104,15 +107,20 @@ struct Statements {
 impl Statements {
     async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
         // `table` is a validated identifier (config), safe to splice.
-        let due = format!(
-            "SELECT id, route, params::text, kind, revision, attempts, \
-             (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint FROM {table} \
-             WHERE dead_at IS NULL AND next_at <= now() ORDER BY id LIMIT $1"
-        );
+        let columns = "id, route, params::text, kind, revision, attempts, \
+                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint";
         Ok(Statements {
-            due: client.prepare(&due).await?,
+            pending: client
+                .prepare(&format!(
+                    "SELECT {columns} FROM {table} WHERE dead_at IS NULL ORDER BY id LIMIT $1"
+                ))
+                .await?,
             claim: client
-                .prepare(&format!("{due} FOR UPDATE SKIP LOCKED"))
+                .prepare(&format!(
+                    "SELECT {columns} FROM {table} \
+                     WHERE dead_at IS NULL AND next_at <= now() \
+                     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                ))
                 .await?,
             delete: client
                 .prepare(&format!("DELETE FROM {table} WHERE id = ANY($1::bigint[])"))
@@ -283,16 +291,18 @@ impl OutboxWorker {
         }
     }
 
-    /// The fan-out (module doc): applies the due rows not in `seen`, without
-    /// locking them, and remembers those applied. `seen` keeps only rows
-    /// still due, so it is bounded by `batch`.
+    /// The fan-out (module doc): applies the pending rows not in `seen`,
+    /// without locking them, and remembers those applied. `seen` keeps only
+    /// rows still pending, so it is bounded by `batch`.
     async fn fan_out(
         &self,
         client: &Client,
         st: &Statements,
         seen: &mut HashSet<i64>,
     ) -> Result<(), OutboxError> {
-        let rows = client.query(&st.due, &[&i64::from(self.cfg.batch)]).await?;
+        let rows = client
+            .query(&st.pending, &[&i64::from(self.cfg.batch)])
+            .await?;
         let mut due = HashSet::with_capacity(rows.len());
         let mut fresh = Vec::new();
         let mut events = Vec::new();

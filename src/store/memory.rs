@@ -12,7 +12,9 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
-use super::{covers, lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{
+    covers, lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError,
+};
 use crate::keys::ObjectKeys;
 
 #[path = "memory_bloom.rs"]

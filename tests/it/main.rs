@@ -18,6 +18,7 @@ mod invalidation_binary;
 mod join_current;
 mod limits;
 mod outbox;
+mod paused_instance;
 mod reload;
 mod stale;
 mod store;
