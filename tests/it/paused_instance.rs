@@ -59,7 +59,7 @@ async fn applied_within(conn: &mut MultiplexedConnection, id: u64, since: Instan
     }
 }
 
-async fn generation(conn: &mut MultiplexedConnection, id: u64) -> Option<Vec<u8>> {
+async fn generation(conn: &mut MultiplexedConnection, id: u64) -> Option<String> {
     redis::cmd("GET")
         .arg(gen_key(id))
         .query_async(conn)
