@@ -259,3 +259,41 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     }
 }
 pub use guarded::{open, GuardedStore};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_cover_the_same_event_and_later_stream_entries() {
+        let g = |mark: &str| format!("1796118908.010000-abc@{mark}").into_bytes();
+        assert!(covers(&g("s:100-1"), "s:100-1"));
+        assert!(covers(&g("s:100-2"), "s:100-1"), "a later entry");
+        assert!(covers(&g("s:101-0"), "s:100-9"), "a later millisecond");
+        assert!(covers(&g("s:1000-0"), "s:999-0"), "numbers, not text");
+        assert!(!covers(&g("s:100-1"), "s:100-2"), "an earlier entry");
+        assert!(!covers(&g("s:99-9"), "s:100-0"));
+        assert!(covers(&g("o:7:123"), "o:7:123"));
+        assert!(
+            !covers(&g("o:7:123"), "o:8:123"),
+            "outbox rows: only the same row"
+        );
+        assert!(
+            !covers(&g("o:7:123"), "o:7:124"),
+            "a row id handed out again"
+        );
+        assert!(!covers(&g("o:7:123"), "s:1-0"));
+        assert!(!covers(b"1796118908.010000-abc", "s:1-0"), "no mark");
+        assert!(!covers(&g("s:x-1"), "s:1-0"));
+    }
+
+    #[test]
+    fn lease_values_name_their_ticket() {
+        let ticket = Bytes::from_static(b"1.000001-n@s:5-0");
+        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), false) else {
+            panic!("won");
+        };
+        assert_eq!(value, "owner@1.000001-n@s:5-0");
+        assert_eq!(lease_ticket(value.as_bytes()), Some(ticket.as_ref()));
+    }
+}

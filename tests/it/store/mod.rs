@@ -180,6 +180,7 @@ suite!(
     generation::invalidations_are_idempotent_and_commute,
     generation::generation_expires_after_gen_ttl_and_is_recreated_fresh,
     generation::invalidate_many_replaces_every_generation_in_one_call,
+    generation::invalidate_marked_replaces_once_per_event,
     lease::lease_is_set_if_absent,
     lease::lease_of_an_older_generation_is_superseded,
     lease::concurrent_lease_attempts_have_exactly_one_winner,
