@@ -133,3 +133,35 @@ async fn another_instances_older_lease_is_superseded_not_waited_for() {
     let r = client::get(&a.url(P)).await;
     assert_eq!((x_cache(&r), r.text()), ("HIT".into(), v2));
 }
+
+/// A reader that finds no generation key (lost: eviction, restart, `DEL`)
+/// cannot compare it with anything: it takes a ticket first, so it never
+/// joins a fill that started before an invalidation and a loss. Here the
+/// first fill started on a cold object (no key either), the object changed,
+/// was invalidated, and the key was deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_finds_no_generation_joins_no_older_fill() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let sc = builder(&redis, &origin, "lease: 5s\nwait: 5s")
+        .start()
+        .await;
+    let v1 = origin.default_body(P);
+    let (gate, before) = get_held(&origin, P, sc.url(P)).await;
+    origin.bump(P);
+    let v2 = origin.default_body(P);
+    let inv = invalidate(&sc, "app", PARAMS).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+    redis
+        .cli(&["DEL", "sc:o:{app:acme:1}:g"])
+        .expect("DEL generation");
+
+    let after = spawn_get(sc.url(P));
+    gate.arrived(2).await;
+    gate.release();
+    let r = before.await.expect("reader before the invalidation");
+    assert_eq!(r.text(), v1);
+    let r = after.await.expect("reader after");
+    assert_eq!((x_cache(&r), r.text()), ("MISS".into(), v2));
+    assert_eq!(origin.hits(P), 2);
+}
