@@ -207,10 +207,7 @@ impl Pipeline {
             _ if degraded => None,
             (Some(entry), _) => Some(entry.generation.clone()),
             (None, Some(generation)) => Some(generation),
-            (None, None) => match fill_generation(&fill).await {
-                Ok(generation) => Some(generation),
-                Err(()) => None,
-            },
+            (None, None) => fill_generation(&fill).await,
         };
         degraded |= generation.is_none();
         let entry_key = fill.key.keys.entry.clone();
@@ -321,15 +318,17 @@ fn hit_status(entry: &Entry) -> CacheStatus {
 /// The generation a miss that found no generation key joins fills of: a
 /// ticket, which creates it. Joining by "no generation" instead could hand
 /// a fill that started before an invalidation to a request that arrived
-/// after it and after the key was then lost. `Err`: store unavailable.
-async fn fill_generation(fill: &Fill) -> Result<bytes::Bytes, ()> {
-    fill.shared
+/// after it and after the key was then lost. `None`: store unavailable.
+async fn fill_generation(fill: &Fill) -> Option<bytes::Bytes> {
+    let ticket = fill
+        .shared
         .store
         .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
-        .await
-        .map_err(|e| {
-            tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
-        })
+        .await;
+    if let Err(e) = &ticket {
+        tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
+    }
+    ticket.ok()
 }
 
 /// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
