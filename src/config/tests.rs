@@ -438,3 +438,20 @@ fn stale_windows_validated_and_kept_in_gen_ttl() {
         assert!(e.contains(path), "{extra}: expected {path} in: {e}");
     }
 }
+
+#[test]
+fn fill_queue_defaults_and_bounds() {
+    let cfg = parse(APP).expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::from_millis(250));
+    assert_eq!(cfg.fill.max_queued, 256);
+    let cfg = parse(&format!(
+        "fill: {{ queue_timeout: 0s, max_queued: 3 }}\n{APP}"
+    ))
+    .expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::ZERO);
+    assert_eq!(cfg.fill.max_queued, 3);
+    let e = err(&format!("fill: {{ queue_timeout: 11s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
+    let e = err(&format!("fill: {{ queue_timeout: -1s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
+}
