@@ -30,6 +30,7 @@ pub mod names {
     pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
     pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
+    pub const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
     pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
     pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const STALE_SERVED: &str = "sidecache_stale_served_total";
@@ -115,6 +116,7 @@ pub struct Metrics {
     /// `{route}`: fill leases dropped without release (task panicked or
     /// aborted); their release was spawned, or they expire.
     pub lease_abandoned: IntCounterVec,
+    pub lease_superseded: IntCounterVec,
     /// `{source, outcome}`.
     pub invalidations: IntCounterVec,
     /// `{outcome}`: `applied`, `unchanged`, `rejected`.
@@ -262,6 +264,11 @@ impl Metrics {
             lease_abandoned: counter(
                 LEASE_ABANDONED,
                 "Fill leases dropped without release (task panicked or cancelled).",
+                &["route"],
+            ),
+            lease_superseded: counter(
+                LEASE_SUPERSEDED,
+                "Fill leases taken over from a fill of an older generation.",
                 &["route"],
             ),
             coalesced: counter(

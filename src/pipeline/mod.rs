@@ -9,8 +9,9 @@
 //!                       at once + stale::refresh in the background;
 //!                       stale-if-error keeps it for a failed refill
 //! 4 bloom               bloom::stage (miss only, routes with `bloom`)
-//! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
-//! 6 double-check+ticket lookup::lookup again, GuardedStore::ticket
+//! 5 coalesce + lease    flight::Flights (in-process, per generation read),
+//!                       lease::acquire (across instances; takes the ticket)
+//! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits
 //!   7b degraded         fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, publish::publish
@@ -48,7 +49,7 @@ use crate::store::{GuardedStore, PublishOutcome};
 use answer::{ClientAsk, Shaped};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
-use flight::{Answer, Flights};
+use flight::{Answer, FlightKey, Flights};
 use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
@@ -57,7 +58,7 @@ use lease::{LeaseGuard, LeaseOutcome};
 use lookup::Found;
 use publish::{Cacheability, FillOutcome, Lifetime, Uncacheable};
 use rand::Rng;
-use stale::StaleReason;
+use stale::{AfterFailure, StaleReason};
 use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -178,17 +179,17 @@ impl Pipeline {
         );
         // Stages 2 + 3. With the store unavailable there is no entry, so
         // nothing to serve stale either: the degraded path as before.
-        let (degraded, expired) =
+        let (mut degraded, expired, read_generation) =
             match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
                 Ok(Found::Fresh(entry)) => {
                     let status = hit_status(&entry);
                     return (status, respond(&entry, status, &ask));
                 }
-                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry))),
-                Ok(Found::Miss) => (false, None),
+                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry)), None),
+                Ok(Found::Miss(generation)) => (false, None, generation),
                 Err(e) => {
                     tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
-                    (true, None)
+                    (true, None, None)
                 }
             };
         // Stage 4: only on a real miss (an expired entry of the current
@@ -214,16 +215,26 @@ impl Pipeline {
             .as_ref()
             .filter(|e| e.within_grace(publish::now_ms()))
         {
-            self.start_refresh(&fill);
+            self.start_refresh(&fill, entry.generation.clone());
             return self.serve_stale(route, entry, StaleReason::Revalidating, &ask);
         }
-        let flight_key = if degraded {
-            format!("degraded:{}", fill.key.keys.entry)
-        } else {
-            fill.key.keys.entry.clone()
+        let generation = match (&expired, read_generation) {
+            _ if degraded => None,
+            (Some(entry), _) => Some(entry.generation.clone()),
+            (None, Some(generation)) => Some(generation),
+            (None, None) => fill_generation(&fill).await,
+        };
+        degraded |= generation.is_none();
+        let entry_key = fill.key.keys.entry.clone();
+        let flight_key = match generation {
+            Some(generation) => FlightKey::Fill {
+                entry: entry_key,
+                generation,
+            },
+            None => FlightKey::Degraded { entry: entry_key },
         };
         let task_fill = Arc::clone(&fill);
-        let (flight, started) = self.flights.join(&flight_key, move || {
+        let (flight, started) = self.flights.join(flight_key, move || {
             async move {
                 if degraded {
                     fetch_only(&task_fill, CacheStatus::Degraded).await
@@ -237,11 +248,20 @@ impl Pipeline {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
         }
         let answer = flight.await;
-        // stale-if-error: a failed refill answers with the expired entry,
-        // if it is still within its window now.
-        if let Some(reason) = stale::failure_reason(&answer) {
-            if let Some(entry) = stale::usable_after_failure(&expired, publish::now_ms()) {
-                return self.serve_stale(route, &entry, reason, &ask);
+        // stale-if-error: a failed refill answers with the expired entry
+        // if, read again now, it is still of the current generation and
+        // within its window.
+        if let (Some(reason), Some(_)) = (stale::failure_reason(&answer), &expired) {
+            let again = lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await;
+            match again.map(|found| stale::usable_after_failure(found, publish::now_ms())) {
+                Ok(Some(AfterFailure::Fresh(entry))) => {
+                    let status = hit_status(&entry);
+                    return (status, respond(&entry, status, &ask));
+                }
+                Ok(Some(AfterFailure::Stale(entry))) => {
+                    return self.serve_stale(route, &entry, reason, &ask);
+                }
+                Ok(None) | Err(_) => {}
             }
         }
         if let Some(answered) = to_client(&answer, started, &ask) {
@@ -263,10 +283,10 @@ impl Pipeline {
     /// Starts the grace refresh for `fill`'s object unless one runs in this
     /// process already; [`stale::refresh`] tries the lease once, so across
     /// instances at most one runs per object. Nobody awaits it.
-    fn start_refresh(&self, fill: &Arc<Fill>) {
+    fn start_refresh(&self, fill: &Arc<Fill>, generation: bytes::Bytes) {
         let task_fill = Arc::clone(fill);
-        let key = stale::refresh_flight_key(&fill.key.keys.entry);
-        let _running = self.flights.join(&key, move || {
+        let key = stale::refresh_flight_key(&fill.key.keys.entry, generation);
+        let _running = self.flights.join(key, move || {
             async move { stale::refresh(&task_fill).await }.boxed()
         });
     }
@@ -310,11 +330,28 @@ fn hit_status(entry: &Entry) -> CacheStatus {
     }
 }
 
+/// The generation a miss that found no generation key joins fills of: a
+/// ticket, which creates it. Joining by "no generation" instead could hand
+/// a fill that started before an invalidation to a request that arrived
+/// after it and after the key was then lost. `None`: store unavailable.
+async fn fill_generation(fill: &Fill) -> Option<bytes::Bytes> {
+    let ticket = fill
+        .shared
+        .store
+        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
+        .await;
+    if let Err(e) = &ticket {
+        tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
+    }
+    ticket.ok()
+}
+
 /// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
 async fn fill_with_lease(fill: &Fill) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
-    let lease = match lease::acquire(&sh.store, &fill.key, route, &sh.metrics).await {
+    let acquired = lease::acquire(&sh.store, &fill.key, route, fill.cfg.gen_ttl, &sh.metrics);
+    let lease = match acquired.await {
         Ok(LeaseOutcome::Won(lease)) => lease,
         Ok(LeaseOutcome::Hit(entry)) => {
             return Answer::Shared(hit_status(&entry), Arc::new(entry));
@@ -341,19 +378,13 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     // An expired entry is what this fill replaces.
     match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
         Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
-        Ok(Found::Expired(_) | Found::Miss) => {}
+        Ok(Found::Expired(_) | Found::Miss(_)) => {}
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     }
-    // The ticket is taken before the upstream call: an invalidation after
-    // this point moves the generation and the publish below is refused.
-    let ticket = match sh
-        .store
-        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
-        .await
-    {
-        Ok(t) => t,
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-    };
+    // The ticket came with the lease, before the upstream call: an
+    // invalidation after that point moves the generation and the publish
+    // below is refused.
+    let ticket = lease.ticket().clone();
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
         .renew_while(

@@ -567,8 +567,8 @@ async fn fill_queue_wait_is_bounded(b: Backend) {
 /// never take part in the lease. They are not held to its `wait` budget (the
 /// origin holds the one fill for four times that budget and every request
 /// still gets the answer; a request left to poll the lease would answer 503),
-/// and on Redis the server sees exactly one lease attempt (`SET … NX`) for
-/// the key.
+/// and on Redis the server sees exactly one fill take the lease
+/// (`lua/lease.lua`) for the key.
 async fn coalesces_concurrent_misses_in_one_instance(b: Backend) {
     const WAIT: Duration = Duration::from_millis(200);
     let origin = Origin::start().await;
@@ -626,8 +626,10 @@ fn record_every_command(redis: &RedisServer) {
     }
 }
 
-/// `SET <key> <owner> NX …` calls on a key starting with `lease_prefix`
-/// since [`record_every_command`].
+/// Fills that tried the lease of a key starting with `lease_prefix` since
+/// [`record_every_command`]: distinct owner tokens in `lua/lease.lua` calls
+/// (`EVALSHA sha 2 <lease> <gen> <owner> …`; one token per fill, and a
+/// `NOSCRIPT` retry repeats it).
 fn lease_attempts(redis: &RedisServer, lease_prefix: &str) -> usize {
     use ::redis::Value;
     let text = |v: &Value| match v {
@@ -648,12 +650,16 @@ fn lease_attempts(redis: &RedisServer, lease_prefix: &str) -> usize {
             _ => None,
         })
         .filter(|args| {
-            args.len() > 3
-                && args[0].eq_ignore_ascii_case("SET")
-                && args[1].starts_with(lease_prefix)
-                && args.iter().any(|a| a.eq_ignore_ascii_case("NX"))
+            // Only lease.lua has these two keys (publish has three,
+            // renew and unlock one).
+            args.len() > 5
+                && args[0].eq_ignore_ascii_case("EVALSHA")
+                && args[2] == "2"
+                && args[3].starts_with(lease_prefix)
         })
-        .count()
+        .map(|args| args[5].clone())
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 async fn successful_writes_invalidate_the_object(b: Backend) {
