@@ -13,6 +13,10 @@
 #   CALLGRIND_PATH [/api/tenants/acme/apps/1]  path to request (cached route: a HIT)
 #   CALLGRIND_METHOD [GET]     e.g. POST (with CALLGRIND_PATH=/sink: forwarded, never cached)
 #   CALLGRIND_BODY_BYTES [0]   request body of this many bytes (sent with Content-Length)
+#   CALLGRIND_HEADER           one request header, e.g. 'If-None-Match: "object-1024"' with
+#                              CALLGRIND_PATH=/object/1024 (route `object`, the origin's
+#                              static-file-like objects), or 'Range: bytes=0-4095'
+#   CALLGRIND_STATUS [200]     the status every answer must have (304, 206, ...)
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
 #   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
@@ -25,6 +29,8 @@ warmup=${CALLGRIND_WARMUP:-200}
 store=${CALLGRIND_STORE:-redis}
 method=${CALLGRIND_METHOD:-GET}
 body_bytes=${CALLGRIND_BODY_BYTES:-0}
+extra_header=${CALLGRIND_HEADER:-}
+want_status=${CALLGRIND_STATUS:-200}
 sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
 command -v valgrind >/dev/null || { echo "callgrind: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
@@ -74,6 +80,11 @@ routes:
     path: /api/tenants/{tenant}/apps/{id}
     params: { tenant: "[A-Za-z0-9_-]{1,64}", id: "[1-9][0-9]{0,17}" }
     ttl: 1h
+  - name: object
+    path: /object/{bytes}
+    params: { bytes: "[0-9]{1,8}" }
+    ttl: 1h
+fill: { max_body: 16MiB }
 YAML
 wait_http "http://127.0.0.1:$origin_port/healthz"
 out=${CALLGRIND_OUT:-$work/callgrind.out}
@@ -84,17 +95,19 @@ pids+=("$vg")
 wait_http "http://127.0.0.1:$admin_port/readyz"
 
 send() {
-    python3 - "$proxy_port" "$path" "$1" "$method" "$body_bytes" <<'PY'
+    python3 - "$proxy_port" "$path" "$1" "$method" "$body_bytes" "$extra_header" "$want_status" <<'PY'
 import http.client, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 method, body_bytes = sys.argv[4], int(sys.argv[5])
+header, want = sys.argv[6], int(sys.argv[7])
+headers = dict([[p.strip() for p in header.split(":", 1)]]) if header else {}
 body = b"x" * body_bytes if body_bytes else None
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 for _ in range(n):
-    c.request(method, path, body=body)
+    c.request(method, path, body=body, headers=headers)
     r = c.getresponse()
     r.read()
-    assert r.status == 200, r.status
+    assert r.status == want, (r.status, want)
 print(r.getheader("X-Cache"))
 PY
 }

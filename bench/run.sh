@@ -10,6 +10,11 @@
 #   post         wrk POST of a 1 KiB body to /sink: the same three
 #   hit          wrk GET of one cached object: nginx proxy_cache, sidecache HIT
 #   hit_zipf     wrk GETs over 10 000 cached objects, Zipf-like (bench/zipf.lua)
+#   conditional  wrk GETs of one cached 1 KiB object with If-None-Match = its
+#                current ETag (bench/conditional.lua): 304s from nginx
+#                proxy_cache and from sidecache
+#   range        wrk GETs of one cached 1 MiB object, each a random aligned
+#                4 KiB Range (bench/range.lua): 206s from both caches
 #   stampede     200 clients at once per cold key (bench/stampede.py), 20 ms
 #                origin: origin requests per key, 3 sidecache instances
 #                sharing one Redis vs nginx with proxy_cache_lock
@@ -22,9 +27,11 @@
 # See bench/README.md for what is measured and how to read it.
 #
 # Environment (defaults in brackets):
-#   BENCH_SCENARIOS ["stream idle passthrough post hit hit_zipf stampede"]  run in this order
+#   BENCH_SCENARIOS ["stream idle passthrough post hit hit_zipf conditional range stampede"]  run in this order
 #   BENCH_HOT_OBJECTS [10000]  objects in hit_zipf (even; origin gets half per tenant)
 #   BENCH_POST_BYTES [1024]  body size of the post scenario
+#   BENCH_RANGE_OBJECT_BYTES [1048576]  size of the range scenario's object (at most 16 MiB)
+#   BENCH_RANGE_BYTES [4096]  size of each range in the range scenario
 #   BENCH_STAMPEDE_CLIENTS [200]  concurrent clients per cold key
 #   BENCH_STAMPEDE_KEYS [10]  cold keys per stampede measurement
 #   BENCH_STAMPEDE_DELAY_MS [20]  latency of the stampede origin
@@ -64,9 +71,11 @@ connections=${BENCH_CONNECTIONS:-32}
 payload=${BENCH_PAYLOAD_BYTES:-1024}
 read -r -a systems <<<"${BENCH_SYSTEMS:-origin nginx sidecache}"
 store=${BENCH_SIDECACHE_STORE:-redis}
-read -r -a wanted <<<"${BENCH_SCENARIOS:-stream idle passthrough post hit hit_zipf stampede}"
+read -r -a wanted <<<"${BENCH_SCENARIOS:-stream idle passthrough post hit hit_zipf conditional range stampede}"
 hot_objects=${BENCH_HOT_OBJECTS:-10000}
 post_bytes=${BENCH_POST_BYTES:-1024}
+range_object=${BENCH_RANGE_OBJECT_BYTES:-1048576}
+range_bytes=${BENCH_RANGE_BYTES:-4096}
 stampede_clients=${BENCH_STAMPEDE_CLIENTS:-200}
 stampede_keys=${BENCH_STAMPEDE_KEYS:-10}
 stampede_delay=${BENCH_STAMPEDE_DELAY_MS:-20}
@@ -82,11 +91,14 @@ upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
 passthrough_path='/api/tenants/acme/apps?limit=1'
 hit_path='/api/tenants/acme/apps/1'
 post_path='/sink'
+conditional_path='/object/1024'
+range_path="/object/$range_object"
 origin_apps=$((hot_objects / 2 > 100 ? hot_objects / 2 : 100))
 
 
 for v in DURATION:duration WARMUP:warmup ROUNDS:rounds THREADS:threads CONNECTIONS:connections \
     PAYLOAD_BYTES:payload HOT_OBJECTS:hot_objects POST_BYTES:post_bytes \
+    RANGE_OBJECT_BYTES:range_object RANGE_BYTES:range_bytes \
     STAMPEDE_CLIENTS:stampede_clients STAMPEDE_KEYS:stampede_keys STAMPEDE_DELAY_MS:stampede_delay \
     STAMPEDE_INSTANCES:stampede_instances STREAM_BYTES:stream_bytes IDLE_CONNECTIONS:idle_connections; do
     name=${v#*:}
@@ -94,6 +106,8 @@ for v in DURATION:duration WARMUP:warmup ROUNDS:rounds THREADS:threads CONNECTIO
     [[ $value =~ ^[0-9]+$ && $value -gt 0 ]] || die "BENCH_${v%%:*} must be a positive integer (got '$value')"
 done
 ((connections >= threads)) || die "BENCH_CONNECTIONS must be at least BENCH_THREADS"
+((range_object <= 16777216)) || die "BENCH_RANGE_OBJECT_BYTES must be at most 16777216 (the origin's /object limit)"
+((range_bytes <= range_object)) || die "BENCH_RANGE_BYTES must be at most BENCH_RANGE_OBJECT_BYTES"
 [[ $store == redis || $store == redis-direct || $store == embedded ]] ||
     die "BENCH_SIDECACHE_STORE must be redis, redis-direct or embedded"
 has() { local s; for s in "${systems[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
@@ -106,8 +120,8 @@ done
 wants() { local s; for s in "${wanted[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 for s in "${wanted[@]}"; do
     case $s in
-    passthrough | post | hit | hit_zipf | stampede | stream | idle) ;;
-    *) die "unknown scenario '$s' in BENCH_SCENARIOS (known: passthrough post hit hit_zipf stampede stream idle)" ;;
+    passthrough | post | hit | hit_zipf | conditional | range | stampede | stream | idle) ;;
+    *) die "unknown scenario '$s' in BENCH_SCENARIOS (known: passthrough post hit hit_zipf conditional range stampede stream idle)" ;;
     esac
 done
 ((${#wanted[@]} > 0)) || die "BENCH_SCENARIOS is empty"
@@ -269,6 +283,8 @@ upstream:
   url: $upstream
   max_idle_per_host: 64
 $store_yaml
+fill:
+  max_body: $((range_object > 1048576 ? range_object : 1048576))
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
@@ -277,6 +293,11 @@ routes:
       id: "[1-9][0-9]{0,17}"
     ttl: 1h
     negative_ttl: 5s
+  - name: object
+    path: /object/{bytes}
+    params:
+      bytes: "[0-9]{1,8}"
+    ttl: 1h
 EOF
     start "$name" env SIDECACHE_LOG="${SIDECACHE_LOG:-warn}" \
         "$sidecache_bin" run --config "$work/$name.yaml"
@@ -318,6 +339,26 @@ expect_200() {
     fi
 }
 
+# expect_answer SYSTEM URL CODE XCACHE [HEADER...]: one request with these
+# request headers; fails unless it answers CODE with that X-Cache value.
+# Leaves the body in $work/body and the head in $work/headers.
+expect_answer() {
+    local system=$1 url=$2 want_code=$3 want_cache=$4 h code cache args=()
+    shift 4
+    for h in "$@"; do args+=(-H "$h"); done
+    code=$(curl -sS -o "$work/body" -D "$work/headers" -w '%{http_code}' --max-time 5 "${args[@]}" "$url") ||
+        die "$system did not answer on $url"
+    [[ $code == "$want_code" ]] || die "$system answered $code on $url with '$*'; the benchmark needs $want_code"
+    cache=$(header_of x-cache)
+    [[ $cache == "$want_cache" ]] ||
+        die "$system answered X-Cache: '${cache:-(none)}' on $url with '$*'; expected $want_cache"
+}
+
+# header_of NAME: NAME's value in the last response head (expect_200/expect_answer).
+header_of() {
+    awk -F': *' -v name="$1" 'tolower($1) == name { sub(/\r$/, "", $2); print $2 }' "$work/headers"
+}
+
 # hot_path I: the path of hit_zipf object I (1-based), as bench/zipf.lua builds it.
 hot_path() {
     local tenant=globex
@@ -341,8 +382,13 @@ prime() {
 }
 
 scenarios=()
-declare -A scenario_path=([passthrough]=$passthrough_path [post]=$post_path [hit]=$hit_path [hit_zipf]=/)
-declare -A scenario_script=([post]=$root/bench/post.lua [hit_zipf]=$root/bench/zipf.lua)
+declare -A scenario_path=([passthrough]=$passthrough_path [post]=$post_path [hit]=$hit_path [hit_zipf]=/
+    [conditional]=$conditional_path [range]=$range_path)
+declare -A scenario_script=([post]=$root/bench/post.lua [hit_zipf]=$root/bench/zipf.lua
+    [conditional]=$root/bench/conditional.lua [range]=$root/bench/range.lua)
+# The conditional scenario's If-None-Match: the object's ETag as the origin
+# sets it (both caches replay it), checked on each system below.
+conditional_etag=''
 declare -A scenario_systems=()
 proxies=()
 for s in "${systems[@]}"; do
@@ -367,6 +413,20 @@ for scenario in "${wanted[@]}"; do
             expect_200 "$s" "${base[$s]}$hit_path" HIT # and now from the cache
             ;;
         hit_zipf) prime "$s" ;;
+        conditional)
+            expect_200 "$s" "${base[$s]}$conditional_path" # fill
+            conditional_etag=$(header_of etag)
+            [[ -n $conditional_etag ]] || die "$s sent no ETag on $conditional_path"
+            expect_answer "$s" "${base[$s]}$conditional_path" 304 HIT "If-None-Match: $conditional_etag"
+            [[ ! -s $work/body ]] || die "$s answered the 304 on $conditional_path with a body"
+            ;;
+        range)
+            expect_200 "$s" "${base[$s]}$range_path" # fill
+            expect_answer "$s" "${base[$s]}$range_path" 206 HIT "Range: bytes=$range_bytes-$((2 * range_bytes - 1))"
+            [[ $(header_of content-range) == "bytes $range_bytes-$((2 * range_bytes - 1))/$range_object" ]] ||
+                die "$s answered Content-Range '$(header_of content-range)' on $range_path"
+            (($(stat -c %s "$work/body") == range_bytes)) || die "$s answered the range with $(stat -c %s "$work/body") bytes"
+            ;;
         stampede)
             IFS=, read -r -a urls <<<"${stampede_base[$s]}"
             for u in "${urls[@]}"; do expect_200 "$s" "$u/healthz"; done
@@ -443,7 +503,8 @@ run_wrk() {
     else
         cp "$root/bench/report.lua" "$script"
     fi
-    BENCH_HOT_OBJECTS=$hot_objects BENCH_POST_BYTES=$post_bytes \
+    BENCH_HOT_OBJECTS=$hot_objects BENCH_POST_BYTES=$post_bytes BENCH_ETAG=$conditional_etag \
+        BENCH_RANGE_OBJECT_BYTES=$range_object BENCH_RANGE_BYTES=$range_bytes \
         "${on_load[@]}" wrk -t "$threads" -c "$connections" -d "${1}s" --timeout 5s \
         -s "$script" "$2" >"$3" 2>&1 ||
         die "wrk failed on $2 (output: $3)"
@@ -575,7 +636,7 @@ total=0
 for scenario in "${scenarios[@]}"; do
     read -r -a list <<<"${scenario_systems[$scenario]}"
     case $scenario in
-    passthrough | post | hit | hit_zipf) total=$((total + ${#list[@]} * (warmup + duration))) ;;
+    passthrough | post | hit | hit_zipf | conditional | range) total=$((total + ${#list[@]} * (warmup + duration))) ;;
     stampede) total=$((total + ${#list[@]} * (stampede_keys + 1))) ;;
     stream) total=$((total + ${#list[@]} * 10)) ;;
     idle) total=$((total + ${#list[@]} * 8)) ;;
@@ -688,6 +749,8 @@ targets=$(
             if (("hit", "p99") in r) check("hit p99 <= 2x nginx", r["hit", "p99"] <= 2, r["hit", "p99"])
             if (("hit_zipf", "rps") in r) check("hit_zipf req/s >= 0.8x nginx", r["hit_zipf", "rps"] >= 0.8, r["hit_zipf", "rps"])
             if (("hit_zipf", "p99") in r) check("hit_zipf p99 <= 2x nginx", r["hit_zipf", "p99"] <= 2, r["hit_zipf", "p99"])
+            if (("conditional", "rps") in r) check("conditional req/s >= 1.0x nginx", r["conditional", "rps"] >= 1.0, r["conditional", "rps"])
+            if (("range", "rps") in r) check("range req/s >= 1.0x nginx", r["range", "rps"] >= 1.0, r["range", "rps"])
             if (("passthrough", "rps") in r) check("passthrough req/s >= 0.9x nginx", r["passthrough", "rps"] >= 0.9, r["passthrough", "rps"])
             if (("post", "rps") in r) check("post req/s >= 0.9x nginx", r["post", "rps"] >= 0.9, r["post", "rps"])
             if ("sidecache" in st) check("stampede 1 origin request per key", st["sidecache"] == 1, st["sidecache"])
@@ -723,11 +786,13 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
         "$payload" "$hot_objects" "$post_bytes" "$stampede_clients" "$stampede_keys"
     printf '"stampede_delay_ms": %d, "stampede_instances": %d, "stream_bytes": %d, "idle_connections": %d, ' \
         "$stampede_delay" "$stampede_instances" "$stream_bytes" "$idle_connections"
+    printf '"range_object_bytes": %d, "range_bytes": %d, ' "$range_object" "$range_bytes"
     printf '"sidecache_store": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
         "$(json_str "$store")" "$( ((pin)) && echo true || echo false)" \
         "$(json_str "$server_cpus")" "$(json_str "$load_cpus")"
-    printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s},\n' "$(json_str "$passthrough_path")" \
-        "$(json_str "$post_path")" "$(json_str "$hit_path")"
+    printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s, "conditional": %s, "range": %s},\n' \
+        "$(json_str "$passthrough_path")" "$(json_str "$post_path")" "$(json_str "$hit_path")" \
+        "$(json_str "$conditional_path")" "$(json_str "$range_path")"
     printf '  "runs": [\n'
     awk -F'\t' '{ printf "%s    {\"scenario\": \"%s\", \"system\": \"%s\", \"round\": %d, \"rps\": %s, \"p50_us\": %s, \"p99_us\": %s, \"requests\": %s, \"bytes\": %s, \"socket_errors\": %s, \"origin_requests\": %s, \"cpu_us_per_request\": %s, \"redis_cpu_us_per_request\": %s}",
                   (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 } END { print "" }' "$results"

@@ -17,8 +17,11 @@
 //!                                         app with the next free id; 201 + `Location`
 //! GET    /api/tenants/{tenant}/apps       the tenant's apps; `?limit=N&offset=M` pages
 //! GET    /healthz                         200 "ok"
-//! GET    /stats                           `{"api_requests":N}`: /api requests served so far
+//! GET    /stats                           `{"api_requests":N}`: /api and /object requests served so far
 //! GET    /blob/{bytes}                    streams `bytes` bytes of `x` (memory benchmarks)
+//! GET    /object/{bytes}                  `bytes` (≤ 16 MiB) of `a..z` with a strong `ETag`
+//!                                         (`"object-{bytes}"`) and a `Last-Modified`, like a
+//!                                         static file (conditional and range benchmarks)
 //! POST   /sink                            reads and drops the body; 200 `{"received":N}`
 //! ```
 //!
@@ -210,6 +213,9 @@ async fn handle(
     if let Some(resp) = bench_endpoint(&req) {
         return Ok(resp);
     }
+    if let Some(resp) = object_endpoint(&state, &req) {
+        return Ok(resp.map(BodyExt::boxed));
+    }
     if req.method() == Method::POST && req.uri().path() == "/sink" {
         return Ok(sink(req).await.map(BodyExt::boxed));
     }
@@ -315,6 +321,26 @@ fn bench_endpoint(
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::CONTENT_LENGTH, len)
         .body(BodyExt::boxed(body))
+        .ok()
+}
+
+/// The largest `/object/{bytes}`.
+const MAX_OBJECT: usize = 16 * 1024 * 1024;
+
+/// `GET /object/{bytes}`: a fixed body with the validators a static file
+/// server sends, so a cache in front can answer `If-None-Match` and `Range`.
+fn object_endpoint(state: &State, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    let len: usize = req.uri().path().strip_prefix("/object/")?.parse().ok()?;
+    if !(req.method() == Method::GET || req.method() == Method::HEAD) || len > MAX_OBJECT {
+        return None;
+    }
+    state.api_requests.fetch_add(1, Ordering::Relaxed);
+    let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::ETAG, format!("\"object-{len}\""))
+        .header(header::LAST_MODIFIED, "Mon, 01 Jan 2024 00:00:00 GMT")
+        .body(Full::new(Bytes::from(body)))
         .ok()
 }
 

@@ -4,7 +4,7 @@
 -- crashed filler still blocks the key for at most one lease.
 --
 -- KEYS[1]  lease key
--- ARGV[1]  owner token
+-- ARGV[1]  lease value (owner@ticket, as lease.lua set it)
 -- ARGV[2]  new TTL in milliseconds
 --
 -- Returns: 1 renewed, 0 not the owner (expired, or another filler holds it).

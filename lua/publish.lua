@@ -1,11 +1,13 @@
--- publish: write a cache entry only if the filler still holds the lease and
--- the generation has not moved since its ticket (SPEC 5.1: closes the
--- stale-backfill race; a missing generation counts as moved, closing ABA).
+-- publish: write a cache entry only if the generation has not moved since
+-- the filler's ticket and the filler still holds the lease (SPEC 5.1:
+-- closes the stale-backfill race; a missing generation counts as moved,
+-- closing ABA). The generation is checked first: a fill superseded by one
+-- of a newer generation (lease.lua) is refused as "generation changed".
 --
 -- KEYS[1]  lease key
 -- KEYS[2]  generation key
 -- KEYS[3]  entry key
--- ARGV[1]  lease owner token
+-- ARGV[1]  lease value ('<owner>@<ticket>', as lease.lua set it)
 -- ARGV[2]  ticket (the generation the filler read before fetching)
 -- ARGV[3]  entry bytes
 -- ARGV[4]  entry TTL in milliseconds
@@ -13,11 +15,11 @@
 -- Returns:  1 published
 --           0 lease is not ours (expired or taken by another filler)
 --          -1 generation differs from the ticket (invalidated or lost)
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
   return -1
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 return 1

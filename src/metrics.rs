@@ -23,14 +23,19 @@ pub mod names {
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
+    pub const FILL_QUEUED: &str = "sidecache_fill_queued";
+    pub const FILL_QUEUE_WAIT: &str = "sidecache_fill_queue_wait_seconds";
+    pub const FILL_QUEUE_REJECTED: &str = "sidecache_fill_queue_rejected_total";
     pub const PUBLISH: &str = "sidecache_publish_total";
     pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
     pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
+    pub const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
     pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
     pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const STALE_SERVED: &str = "sidecache_stale_served_total";
     pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
+    pub const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
@@ -84,6 +89,12 @@ pub struct Metrics {
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
     pub fill_inflight: IntGaugeVec,
+    /// Fills waiting for a permit (`fill.queue_timeout`).
+    pub fill_queued: IntGauge,
+    /// `{outcome}`: `acquired` or `timeout`; only fills that had to wait.
+    pub fill_queue_wait: HistogramVec,
+    /// Fills refused at once because `fill.max_queued` were waiting.
+    pub fill_queue_rejected: IntCounter,
     /// `{route, outcome}`: a `pipeline::publish::FillOutcome` string.
     pub publish: IntCounterVec,
     /// `{route, reason}`: why an answer was not stored (a
@@ -97,11 +108,15 @@ pub struct Metrics {
     /// `{route, outcome}`: background refreshes started by grace (a
     /// `pipeline::stale::RefreshOutcome` string).
     pub background_refresh: IntCounterVec,
+    /// `{route, answer}`: cache reads answered 304, 412, 206 or 416 (a
+    /// `pipeline::answer::Shaped` string).
+    pub client_answers: IntCounterVec,
     pub corrupt: IntCounterVec,
     pub unlock_failed: IntCounterVec,
     /// `{route}`: fill leases dropped without release (task panicked or
     /// aborted); their release was spawned, or they expire.
     pub lease_abandoned: IntCounterVec,
+    pub lease_superseded: IntCounterVec,
     /// `{source, outcome}`.
     pub invalidations: IntCounterVec,
     /// `{outcome}`: `applied`, `unchanged`, `rejected`.
@@ -206,6 +221,31 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            fill_queued: reg(
+                &registry,
+                IntGauge::new(FILL_QUEUED, "Cache fills waiting for a fill permit.")
+                    .expect("valid metric"),
+            ),
+            fill_queue_wait: reg(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        FILL_QUEUE_WAIT,
+                        "Time cache fills waited for a fill permit, by outcome.",
+                    )
+                    .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            fill_queue_rejected: reg(
+                &registry,
+                IntCounter::new(
+                    FILL_QUEUE_REJECTED,
+                    "Cache fills answered 503 at once because fill.max_queued were waiting.",
+                )
+                .expect("valid metric"),
+            ),
             publish: counter(
                 PUBLISH,
                 "Cache publish attempts by outcome.",
@@ -226,6 +266,11 @@ impl Metrics {
                 "Fill leases dropped without release (task panicked or cancelled).",
                 &["route"],
             ),
+            lease_superseded: counter(
+                LEASE_SUPERSEDED,
+                "Fill leases taken over from a fill of an older generation.",
+                &["route"],
+            ),
             coalesced: counter(
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
@@ -240,6 +285,11 @@ impl Metrics {
                 BACKGROUND_REFRESH,
                 "Background refreshes started under grace, by outcome.",
                 &["route", "outcome"],
+            ),
+            client_answers: counter(
+                CLIENT_ANSWERS,
+                "Cache reads answered from an entry with 304, 412, 206 or 416, by answer.",
+                &["route", "answer"],
             ),
             uncacheable: counter(
                 UNCACHEABLE,

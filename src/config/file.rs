@@ -175,6 +175,10 @@ pub struct FileFill {
     pub max_concurrency: usize,
     #[serde(default = "defaults::max_body")]
     pub max_body: HumanSize,
+    #[serde(default = "defaults::queue_timeout")]
+    pub queue_timeout: HumanDuration,
+    #[serde(default = "defaults::max_queued")]
+    pub max_queued: usize,
 }
 
 impl Default for FileFill {
@@ -182,6 +186,8 @@ impl Default for FileFill {
         FileFill {
             max_concurrency: defaults::max_concurrency(),
             max_body: defaults::max_body(),
+            queue_timeout: defaults::queue_timeout(),
+            max_queued: defaults::max_queued(),
         }
     }
 }
@@ -287,6 +293,8 @@ pub struct FileRoute {
     pub max_concurrency: Option<usize>,
     #[serde(default)]
     pub client_cache_control: FileClientCacheControl,
+    #[serde(default)]
+    pub etag: FileEtag,
 }
 
 /// `ttl: 60s | origin`.
@@ -326,6 +334,15 @@ impl<'de> Deserialize<'de> for FileClientCacheControl {
             _ => FileClientCacheControl::Literal(s),
         })
     }
+}
+
+/// `etag: origin | auto`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileEtag {
+    #[default]
+    Origin,
+    Auto,
 }
 
 /// `origin_cache_control: honor | ignore`.
@@ -396,6 +413,12 @@ pub(super) mod defaults {
     }
     pub fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))
+    }
+    pub fn queue_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_millis(250))
+    }
+    pub fn max_queued() -> usize {
+        256
     }
     pub fn max_concurrency() -> usize {
         8

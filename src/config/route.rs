@@ -77,6 +77,8 @@ pub struct Route {
     pub fill_budget: usize,
     /// The `Cache-Control` clients receive with answers from the cache.
     pub client_cache_control: ClientCacheControl,
+    /// Whether entries without an origin `ETag` get a derived one.
+    pub etag: EtagMode,
 }
 
 /// `ttl`: where an entry's freshness comes from.
@@ -100,6 +102,16 @@ pub enum ClientCacheControl {
     /// `max-age` set so that the client keeps it no longer than it stays
     /// fresh here.
     Remaining,
+}
+
+/// `etag`: where a stored answer's `ETag` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtagMode {
+    /// The origin's, if it sent one; otherwise none.
+    Origin,
+    /// The origin's if it sent one, else a strong tag derived from the body
+    /// (SHA-256, first 128 bits) at publish time.
+    Auto,
 }
 
 /// `origin_cache_control`.
@@ -283,10 +295,13 @@ impl RouteTable {
     }
 }
 
+/// Unsafe methods, whose success invalidates the object (RFC 9111 §4.4):
+/// every method but the safe ones, so methods whose safety is unknown
+/// (extensions such as `M-SEARCH` or WebDAV's) count as unsafe too.
 pub fn is_write_method(m: &Method) -> bool {
-    matches!(
+    !matches!(
         *m,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
 }
 

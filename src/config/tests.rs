@@ -94,6 +94,7 @@ fn fill_settings_defaults_limits_and_warnings() {
     assert_eq!(names, ["traceparent", "tracestate", "x-request-id"]);
     assert_eq!(r.host, None);
     assert_eq!(r.origin_cache_control, OriginCacheControl::Honor);
+    assert_eq!(r.etag, EtagMode::Origin);
     assert_eq!(r.fill_budget, 8, "a lone route may use every permit");
     // Default lease 3 s < upstream.timeout 10 s: a warning, not an error.
     assert_eq!(cfg.warnings.len(), 1);
@@ -103,7 +104,7 @@ fn fill_settings_defaults_limits_and_warnings() {
 fill: { max_concurrency: 5 }
 routes:
   - { name: a, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 1s, lease: 20s,
-      host: "svc.internal:8080", fill_headers: [], origin_cache_control: ignore }
+      host: "svc.internal:8080", fill_headers: [], origin_cache_control: ignore, etag: auto }
   - { name: b, path: "/b/{id}", params: { id: "[0-9]+" }, ttl: 1s, max_concurrency: 5 }
 "#;
     let cfg = parse(two).expect("valid");
@@ -116,6 +117,7 @@ routes:
     );
     assert!(a.fill_headers.is_empty());
     assert_eq!(a.origin_cache_control, OriginCacheControl::Ignore);
+    assert_eq!(a.etag, EtagMode::Auto);
     let paths: Vec<&str> = cfg.warnings.iter().map(|w| w.path.as_str()).collect();
     assert_eq!(paths, ["routes[1].lease"]);
 
@@ -166,6 +168,17 @@ routes:
             "origin_cache_control: maybe",
             "routes[0].origin_cache_control",
             "variant",
+        ),
+        ("etag: strong", "routes[0].etag", "variant"),
+        (
+            "cache_status: [200, 206]",
+            "routes[0].cache_status[1]",
+            "206 cannot be cached",
+        ),
+        (
+            "negative_status: [304]",
+            "routes[0].negative_status[0]",
+            "304 cannot be cached",
         ),
     ] {
         let e = err(&route(extra));
@@ -664,4 +677,21 @@ fn client_cache_control_modes_and_literals() {
         assert!(e.contains("routes[0].client_cache_control"), "{v}: {e}");
         assert!(e.contains(words), "{v}: {e}");
     }
+}
+
+#[test]
+fn fill_queue_defaults_and_bounds() {
+    let cfg = parse(APP).expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::from_millis(250));
+    assert_eq!(cfg.fill.max_queued, 256);
+    let cfg = parse(&format!(
+        "fill: {{ queue_timeout: 0s, max_queued: 3 }}\n{APP}"
+    ))
+    .expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::ZERO);
+    assert_eq!(cfg.fill.max_queued, 3);
+    let e = err(&format!("fill: {{ queue_timeout: 11s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
+    let e = err(&format!("fill: {{ queue_timeout: -1s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
 }

@@ -4,12 +4,12 @@
 
 use super::file::FileStreamStart;
 use super::file::{
-    defaults, FileClientCacheControl, FileConfig, FileNearCache, FileOriginCacheControl, FileQuery,
-    FileQueryMode, FileRoute, FileTtl,
+    defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
+    FileQuery, FileQueryMode, FileRoute, FileTtl,
 };
 use super::route::{
-    overlaps, parse_template, ClientCacheControl, OriginCacheControl, Param, QueryMode, Route,
-    RouteTable, Ttl,
+    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
+    Route, RouteTable, Ttl,
 };
 use super::units::HumanDuration;
 use super::{
@@ -62,9 +62,17 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     if raw.fill.max_concurrency == 0 {
         return err("fill.max_concurrency", "must be at least 1");
     }
+    if raw.fill.queue_timeout.0 > Duration::from_secs(10) {
+        return err(
+            "fill.queue_timeout",
+            "must be at most 10s: a queued fill holds its client, and a long queue hides an overload",
+        );
+    }
     let fill = FillConfig {
         max_concurrency: raw.fill.max_concurrency,
         max_body: raw.fill.max_body.0,
+        queue_timeout: raw.fill.queue_timeout.0,
+        max_queued: raw.fill.max_queued,
     };
     let invalidation = invalidation(&raw, &store)?;
     let limits = limits(&raw)?;
@@ -488,6 +496,19 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
                 format!("{s} is not an HTTP status"),
             );
         }
+        // Fills ask for the whole object without conditions: a 206 or 304
+        // from the origin is a partial or empty answer, never one to store
+        // and replay to everyone (ranges and 304s are answered from the 200).
+        if let Some((i, s)) = list
+            .iter()
+            .enumerate()
+            .find(|(_, s)| [206, 304].contains(*s))
+        {
+            return err(
+                format!("{at}.{field}[{i}]"),
+                format!("{s} cannot be cached: ranges and 304s are answered from the cached 200"),
+            );
+        }
     }
     if let Some(s) = r
         .cache_status
@@ -573,6 +594,10 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         origin_cache_control,
         fill_budget,
         client_cache_control: client_cache_control(at, r.client_cache_control)?,
+        etag: match r.etag {
+            FileEtag::Origin => EtagMode::Origin,
+            FileEtag::Auto => EtagMode::Auto,
+        },
     })
 }
 

@@ -26,8 +26,14 @@ const CHUNK: usize = 256;
 /// Where an event came from, as named in the `source` metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// The outbox worker's claims (at least once, dead-letters poison).
     Outbox,
+    /// The outbox rows every instance applies as soon as it sees them.
+    OutboxFanout,
+    /// The stream consumer group (at least once, dead-letters poison).
     Stream,
+    /// The stream entries every instance applies as they are appended.
+    StreamFanout,
     WriteThrough,
     Admin,
 }
@@ -36,7 +42,9 @@ impl Source {
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Outbox => "outbox",
+            Source::OutboxFanout => "outbox_fanout",
             Source::Stream => "stream",
+            Source::StreamFanout => "stream_fanout",
             Source::WriteThrough => "write_through",
             Source::Admin => "admin",
         }
@@ -105,7 +113,30 @@ impl Invalidator {
             .into_iter()
             .map(|e| e.and_then(|e| e.validate(&cfg)))
             .collect();
-        self.apply_checked(source, &cfg, checked).await
+        self.apply_checked(source, &cfg, checked, None).await
+    }
+
+    /// [`Invalidator::apply`] for feed events, each with its mark (its
+    /// position in the feed, see `store::covers`): an event whose mark the
+    /// generation already covers is left applied as it is (outcome
+    /// `Applied`), so delivering an event to every instance costs one
+    /// generation replacement, not one per instance.
+    pub async fn apply_marked(
+        &self,
+        source: Source,
+        events: Vec<(Result<Event, Poison>, String)>,
+    ) -> Vec<ApplyOutcome> {
+        let cfg = self.config.load_full();
+        let mut checked = Vec::with_capacity(events.len());
+        let mut marks = Vec::with_capacity(events.len());
+        for (event, mark) in events {
+            let valid = event.and_then(|e| e.validate(&cfg));
+            if valid.is_ok() {
+                marks.push(mark);
+            }
+            checked.push(valid);
+        }
+        self.apply_checked(source, &cfg, checked, Some(marks)).await
     }
 
     /// Write-through (SPEC §7): a 2xx answer to a write on a cached
@@ -115,18 +146,20 @@ impl Invalidator {
     pub async fn write_through(&self, cfg: &Config, route: &Arc<Route>, params: Vec<String>) {
         let event = Validated::new(cfg, route, params, EventKind::Invalidate);
         let outcome = self
-            .apply_checked(Source::WriteThrough, cfg, vec![Ok(event)])
+            .apply_checked(Source::WriteThrough, cfg, vec![Ok(event)], None)
             .await;
         if let Some(ApplyOutcome::Failed(e)) = outcome.first() {
             tracing::warn!(route = %route.name, error = %e, "write-through invalidation failed");
         }
     }
 
+    /// `marks`, if any, has one mark per valid event, in order.
     async fn apply_checked(
         &self,
         source: Source,
         cfg: &Config,
         checked: Vec<Result<Validated, Poison>>,
+        marks: Option<Vec<String>>,
     ) -> Vec<ApplyOutcome> {
         // One store call per chunk: a pipeline of a few hundred small
         // scripts stays well inside the store's command timeout, whatever
@@ -137,8 +170,17 @@ impl Invalidator {
             .collect();
         let nonce = nonce();
         let mut stored: Vec<Result<(), StoreError>> = Vec::with_capacity(gen_keys.len());
-        for chunk in gen_keys.chunks(CHUNK) {
-            let result = self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await;
+        for (i, chunk) in gen_keys.chunks(CHUNK).enumerate() {
+            let result = match &marks {
+                Some(marks) => {
+                    let from = i * CHUNK;
+                    let chunk_marks = marks.get(from..from + chunk.len()).unwrap_or_default();
+                    self.store
+                        .invalidate_marked(chunk, chunk_marks, &nonce, cfg.gen_ttl)
+                        .await
+                }
+                None => self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await,
+            };
             stored.extend(std::iter::repeat_n(result, chunk.len()));
         }
         let mut stored = stored.into_iter();

@@ -8,9 +8,17 @@
 //!   with a per-event outcome for the source.
 //! - [`ddl`]: the SQL of `sidecache outbox-ddl`.
 //! - [`outbox`]: the Postgres outbox worker (claim with `SKIP LOCKED`,
-//!   apply, delete in the same transaction; LISTEN/NOTIFY wake-ups).
+//!   apply, delete in the same transaction; LISTEN/NOTIFY wake-ups; the
+//!   fan-out of unlocked pending rows).
 //! - [`stream`]: the Redis Stream consumer (consumer group, ack after apply,
-//!   claim from dead consumers, dead-letter stream).
+//!   claim from dead consumers, dead-letter stream; the fan-out of every
+//!   entry from a cursor of its own).
+//!
+//! Both feeds fan out so that no instance waits for another: every instance
+//! applies every event as soon as it sees it, marked with the event's
+//! position in its feed so that only the first application replaces the
+//! generation (`lua/invalidate_marked.lua`); the claim and the group stay
+//! the reliable path.
 //!
 //! Other sources: `POST /admin/invalidate` (admin) and write-through
 //! (the client-facing server), through the same [`Invalidator`]. Delivery is at least once everywhere: applying an event

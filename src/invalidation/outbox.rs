@@ -10,6 +10,20 @@
 //! `dead_at`, then commit. A crash anywhere before the commit leaves every
 //! claimed row in place to be applied again (harmless: idempotent).
 //!
+//! Fan-out (issue 19): a worker stopped between its claim and its commit
+//! (SIGSTOP, a GC pause, CPU throttling) keeps its rows locked, and `SKIP
+//! LOCKED` hides them from every other worker until it resumes; a worker
+//! whose store fails pushes its rows into backoff, where the others' claims
+//! do not look either. So on every wake-up each worker first reads the
+//! pending rows (not dead-lettered, due or in backoff) without locking them
+//! (a plain `SELECT` is never blocked by row locks) and applies those it has
+//! not applied yet, with the mark `o:<id>:<created_at µs>`
+//! (`lua/invalidate_marked.lua`): the first worker replaces the generation,
+//! the others find it covered and change nothing. No lock is held while it
+//! applies. The claim cycle stays the reliable path (delete, retry with
+//! backoff, dead letters, a backlog shared out between workers); rows this
+//! worker already applied are deleted there without another store call.
+//!
 //! Wake-ups: the worker's own connection `LISTEN`s on `notify_channel` (the
 //! `outbox-ddl` trigger notifies per inserting statement). Notifications
 //! only arrive on a connection whose `Connection` future we poll ourselves
@@ -24,6 +38,7 @@ use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::OutboxConfig;
 use crate::metrics::Metrics;
+use std::collections::HashSet;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +94,9 @@ pub struct OutboxWorker {
 
 /// The SQL of one table, prepared once per connection.
 struct Statements {
+    /// The rows not dead-lettered, unlocked, also those in backoff (the
+    /// fan-out).
+    pending: Statement,
     claim: Statement,
     delete: Statement,
     retry: Statement,
@@ -89,10 +107,17 @@ struct Statements {
 impl Statements {
     async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
         // `table` is a validated identifier (config), safe to splice.
+        let columns = "id, route, params::text, kind, revision, attempts, \
+                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint";
         Ok(Statements {
+            pending: client
+                .prepare(&format!(
+                    "SELECT {columns} FROM {table} WHERE dead_at IS NULL ORDER BY id LIMIT $1"
+                ))
+                .await?,
             claim: client
                 .prepare(&format!(
-                    "SELECT id, route, params::text, kind, revision, attempts FROM {table} \
+                    "SELECT {columns} FROM {table} \
                      WHERE dead_at IS NULL AND next_at <= now() \
                      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
                 ))
@@ -220,15 +245,20 @@ impl OutboxWorker {
         info!("outbox worker connected; listening");
 
         let mut gauges_at = Instant::now();
+        // Rows this worker applied in the fan-out and still sees due.
+        let mut seen = HashSet::new();
         loop {
+            tokio::time::timeout(CYCLE_TIMEOUT, self.fan_out(&client, &statements, &mut seen))
+                .await
+                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
             // Drain: keep claiming while full batches come back. A batch
             // whose rows failed against the store stops the drain; those
             // rows now wait for their backoff.
             loop {
-                let report =
-                    tokio::time::timeout(CYCLE_TIMEOUT, self.cycle(&mut client, &statements))
-                        .await
-                        .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+                let cycle = self.cycle(&mut client, &statements, &seen);
+                let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
+                    .await
+                    .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
                 // Reset only once a whole cycle worked: a session that
                 // connects but fails every cycle (permissions, a dropped
                 // table) keeps backing off instead of reconnecting in a loop.
@@ -261,11 +291,53 @@ impl OutboxWorker {
         }
     }
 
-    /// One claim-apply-commit transaction.
+    /// The fan-out (module doc): applies the pending rows not in `seen`,
+    /// without locking them, and remembers those applied. `seen` keeps only
+    /// rows still pending, so it is bounded by `batch`.
+    async fn fan_out(
+        &self,
+        client: &Client,
+        st: &Statements,
+        seen: &mut HashSet<i64>,
+    ) -> Result<(), OutboxError> {
+        let rows = client
+            .query(&st.pending, &[&i64::from(self.cfg.batch)])
+            .await?;
+        let mut due = HashSet::with_capacity(rows.len());
+        let mut fresh = Vec::new();
+        let mut events = Vec::new();
+        for row in &rows {
+            let id = row.try_get::<_, i64>(0)?;
+            due.insert(id);
+            if !seen.contains(&id) {
+                fresh.push(id);
+                events.push((row_event(row), row_mark(row)?));
+            }
+        }
+        seen.retain(|id| due.contains(id));
+        if events.is_empty() {
+            return Ok(());
+        }
+        let outcomes = self
+            .invalidator
+            .apply_marked(Source::OutboxFanout, events)
+            .await;
+        for (id, outcome) in fresh.into_iter().zip(&outcomes) {
+            // Poison and failed rows are the claim cycle's to settle.
+            if matches!(outcome, ApplyOutcome::Applied) {
+                seen.insert(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// One claim-apply-commit transaction. Rows in `seen` were applied by
+    /// this worker's fan-out: deleted without another store call.
     async fn cycle(
         &self,
         client: &mut Client,
         st: &Statements,
+        seen: &HashSet<i64>,
     ) -> Result<CycleReport, OutboxError> {
         let tx = client.transaction().await?;
         let rows = tx.query(&st.claim, &[&i64::from(self.cfg.batch)]).await?;
@@ -275,13 +347,36 @@ impl OutboxWorker {
         }
         let mut ids = Vec::with_capacity(rows.len());
         let mut attempts = Vec::with_capacity(rows.len());
-        let mut events = Vec::with_capacity(rows.len());
+        let mut events = Vec::new();
         for row in &rows {
-            ids.push(row.try_get::<_, i64>(0)?);
+            let id = row.try_get::<_, i64>(0)?;
+            ids.push(id);
             attempts.push(row.try_get::<_, i32>(5)?);
-            events.push(row_event(row));
+            if !seen.contains(&id) {
+                events.push((row_event(row), row_mark(row)?));
+            }
         }
-        let outcomes = self.invalidator.apply(Source::Outbox, events).await;
+        let mut applied_now = self
+            .invalidator
+            .apply_marked(Source::Outbox, events)
+            .await
+            .into_iter();
+        let outcomes: Vec<ApplyOutcome> = ids
+            .iter()
+            .map(|id| match seen.contains(id) {
+                true => ApplyOutcome::Applied,
+                false => applied_now.next().unwrap_or(ApplyOutcome::Failed(
+                    crate::store::StoreError::Protocol("no outcome".into()),
+                )),
+            })
+            .collect();
+        // Counted as this path's own applications, so that
+        // `source="outbox"` still counts every row once.
+        let by_fan_out = ids.iter().filter(|id| seen.contains(id)).count();
+        self.metrics
+            .invalidations
+            .with_label_values(&[Source::Outbox.as_str(), ApplyOutcome::Applied.as_str()])
+            .inc_by(by_fan_out as u64);
 
         let mut applied = Vec::new();
         let (mut retry_ids, mut retry_delays, mut retry_errors) =
@@ -344,6 +439,14 @@ impl OutboxWorker {
             .set(row.try_get::<_, f64>(2)?);
         Ok(())
     }
+}
+
+/// A row's mark (`lua/invalidate_marked.lua`): its id, and its creation
+/// time so that ids a reset sequence hands out again never match.
+fn row_mark(row: &tokio_postgres::Row) -> Result<String, tokio_postgres::Error> {
+    let id: i64 = row.try_get(0)?;
+    let created_us: i64 = row.try_get(6)?;
+    Ok(format!("o:{id}:{created_us}"))
 }
 
 /// A claimed row as an event; anything unreadable is poison for this row

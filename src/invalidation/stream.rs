@@ -17,8 +17,22 @@
 //! per process (host, pid, random), so a restarted process is a new
 //! consumer and its predecessor's entries come back through the claim.
 //!
-//! The consumer has its own connection: a blocking `XREADGROUP` on the
-//! store's multiplexed connection would stall every request behind it. Its
+//! Fan-out (issue 19): the group gives each entry to one consumer, and a
+//! consumer that stops (SIGSTOP, a GC pause, CPU throttling) would hold the
+//! entries delivered to it until it resumes or `claim_idle` passes. So every
+//! instance also tails the stream with plain `XREAD` from its own cursor
+//! (in memory, starting at the stream's last entry) and applies every entry
+//! at once. Both paths apply with the entry's id as mark
+//! (`lua/invalidate_marked.lua`): the first application replaces the
+//! generation, every later one (other instances, the group path, a consumer
+//! resuming with a backlog) finds it covered and changes nothing. The group
+//! stays the reliable path: acknowledgement, dead letters, claims, history
+//! for instances that start later. A group that disappears while running
+//! (Redis restarted empty) is re-created at `0`, never at `$`, so entries
+//! appended before the reconnect are not skipped (issue 20).
+//!
+//! Each path has its own connection: a blocking `XREADGROUP`/`XREAD` on the
+//! store's multiplexed connection would stall every request behind it. Their
 //! response timeout exceeds `BLOCK`.
 
 use super::backoff::Backoff;
@@ -27,7 +41,7 @@ use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::{StreamConfig, StreamStart};
 use crate::metrics::Metrics;
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +60,10 @@ const RECONNECT_BASE: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// Own pending entries that failed are retried after this long.
 const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
+/// A fan-out batch that failed against the store is retried after this
+/// long, doubling to one second (the group path keeps the entries anyway).
+const FANOUT_RETRY_BASE: Duration = Duration::from_millis(50);
+const FANOUT_RETRY_MAX: Duration = Duration::from_secs(1);
 /// Dead-letter stream length bound (approximate trim).
 const DEAD_MAXLEN: usize = 100_000;
 
@@ -90,21 +108,30 @@ impl StreamConsumer {
         (self.cfg.claim_idle / 2).clamp(Duration::from_millis(100), MAX_BLOCK)
     }
 
-    /// Runs until `shutdown` becomes true (or its sender is dropped),
-    /// reconnecting with jittered exponential backoff.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs the group path and the fan-out until `shutdown` becomes true
+    /// (or its sender is dropped), each reconnecting with jittered
+    /// exponential backoff.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
         info!(
             stream = %self.cfg.stream,
             group = %self.cfg.group,
             consumer = %self.consumer,
             "stream consumer starting"
         );
+        tokio::join!(self.run_group(shutdown.clone()), self.run_fanout(shutdown));
+        info!("stream consumer stopped");
+    }
+
+    /// The consumer group path.
+    async fn run_group(&self, mut shutdown: watch::Receiver<bool>) {
         let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        let mut first = true;
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let session = self.session(&mut reconnect);
+            let session = self.session(&mut reconnect, first);
+            first = false;
             tokio::select! {
                 result = session => {
                     if let Err(e) = result {
@@ -119,20 +146,26 @@ impl StreamConsumer {
                 _ = shutdown.changed() => break,
             }
         }
-        info!("stream consumer stopped");
     }
 
-    /// One connection's life; returns only on a Redis error.
-    async fn session(&self, reconnect: &mut Backoff) -> Result<(), RedisError> {
-        let block = self.claim_every();
+    /// A connection of its own whose response timeout exceeds `block`.
+    async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
         let client = redis::Client::open(self.redis_url.as_str())?;
         let conn_cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(block + BLOCK_MARGIN));
-        let mut conn = client
+        client
             .get_multiplexed_async_connection_with_config(&conn_cfg)
-            .await?;
-        self.ensure_group(&mut conn).await?;
+            .await
+    }
+
+    /// One connection's life on the group path; returns only on a Redis
+    /// error. `first`: the process's first session (a group missing then
+    /// starts where `start` says; missing later, Redis lost it).
+    async fn session(&self, reconnect: &mut Backoff, first: bool) -> Result<(), RedisError> {
+        let block = self.claim_every();
+        let mut conn = self.connect(block).await?;
+        self.ensure_group(&mut conn, first).await?;
         info!("stream consumer connected");
 
         // Own pending first: entries this name was given and never acked.
@@ -177,8 +210,17 @@ impl StreamConsumer {
     }
 
     /// `XGROUP CREATE ... MKSTREAM`; an existing group (`BUSYGROUP`) is fine.
-    async fn ensure_group(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    /// Created at `start` in the process's first session; a group that is
+    /// missing on a reconnect was lost with Redis's data, and `$` would skip
+    /// every entry appended since: it starts at `0` (re-applying what is
+    /// there is harmless).
+    async fn ensure_group(
+        &self,
+        conn: &mut MultiplexedConnection,
+        first: bool,
+    ) -> Result<(), RedisError> {
         let start = match self.cfg.start {
+            _ if !first => "0",
             StreamStart::Latest => "$",
             StreamStart::Earliest => "0",
         };
@@ -191,8 +233,12 @@ impl StreamConsumer {
             .query_async(conn)
             .await;
         match created {
-            Ok(()) => {
+            Ok(()) if first => {
                 info!(group = %self.cfg.group, start, "consumer group created");
+                Ok(())
+            }
+            Ok(()) => {
+                warn!(group = %self.cfg.group, "consumer group was missing (Redis restarted without its data?); re-created at the stream's start");
                 Ok(())
             }
             Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
@@ -277,6 +323,106 @@ impl StreamConsumer {
         Ok(())
     }
 
+    /// Applies entries marked with their ids (see the module doc).
+    async fn apply(&self, source: Source, entries: &[StreamId]) -> Vec<ApplyOutcome> {
+        let events = entries
+            .iter()
+            .map(|e| (entry_event(e), format!("s:{}", e.id)))
+            .collect();
+        self.invalidator.apply_marked(source, events).await
+    }
+
+    /// The fan-out path: tails the stream from this process's own cursor.
+    async fn run_fanout(&self, mut shutdown: watch::Receiver<bool>) {
+        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        // Survives reconnects: after a Redis restart the new entries' ids
+        // are later than any this process read (ids follow Redis's clock).
+        let mut cursor: Option<String> = None;
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            tokio::select! {
+                result = self.fanout_session(&mut cursor, &mut reconnect) => {
+                    if let Err(e) = result {
+                        warn!(error = %e, "stream fan-out lost Redis; reconnecting");
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+            let delay = reconnect.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+    }
+
+    /// One connection's life on the fan-out path; returns only on a Redis
+    /// error. A batch that fails against the store is retried (capped
+    /// backoff) before the cursor moves past it.
+    async fn fanout_session(
+        &self,
+        cursor: &mut Option<String>,
+        reconnect: &mut Backoff,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.connect(MAX_BLOCK).await?;
+        let mut after = match cursor.clone() {
+            Some(c) => c,
+            None => self.tail_id(&mut conn).await?,
+        };
+        *cursor = Some(after.clone());
+        let mut retry = Backoff::new(FANOUT_RETRY_BASE, FANOUT_RETRY_MAX);
+        loop {
+            let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(COUNT)
+                .arg("BLOCK")
+                .arg(MAX_BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&self.cfg.stream)
+                .arg(&after)
+                .query_async(&mut conn)
+                .await?;
+            reconnect.reset();
+            let entries = flatten(reply);
+            let Some(last) = entries.last() else {
+                continue;
+            };
+            loop {
+                let outcomes = self.apply(Source::StreamFanout, &entries).await;
+                if !outcomes
+                    .iter()
+                    .any(|o| matches!(o, ApplyOutcome::Failed(_)))
+                {
+                    break;
+                }
+                tokio::time::sleep(retry.next_delay()).await;
+            }
+            retry.reset();
+            after = last.id.clone();
+            *cursor = Some(after.clone());
+        }
+    }
+
+    /// The id of the stream's last entry (`0-0` if it has none): the
+    /// fan-out starts after it; history is the group's.
+    async fn tail_id(&self, conn: &mut MultiplexedConnection) -> Result<String, RedisError> {
+        let last: StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(&self.cfg.stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(conn)
+            .await?;
+        Ok(last
+            .ids
+            .into_iter()
+            .next()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id))
+    }
+
     /// Applies entries, dead-letters poison ones, acks all but the failed.
     /// True if some failed against the store (left pending for a retry).
     async fn process(
@@ -284,8 +430,7 @@ impl StreamConsumer {
         conn: &mut MultiplexedConnection,
         entries: &[StreamId],
     ) -> Result<bool, RedisError> {
-        let events = entries.iter().map(entry_event).collect();
-        let outcomes = self.invalidator.apply(Source::Stream, events).await;
+        let outcomes = self.apply(Source::Stream, entries).await;
         let mut pipe = redis::pipe();
         let mut ack = Vec::new();
         let mut dead = 0u64;

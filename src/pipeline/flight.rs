@@ -2,11 +2,20 @@
 //! same key share one fill task and its answer. The fill runs in its own
 //! task, so a client that disconnects cannot cancel it halfway (which would
 //! strand the lease or abandon the other waiters).
+//!
+//! A fill is joined only by requests that read the same generation of the
+//! object ([`FlightKey::Fill`]): one that started before an invalidation
+//! fetched before it, and a request that read the new generation must not
+//! be handed that answer (issue 19). Its fill's ticket is taken after its
+//! requests' reads, so it is their generation or a newer one; an
+//! invalidation in between only costs a fill of its own, never an older
+//! answer.
 
 use super::entry::Entry;
 use super::status::CacheStatus;
 use crate::body::Body;
 use crate::error::ProxyError;
+use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Response;
 use std::collections::HashMap;
@@ -25,9 +34,21 @@ pub enum Answer {
 
 type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;
 
+/// What a flight is for; requests join a running flight with an equal key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum FlightKey {
+    /// A fill (stages 5-9) for the requests that read `generation`.
+    Fill { entry: String, generation: Bytes },
+    /// The grace refresh of an expired entry of `generation`. Never joined
+    /// by a foreground miss, which would inherit its "busy" answer.
+    Refresh { entry: String, generation: Bytes },
+    /// A degraded fetch: the store, and so the generation, is unreadable.
+    Degraded { entry: String },
+}
+
 #[derive(Default)]
 pub struct Flights {
-    inflight: Mutex<HashMap<String, SharedAnswer>>,
+    inflight: Mutex<HashMap<FlightKey, SharedAnswer>>,
 }
 
 impl Flights {
@@ -35,16 +56,16 @@ impl Flights {
     /// running. The flag is true for the request that started it.
     pub fn join(
         self: &Arc<Self>,
-        key: &str,
+        key: FlightKey,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
     ) -> (SharedAnswer, bool) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = map.get(key) {
+        if let Some(existing) = map.get(&key) {
             return (existing.clone(), false);
         }
         let fill = start();
         let flights = Arc::clone(self);
-        let owned_key = key.to_owned();
+        let owned_key = key.clone();
         let task = tokio::spawn(async move {
             // Removed on completion or panic alike, so later requests start a
             // new flight (and usually find the entry this one published).
@@ -61,12 +82,12 @@ impl Flights {
         }
         .boxed()
         .shared();
-        map.insert(key.to_owned(), shared.clone());
+        map.insert(key, shared.clone());
         (shared, true)
     }
 }
 
-struct Leave(Arc<Flights>, String);
+struct Leave(Arc<Flights>, FlightKey);
 
 impl Drop for Leave {
     fn drop(&mut self) {

@@ -1,8 +1,16 @@
-//! Stages 5, 6 and 9 across instances: the rebuild lease. The filler holds
-//! `SET lease owner NX PX lease` with a fresh owner token per attempt;
-//! others wait with jittered sleeps, re-reading the entry, until the route's
-//! `wait` budget is spent. Release is compare-and-delete, so a filler whose
-//! lease expired cannot delete its successor's lease.
+//! Stages 5, 6 and 9 across instances: the rebuild lease. The filler takes
+//! the lease and its ticket in one script (`lua/lease.lua`, value
+//! `<owner>@<ticket>`, a fresh owner token per attempt); others wait with
+//! jittered sleeps, re-reading the entry, until the route's `wait` budget is
+//! spent. Release is compare-and-delete, so a filler whose lease expired
+//! cannot delete its successor's lease.
+//!
+//! Waiting is only for a fill of the current generation: a lease whose
+//! ticket an invalidation has replaced is taken over at the next attempt
+//! (counted in `sidecache_lease_superseded_total`), because that fill can
+//! never publish and its answer predates the invalidation. So there is
+//! still one fill per object and generation across instances, and none
+//! that readers after an invalidation wait for is older than it.
 //!
 //! A fill slower than its lease keeps it with [`LeaseGuard::renew_while`]:
 //! every third of the lease, a compare-and-`PEXPIRE` (`lua/lease_renew.lua`)
@@ -24,7 +32,8 @@ use super::lookup::lookup;
 use crate::config::Route;
 use crate::keys::CacheKey;
 use crate::metrics::Metrics;
-use crate::store::{GuardedStore, StoreError};
+use crate::store::{GuardedStore, LeaseReply, StoreError};
+use bytes::Bytes;
 use prometheus::IntCounterVec;
 use rand::Rng;
 use std::sync::Arc;
@@ -47,21 +56,20 @@ pub fn owner_token() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-/// Stage 5: acquire the lease or wait for someone else's fill.
+/// Stage 5: acquire the lease or wait for someone else's fill of the
+/// current generation. `gen_ttl` is for a generation the script creates.
 pub async fn acquire(
     store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
+    gen_ttl: Duration,
     metrics: &Metrics,
 ) -> Result<LeaseOutcome, StoreError> {
     let owner = owner_token();
     let budget_end = Instant::now() + route.wait;
     loop {
-        if store
-            .try_lease(&key.keys.lease, &owner, route.lease)
-            .await?
-        {
-            return Ok(LeaseOutcome::Won(guard(store, key, route, metrics, owner)));
+        if let Some(won) = attempt(store, key, route, &owner, gen_ttl, metrics).await? {
+            return Ok(LeaseOutcome::Won(won));
         }
         let now = Instant::now();
         if now >= budget_end {
@@ -84,31 +92,50 @@ pub async fn try_acquire(
     store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
+    gen_ttl: Duration,
     metrics: &Metrics,
 ) -> Result<Option<LeaseGuard>, StoreError> {
-    let owner = owner_token();
-    let won = store
-        .try_lease(&key.keys.lease, &owner, route.lease)
-        .await?;
-    Ok(won.then(|| guard(store, key, route, metrics, owner)))
+    attempt(store, key, route, &owner_token(), gen_ttl, metrics).await
 }
 
-fn guard(
+/// One `lua/lease.lua` call: the guard if won (a superseded fill counted).
+async fn attempt(
     store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
+    owner: &str,
+    gen_ttl: Duration,
     metrics: &Metrics,
-    owner: String,
-) -> LeaseGuard {
-    LeaseGuard {
+) -> Result<Option<LeaseGuard>, StoreError> {
+    let nonce = format!("{:016x}", rand::rng().random::<u64>());
+    let reply = store
+        .take_lease(&key.keys, owner, &nonce, route.lease, gen_ttl)
+        .await?;
+    let LeaseReply::Won {
+        value,
+        ticket,
+        superseded,
+    } = reply
+    else {
+        return Ok(None);
+    };
+    if superseded {
+        metrics
+            .lease_superseded
+            .with_label_values(&[&route.name])
+            .inc();
+        tracing::debug!(route = %route.name, key = %key.keys.lease, "lease of an older generation's fill superseded");
+    }
+    Ok(Some(LeaseGuard {
         store: Arc::clone(store),
         lease_key: key.keys.lease.clone(),
-        owner,
+        owner: value,
+        ticket,
         route: route.name.clone(),
         unlock_failed: metrics.unlock_failed.clone(),
         abandoned: metrics.lease_abandoned.clone(),
         released: false,
-    }
+    }))
 }
 
 /// A lease this process holds (see the module doc for the drop rule).
@@ -116,7 +143,9 @@ fn guard(
 pub struct LeaseGuard {
     store: Arc<GuardedStore>,
     lease_key: String,
+    /// The lease value, `<owner>@<ticket>`.
     owner: String,
+    ticket: Bytes,
     route: String,
     unlock_failed: IntCounterVec,
     abandoned: IntCounterVec,
@@ -133,9 +162,15 @@ impl std::fmt::Debug for LeaseGuard {
 }
 
 impl LeaseGuard {
-    /// The owner token the publish script checks.
+    /// The lease value the publish script checks.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// The generation this fill is for: taken with the lease, before the
+    /// upstream call, so an invalidation after it refuses the publish.
+    pub fn ticket(&self) -> &Bytes {
+        &self.ticket
     }
 
     /// Runs `work` (the upstream fetch) while renewing the lease to `ttl`
@@ -231,6 +266,8 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
 
+    const GEN_TTL: Duration = Duration::from_secs(60);
+
     fn setup() -> (Arc<GuardedStore>, Metrics, CacheKey, Arc<Route>) {
         let metrics = Metrics::new();
         let store = Arc::new(GuardedStore::new(
@@ -252,7 +289,7 @@ mod tests {
         route: &Route,
         m: &Metrics,
     ) -> LeaseGuard {
-        match acquire(store, key, route, m).await {
+        match acquire(store, key, route, GEN_TTL, m).await {
             Ok(LeaseOutcome::Won(lease)) => lease,
             other => panic!("expected to win the lease: {other:?}"),
         }
@@ -281,13 +318,46 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             if matches!(
-                store.try_lease(&key.keys.lease, "next", route.lease).await,
-                Ok(true)
+                store
+                    .take_lease(&key.keys, "next", "n", route.lease, GEN_TTL)
+                    .await,
+                Ok(LeaseReply::Won { .. })
             ) {
                 break;
             }
             assert!(Instant::now() < deadline, "abandoned lease not released");
             tokio::task::yield_now().await;
         }
+    }
+
+    #[tokio::test]
+    async fn only_a_fill_of_the_current_generation_is_waited_for() {
+        let (store, m, key, route) = setup();
+        let old = won(&store, &key, &route, &m).await;
+        let try_once = || try_acquire(&store, &key, &route, GEN_TTL, &m);
+        assert!(
+            try_once().await.unwrap().is_none(),
+            "held for the current generation"
+        );
+        store
+            .invalidate(&key.keys.generation, "inv", GEN_TTL)
+            .await
+            .unwrap();
+        let new = try_once()
+            .await
+            .unwrap()
+            .expect("an older generation's fill is superseded");
+        assert_ne!(new.ticket(), old.ticket());
+        assert_eq!(m.lease_superseded.with_label_values(&["app"]).get(), 1);
+        assert!(
+            try_once().await.unwrap().is_none(),
+            "the new fill is waited for"
+        );
+        // The superseded fill cannot release its successor's lease.
+        old.release().await;
+        assert!(try_once().await.unwrap().is_none());
+        new.release().await;
+        let free = try_once().await.unwrap().expect("released");
+        free.release().await;
     }
 }

@@ -18,8 +18,9 @@ use bytes::Bytes;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     Hit(Entry),
-    /// No entry, or one stamped with an old generation.
-    Miss,
+    /// No entry, or one stamped with an old generation; with the
+    /// generation read (none if the key is missing).
+    Miss(Option<Bytes>),
     /// Undecodable, or it names another object or variant.
     Corrupt(&'static str, Bytes),
 }
@@ -27,7 +28,7 @@ pub enum Verdict {
 /// Stage 3, pure: judges a snapshot for `key`.
 pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
     let Some(raw) = snapshot.entry else {
-        return Verdict::Miss;
+        return Verdict::Miss(snapshot.generation);
     };
     let entry = match Entry::decode(&raw) {
         Ok(e) => e,
@@ -40,7 +41,7 @@ pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
     // entry cannot be proven current.
     match snapshot.generation {
         Some(g) if g == entry.generation => Verdict::Hit(entry),
-        _ => Verdict::Miss,
+        other => Verdict::Miss(other),
     }
 }
 
@@ -52,7 +53,9 @@ pub enum Found {
     /// Current generation but past its freshness: servable only as STALE,
     /// within its windows.
     Expired(Entry),
-    Miss,
+    /// Nothing servable; the object's generation as read (none: the key is
+    /// missing). A miss joins only fills of this generation (issue 19).
+    Miss(Option<Bytes>),
 }
 
 impl Found {
@@ -60,7 +63,7 @@ impl Found {
     pub fn fresh(self) -> Option<Entry> {
         match self {
             Found::Fresh(e) => Some(e),
-            Found::Expired(_) | Found::Miss => None,
+            Found::Expired(_) | Found::Miss(_) => None,
         }
     }
 }
@@ -84,14 +87,15 @@ pub async fn lookup(
     let snapshot = store.read(&key.keys).await?;
     match check_entry(snapshot, key) {
         Verdict::Hit(e) => Ok(by_freshness(e, super::publish::now_ms())),
-        Verdict::Miss => Ok(Found::Miss),
+        Verdict::Miss(generation) => Ok(Found::Miss(generation)),
         Verdict::Corrupt(why, raw) => {
             metrics.corrupt.with_label_values(&[route]).inc();
             tracing::warn!(key = %key.keys.entry, reason = why, "corrupt cache entry removed");
             // Failure to delete is harmless: the entry is never served and
             // the next publish overwrites it.
             let _ = store.delete_if_equals(&key.keys.entry, &raw).await;
-            Ok(Found::Miss)
+            // Rare: the request then takes a ticket for its generation.
+            Ok(Found::Miss(None))
         }
     }
 }
@@ -141,14 +145,20 @@ mod tests {
             check_entry(snap(Some(raw.clone()), Some(b"g1")), &key()),
             Verdict::Hit(good)
         );
-        // Invalidated: generation moved on.
+        // Invalidated: generation moved on; the miss carries the new one.
         assert_eq!(
             check_entry(snap(Some(raw.clone()), Some(b"g2")), &key()),
-            Verdict::Miss
+            Verdict::Miss(Some(Bytes::from_static(b"g2")))
         );
         // Generation lost (eviction/restart): never a hit.
-        assert_eq!(check_entry(snap(Some(raw), None), &key()), Verdict::Miss);
-        assert_eq!(check_entry(snap(None, Some(b"g1")), &key()), Verdict::Miss);
+        assert_eq!(
+            check_entry(snap(Some(raw), None), &key()),
+            Verdict::Miss(None)
+        );
+        assert_eq!(
+            check_entry(snap(None, Some(b"g1")), &key()),
+            Verdict::Miss(Some(Bytes::from_static(b"g1")))
+        );
         let other = entry(b"g1", "app:globex:1").encode();
         assert!(matches!(
             check_entry(snap(Some(other), Some(b"g1")), &key()),

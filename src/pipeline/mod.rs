@@ -9,28 +9,34 @@
 //!                       at once + stale::refresh in the background;
 //!                       stale-if-error keeps it for a failed refill
 //! 4 bloom               bloom::stage (miss only, routes with `bloom`)
-//! 5 coalesce + lease    flight::Flights (in-process), lease::acquire (across instances)
-//! 6 double-check+ticket lookup::lookup again, GuardedStore::ticket
+//! 5 coalesce + lease    flight::Flights (in-process, per generation read),
+//!                       lease::acquire (across instances; takes the ticket)
+//! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits
 //!   7b degraded         fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, publish::publish
 //! 9 release             lease::release
-//!   answer              client_cc: the route's client_cache_control on
-//!                       answers built from an entry
+//! 10 answer             client_cc: the route's client_cache_control;
+//!                       answer::shape: the client's preconditions
+//!                       (conditional) and range (range) against the entry
 //! ```
 //! `status::CacheStatus`
 //! is the result of every request: the `X-Cache` header, the metric label
 //! and the log field.
 
+pub mod answer;
 pub mod bloom;
 pub mod cache_control;
 pub mod client_cc;
+pub mod conditional;
 pub mod entry;
+pub mod etag;
 pub mod fill;
 pub mod flight;
 pub mod lease;
 pub mod lookup;
 pub mod publish;
+pub mod range;
 pub mod stale;
 pub mod status;
 
@@ -42,18 +48,19 @@ use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
 use crate::store::{GuardedStore, PublishOutcome};
+use answer::{ClientAsk, Shaped};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
-use flight::{Answer, Flights};
+use flight::{Answer, FlightKey, Flights};
 use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
 use lookup::Found;
 use publish::{Cacheability, FillOutcome, Lifetime, Uncacheable};
 use rand::Rng;
-use stale::StaleReason;
+use stale::{AfterFailure, StaleReason};
 use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -92,7 +99,7 @@ impl Pipeline {
         Pipeline {
             shared: Arc::new(Shared {
                 client,
-                permits: FillPermits::new(cfg.fill.max_concurrency),
+                permits: FillPermits::new(&cfg.fill),
                 blooms,
                 store,
                 metrics,
@@ -104,7 +111,7 @@ impl Pipeline {
     /// Applies limits from a reloaded config (fill permits; route budgets
     /// are read from the route at each fill) and logs its warnings.
     pub fn reconfigure(&self, cfg: &Config) {
-        self.shared.permits.resize(cfg.fill.max_concurrency);
+        self.shared.permits.reconfigure(&cfg.fill);
         for w in &cfg.warnings {
             tracing::warn!(path = %w.path, "config: {}", w.message);
         }
@@ -122,6 +129,13 @@ impl Pipeline {
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
         resp.headers_mut().insert("x-cache", status.header_value());
+        if let Some(shaped) = resp.extensions().get::<Shaped>() {
+            self.shared
+                .metrics
+                .client_answers
+                .with_label_values(&[&route.name, shaped.as_str()])
+                .inc();
+        }
         self.shared
             .metrics
             .requests
@@ -155,7 +169,8 @@ impl Pipeline {
             .await;
             return (CacheStatus::Bypass, resp);
         }
-        let head = req.method() == Method::HEAD;
+        // Stage 10's input: kept before the request is dropped for the fill.
+        let ask = ClientAsk::from_request(req.method(), req.headers());
         // Stage 1.
         let key = keys::cache_key(
             &cfg.store.namespace,
@@ -166,24 +181,24 @@ impl Pipeline {
         );
         // Stages 2 + 3. With the store unavailable there is no entry, so
         // nothing to serve stale either: the degraded path as before.
-        let (degraded, expired) =
+        let (mut degraded, expired, read_generation) =
             match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
                 Ok(Found::Fresh(entry)) => {
                     let status = hit_status(&entry);
-                    return (status, respond(route, &entry, status, head));
+                    return (status, respond(route, &entry, status, &ask));
                 }
-                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry))),
-                Ok(Found::Miss) => (false, None),
+                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry)), None),
+                Ok(Found::Miss(generation)) => (false, None, generation),
                 Err(e) => {
                     tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
-                    (true, None)
+                    (true, None, None)
                 }
             };
         // Stage 4: only on a real miss (an expired entry of the current
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
-            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, head).await {
+            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, ask.head).await {
                 return rejected;
             }
         }
@@ -207,16 +222,26 @@ impl Pipeline {
             .as_ref()
             .filter(|e| e.within_grace(publish::now_ms()))
         {
-            self.start_refresh(&fill);
-            return self.serve_stale(route, entry, StaleReason::Revalidating, head);
+            self.start_refresh(&fill, entry.generation.clone());
+            return self.serve_stale(route, entry, StaleReason::Revalidating, &ask);
         }
-        let flight_key = if degraded {
-            format!("degraded:{}", fill.key.keys.entry)
-        } else {
-            fill.key.keys.entry.clone()
+        let generation = match (&expired, read_generation) {
+            _ if degraded => None,
+            (Some(entry), _) => Some(entry.generation.clone()),
+            (None, Some(generation)) => Some(generation),
+            (None, None) => fill_generation(&fill).await,
+        };
+        degraded |= generation.is_none();
+        let entry_key = fill.key.keys.entry.clone();
+        let flight_key = match generation {
+            Some(generation) => FlightKey::Fill {
+                entry: entry_key,
+                generation,
+            },
+            None => FlightKey::Degraded { entry: entry_key },
         };
         let task_fill = Arc::clone(&fill);
-        let (flight, started) = self.flights.join(&flight_key, move || {
+        let (flight, started) = self.flights.join(flight_key, move || {
             async move {
                 if degraded {
                     fetch_only(&task_fill, CacheStatus::Degraded).await
@@ -230,20 +255,29 @@ impl Pipeline {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
         }
         let answer = flight.await;
-        // stale-if-error: a failed refill answers with the expired entry,
-        // if it is still within its window now.
-        if let Some(reason) = stale::failure_reason(&answer) {
-            if let Some(entry) = stale::usable_after_failure(&expired, publish::now_ms()) {
-                return self.serve_stale(route, &entry, reason, head);
+        // stale-if-error: a failed refill answers with the expired entry
+        // if, read again now, it is still of the current generation and
+        // within its window.
+        if let (Some(reason), Some(_)) = (stale::failure_reason(&answer), &expired) {
+            let again = lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await;
+            match again.map(|found| stale::usable_after_failure(found, publish::now_ms())) {
+                Ok(Some(AfterFailure::Fresh(entry))) => {
+                    let status = hit_status(&entry);
+                    return (status, respond(route, &entry, status, &ask));
+                }
+                Ok(Some(AfterFailure::Stale(entry))) => {
+                    return self.serve_stale(route, &entry, reason, &ask);
+                }
+                Ok(None) | Err(_) => {}
             }
         }
-        if let Some(answered) = to_client(route, &answer, started, head) {
+        if let Some(answered) = to_client(route, &answer, started, &ask) {
             return answered;
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
         let own = fetch_only(&fill, CacheStatus::Miss).await;
-        to_client(route, &own, true, head).unwrap_or_else(|| {
+        to_client(route, &own, true, &ask).unwrap_or_else(|| {
             (
                 CacheStatus::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
@@ -256,10 +290,10 @@ impl Pipeline {
     /// Starts the grace refresh for `fill`'s object unless one runs in this
     /// process already; [`stale::refresh`] tries the lease once, so across
     /// instances at most one runs per object. Nobody awaits it.
-    fn start_refresh(&self, fill: &Arc<Fill>) {
+    fn start_refresh(&self, fill: &Arc<Fill>, generation: bytes::Bytes) {
         let task_fill = Arc::clone(fill);
-        let key = stale::refresh_flight_key(&fill.key.keys.entry);
-        let _running = self.flights.join(&key, move || {
+        let key = stale::refresh_flight_key(&fill.key.keys.entry, generation);
+        let _running = self.flights.join(key, move || {
             async move { stale::refresh(&task_fill).await }.boxed()
         });
     }
@@ -269,7 +303,7 @@ impl Pipeline {
         route: &Route,
         entry: &Entry,
         reason: StaleReason,
-        head: bool,
+        ask: &ClientAsk,
     ) -> (CacheStatus, Response<Body>) {
         self.shared
             .metrics
@@ -277,7 +311,7 @@ impl Pipeline {
             .with_label_values(&[&route.name, reason.as_str()])
             .inc();
         let status = CacheStatus::Stale;
-        (status, respond(route, entry, status, head))
+        (status, respond(route, entry, status, ask))
     }
 }
 
@@ -303,11 +337,28 @@ fn hit_status(entry: &Entry) -> CacheStatus {
     }
 }
 
+/// The generation a miss that found no generation key joins fills of: a
+/// ticket, which creates it. Joining by "no generation" instead could hand
+/// a fill that started before an invalidation to a request that arrived
+/// after it and after the key was then lost. `None`: store unavailable.
+async fn fill_generation(fill: &Fill) -> Option<bytes::Bytes> {
+    let ticket = fill
+        .shared
+        .store
+        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
+        .await;
+    if let Err(e) = &ticket {
+        tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
+    }
+    ticket.ok()
+}
+
 /// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
 async fn fill_with_lease(fill: &Fill) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
-    let lease = match lease::acquire(&sh.store, &fill.key, route, &sh.metrics).await {
+    let acquired = lease::acquire(&sh.store, &fill.key, route, fill.cfg.gen_ttl, &sh.metrics);
+    let lease = match acquired.await {
         Ok(LeaseOutcome::Won(lease)) => lease,
         Ok(LeaseOutcome::Hit(entry)) => {
             return Answer::Shared(hit_status(&entry), Arc::new(entry));
@@ -334,19 +385,13 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     // An expired entry is what this fill replaces.
     match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
         Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
-        Ok(Found::Expired(_) | Found::Miss) => {}
+        Ok(Found::Expired(_) | Found::Miss(_)) => {}
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     }
-    // The ticket is taken before the upstream call: an invalidation after
-    // this point moves the generation and the publish below is refused.
-    let ticket = match sh
-        .store
-        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
-        .await
-    {
-        Ok(t) => t,
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-    };
+    // The ticket came with the lease, before the upstream call: an
+    // invalidation after that point moves the generation and the publish
+    // below is refused.
+    let ticket = lease.ticket().clone();
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
         .renew_while(
@@ -447,21 +492,20 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         return Judged::OneClient(one_client(code, headers, body), reason);
     }
     let life = publish::lifetime(&fill.route, kind, &headers);
+    let origin_age = cache_control::origin_age(&headers);
+    let mut headers = publish::replayable_headers(headers);
+    if kind == Cacheability::Positive {
+        etag::ensure(fill.route.etag, &mut headers, &body);
+    }
     let entry = publish::build_entry(
-        &fill.key,
-        generation,
-        kind,
-        life,
-        code,
-        publish::replayable_headers(headers),
-        body,
+        &fill.key, generation, kind, life, origin_age, code, headers, body,
     );
     Judged::Shareable(entry, kind, life)
 }
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
-    let _permit = sh.permits.try_acquire(&fill.route)?;
+    let _permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
     let _inflight = Inflight::enter(
         sh.metrics
             .fill_inflight
@@ -505,48 +549,52 @@ fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) ->
     resp
 }
 
-/// A client response from an entry; hits carry `Age`.
-fn respond(route: &Route, entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
-    let mut resp = Response::new(if head {
-        body::empty()
-    } else {
-        body::full(entry.body.clone())
-    });
+/// A client response from an entry; hits carry `Age`. Stage 10 shapes it
+/// for the client's preconditions and range, and adds the body.
+fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -> Response<Body> {
+    let mut resp = Response::new(body::empty());
     *resp.status_mut() =
         http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     let h = resp.headers_mut();
-    h.reserve(entry.headers.len() + 3);
+    // Content-Length, Age, Accept-Ranges, X-Cache: no regrowth on the way.
+    h.reserve(entry.headers.len() + 4);
     for (name, value) in &entry.headers {
         h.append(name.clone(), value.clone());
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
-    // A stale answer's Age counts from the original fetch as well.
-    if matches!(
-        status,
-        CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
-    ) {
-        let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
+    // A stale answer's Age counts from the original fetch as well; a
+    // fresh fill's answer carries the origin's own Age, if it sent one.
+    let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
+        .min(cache_control::MAX_AGE_SECONDS);
+    if age > 0
+        || matches!(
+            status,
+            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+        )
+    {
         h.insert(header::AGE, HeaderValue::from(age));
     }
     client_cc::apply(route, entry, h);
-    resp
+    answer::shape(resp, entry, ask)
 }
 
 /// A flight's answer as this client's response; `None` for a one-client
-/// answer when this request did not start the flight.
+/// answer when this request did not start the flight. A one-client answer
+/// (too large, or private to this client) goes out as the origin sent it:
+/// no preconditions or range are applied to it.
 fn to_client(
     route: &Route,
     answer: &Answer,
     started: bool,
-    head: bool,
+    ask: &ClientAsk,
 ) -> Option<(CacheStatus, Response<Body>)> {
     match answer {
-        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, head))),
+        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),
         Answer::Exclusive(..) if !started => None,
         Answer::Exclusive(status, slot) => {
             let taken = slot.lock().ok().and_then(|mut s| s.take())?;
-            Some((*status, strip_body_for_head(taken, head)))
+            Some((*status, strip_body_for_head(taken, ask.head)))
         }
     }
 }

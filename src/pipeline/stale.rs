@@ -6,17 +6,21 @@
 //! this module (SPEC §5.1's last rule).
 //!
 //! - grace: the expired entry answers at once and one background refresh
-//!   starts, unless one is running in this process (single-flight on a
-//!   `refresh:` key) or anywhere (the lease, tried once, never waited for).
-//! - stale-if-error: the expired entry answers instead of a failed refill
-//!   (upstream error or 5xx, fill permits full, lease wait spent).
+//!   starts, unless one is running in this process for the same generation
+//!   (single-flight on [`FlightKey::Refresh`]) or anywhere (the lease, tried
+//!   once, never waited for; a refresh of an older generation is superseded).
+//! - stale-if-error: an expired entry answers instead of a failed refill
+//!   (upstream error or 5xx, fill permits full, lease wait spent), read
+//!   again after the failure: the refill took time, and an invalidation
+//!   meanwhile makes the entry read at the start unservable.
 
 use super::entry::Entry;
-use super::flight::Answer;
+use super::flight::{Answer, FlightKey};
+use super::lookup::Found;
 use super::status::CacheStatus;
 use super::{fill_holding_lease, lease, Fill};
 use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
-use std::sync::Arc;
+use bytes::Bytes;
 
 /// Why an expired entry was served: the `reason` label of
 /// `sidecache_stale_served_total`.
@@ -72,11 +76,16 @@ impl RefreshOutcome {
     }
 }
 
-/// The flight key of a background refresh: distinct from the foreground
-/// fill's, so a foreground miss never joins (and inherits the "busy"
-/// answer of) a refresh that found the lease taken.
-pub fn refresh_flight_key(entry_key: &str) -> String {
-    format!("refresh:{entry_key}")
+/// The flight key of the background refresh of an expired entry of
+/// `generation`: distinct from the foreground fill's, so a foreground miss
+/// never joins (and inherits the "busy" answer of) a refresh that found the
+/// lease taken; and per generation, so a refresh of an invalidated entry
+/// still running never stands in for one of the current entry.
+pub fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
+    FlightKey::Refresh {
+        entry: entry_key.to_owned(),
+        generation,
+    }
 }
 
 /// Why a refill's answer counts as failed for stale-if-error, if it does.
@@ -109,16 +118,23 @@ pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
 /// Its answer goes to no client (the flight is never awaited).
 pub(super) async fn refresh(fill: &Fill) -> Answer {
     let sh = &fill.shared;
-    let (outcome, answer) =
-        match lease::try_acquire(&sh.store, &fill.key, &fill.route, &sh.metrics).await {
-            Ok(Some(lease)) => {
-                let answer = fill_holding_lease(fill, &lease).await;
-                lease.release().await;
-                (refresh_outcome(&answer), answer)
-            }
-            Ok(None) => (RefreshOutcome::Busy, busy()),
-            Err(_) => (RefreshOutcome::StoreError, busy()),
-        };
+    let (outcome, answer) = match lease::try_acquire(
+        &sh.store,
+        &fill.key,
+        &fill.route,
+        fill.cfg.gen_ttl,
+        &sh.metrics,
+    )
+    .await
+    {
+        Ok(Some(lease)) => {
+            let answer = fill_holding_lease(fill, &lease).await;
+            lease.release().await;
+            (refresh_outcome(&answer), answer)
+        }
+        Ok(None) => (RefreshOutcome::Busy, busy()),
+        Err(_) => (RefreshOutcome::StoreError, busy()),
+    };
     sh.metrics
         .background_refresh
         .with_label_values(&[&fill.route.name, outcome.as_str()])
@@ -147,18 +163,29 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
     }
 }
 
-/// An expired entry that may still answer a failed refill, as served.
-pub fn usable_after_failure(stale: &Option<Arc<Entry>>, now_ms: u64) -> Option<Arc<Entry>> {
-    stale
-        .as_ref()
-        .filter(|e| e.within_stale_if_error(now_ms))
-        .cloned()
+/// What may answer a failed refill, judged on the object as read again
+/// after the failure (`found`, at `now_ms`): never the entry the request
+/// read before its refill, whose generation may have been replaced since.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Another fill published meanwhile: a hit.
+    Fresh(Entry),
+    /// Expired, of the current generation, within its `stale_if_error`.
+    Stale(Entry),
+}
+
+pub fn usable_after_failure(found: Found, now_ms: u64) -> Option<AfterFailure> {
+    match found {
+        Found::Fresh(e) => Some(AfterFailure::Fresh(e)),
+        Found::Expired(e) if e.within_stale_if_error(now_ms) => Some(AfterFailure::Stale(e)),
+        Found::Expired(_) | Found::Miss(_) => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     fn entry(status: u16) -> Arc<Entry> {
         Arc::new(Entry {
@@ -214,11 +241,14 @@ mod tests {
 
     #[test]
     fn stale_if_error_window_is_checked_when_the_refill_fails() {
-        let stale = Some(entry(200));
-        assert!(usable_after_failure(&stale, 999).is_none(), "still fresh");
-        assert!(usable_after_failure(&stale, 1_000).is_some());
-        assert!(usable_after_failure(&stale, 1_499).is_some());
-        assert!(usable_after_failure(&stale, 1_500).is_none(), "window over");
-        assert!(usable_after_failure(&None, 1_200).is_none());
+        let e = || Entry::clone(&entry(200));
+        let at = |now| usable_after_failure(super::super::lookup::by_freshness(e(), now), now);
+        assert_eq!(at(999), Some(AfterFailure::Fresh(e())), "still fresh");
+        assert_eq!(at(1_000), Some(AfterFailure::Stale(e())));
+        assert_eq!(at(1_499), Some(AfterFailure::Stale(e())));
+        assert_eq!(at(1_500), None, "window over");
+        // Invalidated (or lost) meanwhile: the read-again finds no entry of
+        // the current generation, and nothing stale is served.
+        assert_eq!(usable_after_failure(Found::Miss(None), 1_200), None);
     }
 }

@@ -20,7 +20,7 @@
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -50,7 +50,7 @@ pub struct GuardedStore {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Op {
     Read,
-    TryLease,
+    TakeLease,
     Ticket,
     Publish,
     RenewLease,
@@ -66,7 +66,7 @@ impl Op {
     const COUNT: usize = 11;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
-        Op::TryLease,
+        Op::TakeLease,
         Op::Ticket,
         Op::Publish,
         Op::RenewLease,
@@ -82,13 +82,13 @@ impl Op {
     /// again (deletes, and the invalidate script, succeed even at
     /// `maxmemory`).
     fn writes(self) -> bool {
-        matches!(self, Op::TryLease | Op::Ticket | Op::Publish)
+        matches!(self, Op::TakeLease | Op::Ticket | Op::Publish)
     }
 
     fn as_str(self) -> &'static str {
         match self {
             Op::Read => "read",
-            Op::TryLease => "try_lease",
+            Op::TakeLease => "take_lease",
             Op::Ticket => "ticket",
             Op::Publish => "publish",
             Op::RenewLease => "renew_lease",
@@ -196,14 +196,18 @@ impl GuardedStore {
         self.call(Op::Read, |s| s.read(keys)).await
     }
 
-    pub async fn try_lease(
+    pub async fn take_lease(
         &self,
-        lease_key: &str,
+        keys: &ObjectKeys,
         owner: &str,
+        nonce: &str,
         ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::TryLease, |s| s.try_lease(lease_key, owner, ttl))
-            .await
+        gen_ttl: Duration,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(Op::TakeLease, |s| {
+            s.take_lease(keys, owner, nonce, ttl, gen_ttl)
+        })
+        .await
     }
 
     pub async fn ticket(
@@ -255,6 +259,24 @@ impl GuardedStore {
     ) -> Result<Bytes, StoreError> {
         self.call(Op::Invalidate, |s| s.invalidate(gen_key, nonce, gen_ttl))
             .await
+    }
+
+    /// [`Store::invalidate_marked`], counted and timed as one `invalidate`
+    /// call.
+    pub async fn invalidate_marked(
+        &self,
+        gen_keys: &[String],
+        marks: &[String],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if gen_keys.is_empty() {
+            return Ok(());
+        }
+        self.call(Op::Invalidate, |s| {
+            s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
+        })
+        .await
     }
 
     /// Invalidates every key in one call (one round trip on a single Redis
@@ -344,13 +366,15 @@ mod tests {
         fn read<'a>(&'a self, k: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
             self.gate(self.inner.read(k))
         }
-        fn try_lease<'a>(
+        fn take_lease<'a>(
             &'a self,
-            k: &'a str,
+            k: &'a ObjectKeys,
             o: &'a str,
+            n: &'a str,
             t: Duration,
-        ) -> BoxFuture<'a, Result<bool, StoreError>> {
-            self.gate(self.inner.try_lease(k, o, t))
+            g: Duration,
+        ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
+            self.gate(self.inner.take_lease(k, o, n, t, g))
         }
         fn ticket<'a>(
             &'a self,
@@ -479,11 +503,13 @@ mod tests {
     async fn business_no_is_success_and_keeps_the_breaker_closed() {
         let metrics = Metrics::new();
         let (_, store) = guarded(&metrics);
-        assert!(store.try_lease("l", "a", COOLDOWN).await.unwrap());
-        assert!(!store.try_lease("l", "b", COOLDOWN).await.unwrap());
-        assert!(!store.unlock("l", "b").await.unwrap());
+        let k = crate::keys::object_keys("sc:", "app:1", "v");
+        let take = |owner: &'static str| store.take_lease(&k, owner, "n", COOLDOWN, COOLDOWN);
+        assert!(matches!(take("a").await, Ok(LeaseReply::Won { .. })));
+        assert_eq!(take("b").await.unwrap(), LeaseReply::Held);
+        assert!(!store.unlock(&k.lease, "b").await.unwrap());
         assert!(!store.breaker_is_open());
-        assert_eq!(errors(&metrics, "try_lease"), 0);
+        assert_eq!(errors(&metrics, "take_lease"), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,7 +12,9 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
-use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
+use super::{
+    covers, lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError,
+};
 use crate::keys::ObjectKeys;
 
 #[path = "memory_bloom.rs"]
@@ -89,6 +91,17 @@ impl Inner {
         }
     }
 
+    /// `lua/ticket.lua`: the current generation, created if missing.
+    fn ticket(&mut self, gen_key: &str, nonce: &str, gen_ttl: Duration, now: Instant) -> Bytes {
+        if let Some(current) = self.get(gen_key, now).cloned() {
+            self.touch(gen_key, gen_ttl, now);
+            return current;
+        }
+        let generation = Bytes::from(fresh_generation(nonce));
+        self.set(gen_key, generation.clone(), gen_ttl, now);
+        generation
+    }
+
     fn delete_if(&mut self, key: &str, expected: &[u8], now: Instant) -> bool {
         if self.get(key, now).is_some_and(|v| v.as_ref() == expected) {
             self.map.remove(key);
@@ -132,25 +145,30 @@ impl Store for MemoryStore {
         })
     }
 
-    fn try_lease<'a>(
+    fn take_lease<'a>(
         &'a self,
-        lease_key: &'a str,
+        keys: &'a ObjectKeys,
         owner: &'a str,
+        nonce: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut inner = self.lock();
-            if inner.get(lease_key, now).is_some() {
-                return Ok(false);
+            let ticket = inner.ticket(&keys.generation, nonce, gen_ttl, now);
+            let superseded = match inner.get(&keys.lease, now) {
+                None => false,
+                Some(held) if lease_ticket(held) == Some(ticket.as_ref()) => {
+                    return Ok(LeaseReply::Held);
+                }
+                Some(_) => true,
+            };
+            let reply = LeaseReply::won(owner, ticket, superseded);
+            if let LeaseReply::Won { value, .. } = &reply {
+                inner.set(&keys.lease, Bytes::from(value.clone()), ttl, now);
             }
-            inner.set(
-                lease_key,
-                Bytes::copy_from_slice(owner.as_bytes()),
-                ttl,
-                now,
-            );
-            Ok(true)
+            Ok(reply)
         })
     }
 
@@ -162,14 +180,7 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
-            if let Some(current) = inner.get(gen_key, now).cloned() {
-                inner.touch(gen_key, gen_ttl, now);
-                return Ok(current);
-            }
-            let generation = Bytes::from(fresh_generation(nonce));
-            inner.set(gen_key, generation.clone(), gen_ttl, now);
-            Ok(generation)
+            Ok(self.lock().ticket(gen_key, nonce, gen_ttl, now))
         })
     }
 
@@ -184,13 +195,13 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let now = Instant::now();
             let mut inner = self.lock();
-            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
-                return Ok(PublishOutcome::LeaseLost);
-            }
             // A missing generation counts as changed: it was lost and any
             // recreation would be a value this ticket never saw (ABA).
             if inner.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
                 return Ok(PublishOutcome::GenerationChanged);
+            }
+            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(PublishOutcome::LeaseLost);
             }
             inner.set(&keys.entry, entry, ttl, now);
             Ok(PublishOutcome::Published)
@@ -254,6 +265,30 @@ impl Store for MemoryStore {
             Ok(generation)
         })
     }
+
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if marks.len() != gen_keys.len() {
+                return Err(StoreError::Protocol("one mark per key expected".into()));
+            }
+            let now = Instant::now();
+            let mut inner = self.lock();
+            for (key, mark) in gen_keys.iter().zip(marks) {
+                if inner.get(key, now).is_some_and(|g| covers(g, mark)) {
+                    continue;
+                }
+                let generation = format!("{}@{mark}", fresh_generation(nonce));
+                inner.set(key, Bytes::from(generation), gen_ttl, now);
+            }
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -265,12 +300,12 @@ mod tests {
         let store = MemoryStore::new();
         let ttl = Duration::from_millis(10);
         for i in 0..SWEEP_MIN_WRITES {
-            assert!(store.try_lease(&format!("l{i}"), "o", ttl).await.unwrap());
+            store.ticket(&format!("l{i}"), "o", ttl).await.unwrap();
         }
         tokio::time::advance(Duration::from_millis(20)).await;
         // Each batch of writes lets the map grow only until the next sweep.
         for i in 0..4 * SWEEP_MIN_WRITES {
-            assert!(store.try_lease(&format!("m{i}"), "o", ttl).await.unwrap());
+            store.ticket(&format!("m{i}"), "o", ttl).await.unwrap();
             if i % SWEEP_MIN_WRITES == SWEEP_MIN_WRITES - 1 {
                 tokio::time::advance(Duration::from_millis(20)).await;
             }

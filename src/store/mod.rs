@@ -10,13 +10,18 @@
 //!   (`read_near`: the same answer from process memory, where the backend
 //!   keeps a coherent copy: the Redis near cache, [`near`]);
 //! - `ticket`: current generation, created fresh if missing — never absent;
-//! - `try_lease` / `renew_lease` / `unlock`: `SET NX PX` with an owner token,
-//!   compare-and-`PEXPIRE` (a slow fill keeps its lease), compare-and-delete;
+//! - `take_lease` / `renew_lease` / `unlock`: the fill lease taken together
+//!   with the fill's ticket (a lease held for an older generation is
+//!   superseded), compare-and-`PEXPIRE` (a slow fill keeps its lease),
+//!   compare-and-delete;
 //! - `publish`: write the entry only if the lease is still ours and the
 //!   generation still equals the ticket;
 //! - `invalidate`: replace the generation with a fresh unique value;
 //! - `invalidate_many`: the same for many objects in one round trip where
 //!   the backend can (invalidation sources apply events in batches);
+//! - `invalidate_marked`: the same for events a feed delivers to every
+//!   instance, a no-op where the event (or a later stream entry) already
+//!   replaced the generation;
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
@@ -65,6 +70,67 @@ pub struct Snapshot {
     pub generation: Option<Bytes>,
 }
 
+/// What `take_lease` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseReply {
+    /// The lease is ours: `value` (`<owner>@<ticket>`) is what publish,
+    /// renew and unlock compare; `ticket` the generation the fill is for.
+    Won {
+        value: String,
+        ticket: Bytes,
+        /// A fill of an older generation held it and was superseded.
+        superseded: bool,
+    },
+    /// A fill of the current generation holds it: wait for its answer.
+    Held,
+}
+
+impl LeaseReply {
+    /// The reply for a lease taken by `owner` for `ticket`. Generations are
+    /// ASCII (built from server time and a hex nonce); a value someone else
+    /// wrote that is not UTF-8 makes a value that never compares equal, so
+    /// that fill's publish is refused: a miss, never a wrong answer.
+    pub fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
+        LeaseReply::Won {
+            value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
+            ticket,
+            superseded,
+        }
+    }
+}
+
+/// Whether a generation value `current` was created by applying an event
+/// marked `mark` or, for stream marks (`s:<ms>-<seq>`), a later entry of the
+/// stream: then it was created after that event committed, and replacing it
+/// again would only cost a miss. Mirrors `lua/invalidate_marked.lua`.
+pub fn covers(current: &[u8], mark: &str) -> bool {
+    let Some(seen) = lease_ticket(current) else {
+        return false;
+    };
+    if seen == mark.as_bytes() {
+        return true;
+    }
+    let (Some(seen), Some(mark)) = (stream_mark(seen), stream_mark(mark.as_bytes())) else {
+        return false;
+    };
+    seen >= mark
+}
+
+/// `s:<ms>-<seq>` as comparable numbers (`None` if not a stream mark).
+fn stream_mark(mark: &[u8]) -> Option<(u128, u128)> {
+    let id = std::str::from_utf8(mark.strip_prefix(b"s:")?).ok()?;
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The ticket a lease value was taken for (`<owner>@<ticket>`), or the
+/// mark a generation value carries (`<time>-<nonce>@<mark>`): what follows
+/// the first `@`.
+pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
+    let at = value.iter().position(|b| *b == b'@')?;
+    Some(&value[at + 1..])
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PublishOutcome {
     Published,
@@ -88,13 +154,19 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         None
     }
 
-    /// `SET lease owner NX PX ttl`: true if we now hold the lease.
-    fn try_lease<'a>(
+    /// Takes the fill lease of `keys` for `owner` (`lua/lease.lua`), with
+    /// the fill's ticket: the current generation, created fresh (`nonce`,
+    /// `gen_ttl`) if missing. Free, or held by a fill whose ticket is not
+    /// the current generation: ours (that fill is superseded). Held by a
+    /// fill of the current generation: [`LeaseReply::Held`].
+    fn take_lease<'a>(
         &'a self,
-        lease_key: &'a str,
+        keys: &'a ObjectKeys,
         owner: &'a str,
+        nonce: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>>;
 
     /// The current generation; created as a fresh unique value if missing.
     /// Refreshes the generation key's TTL to `gen_ttl`.
@@ -105,7 +177,8 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
 
-    /// Writes `entry` with `ttl` if `lease == owner` and `gen == ticket`.
+    /// Writes `entry` with `ttl` if `gen == ticket` and `lease == owner`
+    /// (the lease value), checked in that order.
     fn publish<'a>(
         &'a self,
         keys: &'a ObjectKeys,
@@ -166,5 +239,61 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
             Ok(())
         })
     }
+
+    /// [`Store::invalidate_many`] for events marked with their position in
+    /// a feed (`marks[i]` for `gen_keys[i]`, see [`covers`]), as
+    /// `lua/invalidate_marked.lua`: the new generation carries the mark,
+    /// and a generation whose mark covers the event's is left alone. Every
+    /// instance applies every feed event (the fan-out); this makes all
+    /// deliveries but the first cost no cache miss. Same error contract as
+    /// `invalidate_many`. The default replaces every time (correct, dearer).
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = marks;
+        self.invalidate_many(gen_keys, nonce, gen_ttl)
+    }
 }
 pub use guarded::{open, GuardedStore};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_cover_the_same_event_and_later_stream_entries() {
+        let g = |mark: &str| format!("1796118908.010000-abc@{mark}").into_bytes();
+        assert!(covers(&g("s:100-1"), "s:100-1"));
+        assert!(covers(&g("s:100-2"), "s:100-1"), "a later entry");
+        assert!(covers(&g("s:101-0"), "s:100-9"), "a later millisecond");
+        assert!(covers(&g("s:1000-0"), "s:999-0"), "numbers, not text");
+        assert!(!covers(&g("s:100-1"), "s:100-2"), "an earlier entry");
+        assert!(!covers(&g("s:99-9"), "s:100-0"));
+        assert!(covers(&g("o:7:123"), "o:7:123"));
+        assert!(
+            !covers(&g("o:7:123"), "o:8:123"),
+            "outbox rows: only the same row"
+        );
+        assert!(
+            !covers(&g("o:7:123"), "o:7:124"),
+            "a row id handed out again"
+        );
+        assert!(!covers(&g("o:7:123"), "s:1-0"));
+        assert!(!covers(b"1796118908.010000-abc", "s:1-0"), "no mark");
+        assert!(!covers(&g("s:x-1"), "s:1-0"));
+    }
+
+    #[test]
+    fn lease_values_name_their_ticket() {
+        let ticket = Bytes::from_static(b"1.000001-n@s:5-0");
+        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), false) else {
+            panic!("won");
+        };
+        assert_eq!(value, "owner@1.000001-n@s:5-0");
+        assert_eq!(lease_ticket(value.as_bytes()), Some(ticket.as_ref()));
+    }
+}

@@ -21,7 +21,7 @@
 
 use super::near::{self, NearCache};
 use super::scripts;
-use super::{BoxFuture, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -302,27 +302,30 @@ impl Store for RedisStore {
         })
     }
 
-    fn try_lease<'a>(
+    fn take_lease<'a>(
         &'a self,
-        lease_key: &'a str,
+        keys: &'a ObjectKeys,
         owner: &'a str,
+        nonce: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let reply: Value = redis::cmd("SET")
-                .arg(lease_key)
+            let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
+                .key(&keys.lease)
+                .key(&keys.generation)
                 .arg(owner)
-                .arg("NX")
-                .arg("PX")
+                .arg(nonce)
                 .arg(px(ttl))
-                .query_async(&mut conn)
+                .arg(px(gen_ttl))
+                .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
-            match reply {
-                Value::Okay => Ok(true),
-                Value::Nil => Ok(false),
-                other => Err(StoreError::Protocol(format!("SET NX replied {other:?}"))),
+            match code {
+                0 => Ok(LeaseReply::Held),
+                1 | 2 => Ok(LeaseReply::won(owner, Bytes::from(ticket), code == 2)),
+                other => Err(StoreError::Protocol(format!("lease.lua returned {other}"))),
             }
         })
     }
@@ -452,7 +455,7 @@ impl Store for RedisStore {
             let mut conn = self.conn.clone();
             match &mut conn {
                 Conn::Single(_) => {
-                    invalidate_pipelined(&mut conn, gen_keys, nonce, px(gen_ttl))
+                    invalidate_pipelined(&mut conn, gen_keys, None, nonce, px(gen_ttl))
                         .await
                         .map_err(map_error)?;
                     for key in gen_keys {
@@ -483,6 +486,53 @@ impl Store for RedisStore {
             }
         })
     }
+
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if gen_keys.is_empty() {
+                return Ok(());
+            }
+            if marks.len() != gen_keys.len() {
+                return Err(StoreError::Protocol("one mark per key expected".into()));
+            }
+            let mut conn = self.conn.clone();
+            match &mut conn {
+                Conn::Single(_) => {
+                    invalidate_pipelined(&mut conn, gen_keys, Some(marks), nonce, px(gen_ttl))
+                        .await
+                        .map_err(map_error)?;
+                }
+                // One call per key, concurrently, as in `invalidate_many`.
+                Conn::Cluster(_) => {
+                    let calls = gen_keys.iter().zip(marks).map(|(key, mark)| {
+                        let mut conn = conn.clone();
+                        async move {
+                            scripts::INVALIDATE_MARKED
+                                .key(key)
+                                .arg(nonce)
+                                .arg(px(gen_ttl))
+                                .arg(mark)
+                                .invoke_async::<i64>(&mut conn)
+                                .await
+                        }
+                    });
+                    for result in futures_util::future::join_all(calls).await {
+                        result.map_err(map_error)?;
+                    }
+                }
+            }
+            for key in gen_keys {
+                self.forget(key);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Entry and generation of one object in one round trip.
@@ -503,23 +553,31 @@ async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snaps
 /// to `EVAL` per command, so on `NOSCRIPT` (Redis restarted or `SCRIPT
 /// FLUSH`) the script is loaded and the whole pipeline sent again; commands
 /// that did run the first time simply invalidate twice (idempotent).
+/// `invalidate.lua` per key in one pipeline, or `invalidate_marked.lua`
+/// with `marks[i]` for `gen_keys[i]`.
 async fn invalidate_pipelined(
     conn: &mut Conn,
     gen_keys: &[String],
+    marks: Option<&[String]>,
     nonce: &str,
     px_ttl: u64,
 ) -> Result<(), RedisError> {
+    let script = match marks {
+        Some(_) => &*scripts::INVALIDATE_MARKED,
+        None => &*scripts::INVALIDATE,
+    };
     let mut pipe = redis::pipe();
-    for key in gen_keys {
-        pipe.invoke_script(scripts::INVALIDATE.key(key).arg(nonce).arg(px_ttl))
-            .ignore();
+    for (i, key) in gen_keys.iter().enumerate() {
+        let mut call = script.key(key);
+        call.arg(nonce).arg(px_ttl);
+        if let Some(mark) = marks.and_then(|m| m.get(i)) {
+            call.arg(mark);
+        }
+        pipe.invoke_script(&call).ignore();
     }
     match pipe.query_async::<()>(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            scripts::INVALIDATE
-                .prepare_invoke()
-                .load_async(conn)
-                .await?;
+            script.prepare_invoke().load_async(conn).await?;
             pipe.query_async::<()>(conn).await
         }
         other => other,

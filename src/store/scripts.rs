@@ -15,6 +15,11 @@ use std::sync::LazyLock;
 pub static TICKET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/ticket.lua")));
 
+/// `lease.lua`: {1, ticket} won, {2, ticket} won by superseding an older
+/// generation's fill, {0, ticket} held by a fill of the current generation.
+pub static LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/lease.lua")));
+
 /// `publish.lua`: 1 published, 0 lease lost, -1 generation changed.
 pub static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/publish.lua")));
@@ -22,6 +27,10 @@ pub static PUBLISH: LazyLock<Script> =
 /// `invalidate.lua`: replaces the generation, returns the new value.
 pub static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/invalidate.lua")));
+
+/// `invalidate_marked.lua`: 1 replaced, 0 already covered by the event's mark.
+pub static INVALIDATE_MARKED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/invalidate_marked.lua")));
 
 /// `unlock.lua`: 1 deleted, 0 not the owner.
 pub static UNLOCK: LazyLock<Script> =
@@ -64,8 +73,13 @@ mod tests {
     fn scripts_have_contract_headers() {
         for (name, src) in [
             ("ticket", include_str!("../../lua/ticket.lua")),
+            ("lease", include_str!("../../lua/lease.lua")),
             ("publish", include_str!("../../lua/publish.lua")),
             ("invalidate", include_str!("../../lua/invalidate.lua")),
+            (
+                "invalidate_marked",
+                include_str!("../../lua/invalidate_marked.lua"),
+            ),
             ("unlock", include_str!("../../lua/unlock.lua")),
             ("lease_renew", include_str!("../../lua/lease_renew.lua")),
             (

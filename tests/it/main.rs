@@ -6,6 +6,7 @@
 mod support;
 
 mod admin;
+mod answers;
 mod bloom;
 mod bloom_postgres;
 mod cache;
@@ -16,9 +17,11 @@ mod example_postgres;
 mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
+mod join_current;
 mod limits;
 mod origin_ttl;
 mod outbox;
+mod paused_instance;
 mod prefix;
 mod reload;
 mod stale;

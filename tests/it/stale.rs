@@ -370,6 +370,85 @@ async fn a_refresh_that_started_before_an_invalidation_cannot_publish() {
     );
 }
 
+/// Issue 19: a grace refresh of v1 holds the lease at the origin when the
+/// object changes. A reader after the invalidation finds no current entry
+/// (nothing stale to serve) and must not wait for that refresh: its fill
+/// supersedes the refresh's lease and fetches v2 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_of_an_invalidated_entry_is_not_waited_for() {
+    let (_redis, origin, sc, old) = started_and_filled("grace: 30s\nlease: 5s\nwait: 5s").await;
+    let gate = origin.hold(P);
+    until_stale(&sc, &old).await;
+    gate.arrived(1).await;
+    origin.bump(P);
+    let inv = invalidate(&sc, "app", PARAMS).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+
+    let url = sc.url(P);
+    let reader = tokio::spawn(async move { client::get(&url).await });
+    gate.arrived(2).await;
+    gate.release();
+    let r = reader.await.expect("reader");
+    assert_eq!(
+        (x_cache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P))
+    );
+    assert_eq!(
+        sc.metric_sum("sidecache_lease_superseded_total", &[]).await,
+        1.0
+    );
+    eventually("the refresh ends", Duration::from_secs(10), || async {
+        sc.metric_sum("sidecache_background_refresh_total", &[])
+            .await
+            >= 1.0
+    })
+    .await;
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(
+        (x_cache(&r), r.text()),
+        ("HIT".into(), origin.default_body(P))
+    );
+}
+
+/// Issue 19: stale-if-error judges the entry as it is when the refill
+/// fails, not as the request read it before: a refill held at the origin,
+/// an invalidation meanwhile, then a 500. The invalidated entry must not
+/// answer; the 500 does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_never_answers_with_an_entry_invalidated_during_the_refill() {
+    let (_redis, origin, sc, old) = started_and_filled("stale_if_error: 30s").await;
+    origin.reply(P, Reply::status(500));
+    let gate = origin.hold(P);
+    // Read until the entry has expired: that read's refill is held.
+    let reader = loop {
+        let url = sc.url(P);
+        let task = tokio::spawn(async move { client::get(&url).await });
+        eventually(
+            "a HIT, or a refill held at the origin",
+            Duration::from_secs(10),
+            || async { task.is_finished() || gate.count() >= 1 },
+        )
+        .await;
+        if gate.count() >= 1 {
+            break task;
+        }
+        let r = task.await.expect("reader");
+        assert_eq!((x_cache(&r), r.text()), ("HIT".into(), old.clone()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let inv = invalidate(&sc, "app", PARAMS).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+    gate.release();
+    let r = reader.await.expect("reader");
+    assert_eq!(
+        (r.status.as_u16(), x_cache(&r)),
+        (500, "MISS".into()),
+        "{}",
+        r.text()
+    );
+    assert_eq!(stale_served(&sc, "upstream_error").await, 0.0);
+}
+
 #[test]
 fn stale_windows_are_validated_with_the_yaml_path() {
     use crate::support::sidecache::{binary, free_addr};

@@ -260,3 +260,69 @@ async fn store_failure_leaves_entries_pending_until_they_apply() {
     .await;
     consumer.stop().await;
 }
+
+/// Issue 20: Redis loses its data (a restart without persistence) while
+/// consumers run, and entries are appended before any consumer could
+/// re-create the group. `FLUSHALL` and the appends run in one `MULTI`, so
+/// no consumer gets in between. The group is re-created at `0`, not at `$`
+/// (which would skip them all): the group path applies and acks every
+/// entry, and the fan-out, whose cursor survives, applies them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
+    let redis = RedisServer::start();
+    let cfg = crate::support::library_config(
+        &redis.url(),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: latest, claim_idle: 30s }}"#
+        ),
+    );
+    let consumer = start_consumer(cfg, &redis).await;
+    let applied = |source: &str| {
+        consumer
+            .metrics
+            .invalidations
+            .with_label_values(&[source, "applied"])
+            .get()
+    };
+    // Running on both paths: an entry applied by each (the fan-out sees
+    // only entries appended after it connected, so add until it has one).
+    eventually("consumer running", Duration::from_secs(10), || async {
+        add_event(&redis, "warm", 1);
+        applied("stream") >= 1 && applied("stream_fanout") >= 1
+    })
+    .await;
+    let (group_before, fanout_before) = (applied("stream"), applied("stream_fanout"));
+
+    let mut conn = ::redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let mut lost = ::redis::pipe();
+    lost.atomic().cmd("FLUSHALL").ignore();
+    for id in 1..=5 {
+        let params = format!(r#"{{"tenant":"lost","id":{id}}}"#);
+        lost.cmd("XADD")
+            .arg(STREAM)
+            .arg("*")
+            .arg("route")
+            .arg("app")
+            .arg("params")
+            .arg(params)
+            .ignore();
+    }
+    lost.query_async::<()>(&mut conn).await.expect("MULTI");
+
+    eventually(
+        "every entry applied by both paths and acked",
+        Duration::from_secs(15),
+        || async {
+            (1..=5).all(|id| has_generation(&redis, "lost", id))
+                && applied("stream") >= group_before + 5
+                && applied("stream_fanout") >= fanout_before + 5
+                && pending(&redis) == 0
+        },
+    )
+    .await;
+    consumer.stop().await;
+}

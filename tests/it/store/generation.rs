@@ -2,7 +2,9 @@
 //! until an invalidation replaces it; invalidations always give a new value,
 //! commute and are idempotent in effect; a lost generation comes back fresh.
 
-use super::{binary_entry, eventually, keys, ENTRY_TTL, GEN_TTL, LEASE};
+use super::{binary_entry, eventually, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
+use bytes::Bytes;
+use sidecache::keys::ObjectKeys;
 use sidecache::store::{PublishOutcome, Store};
 use std::time::Duration;
 
@@ -49,22 +51,24 @@ pub async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
     // ticket can no longer publish; the object just misses and refills.
     for (id, invalidations) in [("idem-1", 1), ("idem-2", 2), ("idem-5", 5)] {
         let k = keys(id);
-        let ticket = s.ticket(&k.generation, "t", GEN_TTL).await.unwrap();
-        assert!(s.try_lease(&k.lease, "owner", LEASE).await.unwrap());
+        let (owner, ticket) = lease(s, &k, "owner", LEASE).await.expect("free");
         for i in 0..invalidations {
             s.invalidate(&k.generation, &format!("e{i}"), GEN_TTL)
                 .await
                 .unwrap();
         }
         let outcome = s
-            .publish(&k, "owner", &ticket, binary_entry(1), ENTRY_TTL)
+            .publish(&k, &owner, &ticket, binary_entry(1), ENTRY_TTL)
             .await
             .unwrap();
         assert_eq!(outcome, PublishOutcome::GenerationChanged, "{id}");
         // The next fill, with a fresh ticket, publishes normally.
-        let fresh = s.ticket(&k.generation, "t2", GEN_TTL).await.unwrap();
+        let (next, fresh) = lease(s, &k, "next", LEASE)
+            .await
+            .expect("the invalidated fill is superseded");
+        assert_ne!(fresh, ticket);
         let outcome = s
-            .publish(&k, "owner", &fresh, binary_entry(2), ENTRY_TTL)
+            .publish(&k, &next, &fresh, binary_entry(2), ENTRY_TTL)
             .await
             .unwrap();
         assert_eq!(outcome, PublishOutcome::Published, "{id}");
@@ -115,4 +119,57 @@ pub async fn invalidate_many_replaces_every_generation_in_one_call(s: &dyn Store
     }
     // An empty batch is a no-op.
     s.invalidate_many(&[], "batch", GEN_TTL).await.unwrap();
+}
+
+/// The fan-out's marked invalidation (`lua/invalidate_marked.lua`): the
+/// first application of an event replaces the generation, repeats of it (and
+/// of earlier stream entries) leave it, later entries and other events
+/// replace it; a marked generation works as a ticket like any other.
+pub async fn invalidate_marked_replaces_once_per_event(s: &dyn Store) {
+    let k = keys("marked");
+    async fn apply(s: &dyn Store, k: &ObjectKeys, mark: &str) -> Bytes {
+        let gen_keys = [k.generation.clone()];
+        s.invalidate_marked(&gen_keys, &[mark.to_owned()], "n", GEN_TTL)
+            .await
+            .unwrap();
+        s.read(k).await.unwrap().generation.expect("a generation")
+    }
+    let apply = |mark| apply(s, &k, mark);
+    let first = apply("s:100-1").await;
+    assert!(first.ends_with(b"@s:100-1"), "{first:?}");
+    assert_eq!(apply("s:100-1").await, first, "the same entry again");
+    assert_eq!(apply("s:100-0").await, first, "an earlier entry");
+    assert_eq!(apply("s:99-7").await, first, "an earlier entry");
+    let later = apply("s:100-2").await;
+    assert_ne!(later, first, "a later entry");
+    let row = apply("o:7:123").await;
+    assert_ne!(row, later);
+    assert_eq!(apply("o:7:123").await, row, "the same row again");
+    assert_ne!(apply("o:8:123").await, row, "another row");
+
+    // A marked generation as a fill's ticket.
+    let (owner, ticket) = lease(s, &k, "filler", LEASE).await.expect("free");
+    assert_eq!(Some(&ticket), s.read(&k).await.unwrap().generation.as_ref());
+    let outcome = s
+        .publish(&k, &owner, &ticket, binary_entry(1), ENTRY_TTL)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::Published);
+    // Several keys in one call, each with its own mark.
+    let many: Vec<String> = (0..3)
+        .map(|i| super::keys(&format!("marked{i}")).generation)
+        .collect();
+    let marks: Vec<String> = (0..3).map(|i| format!("s:5-{i}")).collect();
+    s.invalidate_marked(&many, &marks, "n", GEN_TTL)
+        .await
+        .unwrap();
+    for (i, key) in many.iter().enumerate() {
+        let g = s
+            .read(&super::keys(&format!("marked{i}")))
+            .await
+            .unwrap()
+            .generation;
+        let g = g.unwrap_or_else(|| panic!("{key} not invalidated"));
+        assert!(g.ends_with(format!("@s:5-{i}").as_bytes()));
+    }
 }

@@ -26,7 +26,7 @@ use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::Store;
+use sidecache::store::{LeaseReply, Store};
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -62,6 +62,21 @@ where
             "not within {EVENTUALLY:?}: {what}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Takes `k`'s fill lease for `owner` (and so the fill's ticket): the lease
+/// value (what publish, renew and unlock compare) and the ticket if won,
+/// `None` if a fill of the current generation holds it.
+async fn lease(
+    s: &dyn Store,
+    k: &ObjectKeys,
+    owner: &str,
+    ttl: Duration,
+) -> Option<(String, Bytes)> {
+    match s.take_lease(k, owner, "n", ttl, GEN_TTL).await.unwrap() {
+        LeaseReply::Won { value, ticket, .. } => Some((value, ticket)),
+        LeaseReply::Held => None,
     }
 }
 
@@ -165,7 +180,9 @@ suite!(
     generation::invalidations_are_idempotent_and_commute,
     generation::generation_expires_after_gen_ttl_and_is_recreated_fresh,
     generation::invalidate_many_replaces_every_generation_in_one_call,
+    generation::invalidate_marked_replaces_once_per_event,
     lease::lease_is_set_if_absent,
+    lease::lease_of_an_older_generation_is_superseded,
     lease::concurrent_lease_attempts_have_exactly_one_winner,
     lease::unlock_only_deletes_own_lease,
     lease::renew_lease_extends_only_the_owners_live_lease,

@@ -3,7 +3,7 @@
 //! Redis, concurrent writers, and a server that refuses tracking.
 
 use super::{
-    binary_entry, eventually, keys, near_connect, near_store, redis_store, COMMAND_TIMEOUT,
+    binary_entry, eventually, keys, lease, near_connect, near_store, redis_store, COMMAND_TIMEOUT,
     COOLDOWN, ENTRY_TTL, GEN_TTL, LEASE,
 };
 use crate::support::redis::RedisServer;
@@ -16,11 +16,10 @@ use std::time::Duration;
 
 /// Publishes `entry` for `k` through `s` (ticket, lease, publish).
 async fn publish_through(s: &dyn Store, k: &ObjectKeys, entry: Bytes) -> Bytes {
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
-    let outcome = s.publish(k, "o", &ticket, entry, ENTRY_TTL).await.unwrap();
+    let (o, ticket) = lease(s, k, "o", LEASE).await.expect("free");
+    let outcome = s.publish(k, &o, &ticket, entry, ENTRY_TTL).await.unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
-    s.unlock(&k.lease, "o").await.unwrap();
+    s.unlock(&k.lease, &o).await.unwrap();
     ticket
 }
 
@@ -80,12 +79,11 @@ async fn near_cache_follows_flushall_and_expiry() {
     .await;
     assert_eq!(a.read(&k).await.unwrap(), Snapshot::default());
 
-    let ticket = a.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert!(a.try_lease(&k.lease, "o2", LEASE).await.unwrap());
+    let (o2, ticket) = lease(&a, &k, "o2", LEASE).await.expect("free");
     // Long enough that the read below still finds it on a loaded machine,
     // short enough for the expiry wait.
     let short = Duration::from_secs(2);
-    a.publish(&k, "o2", &ticket, binary_entry(3), short)
+    a.publish(&k, &o2, &ticket, binary_entry(3), short)
         .await
         .unwrap();
     assert_eq!(a.read(&k).await.unwrap().entry, Some(binary_entry(3)));

@@ -2,7 +2,7 @@
 //! the current generation (stale backfill, ABA, an expired lease taken by
 //! another filler), compare-and-delete, and the entry TTL.
 
-use super::{binary_entry, eventually, keys, ENTRY_TTL, GEN_TTL, LEASE};
+use super::{binary_entry, eventually, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
 use bytes::Bytes;
 use sidecache::store::{PublishOutcome, Snapshot, Store};
 use std::time::Duration;
@@ -23,18 +23,19 @@ pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::LeaseLost);
-    // Someone else's lease.
-    assert!(s.try_lease(&k.lease, "other", LEASE).await.unwrap());
+    // Someone else's lease (for the same ticket).
+    let (other, their_ticket) = lease(s, &k, "other", LEASE).await.expect("free");
+    assert_eq!(their_ticket, ticket);
     let outcome = s
         .publish(&k, "me", &ticket, entry.clone(), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::LeaseLost);
     // Our lease, a ticket we never got.
-    assert!(s.unlock(&k.lease, "other").await.unwrap());
-    assert!(s.try_lease(&k.lease, "me", LEASE).await.unwrap());
+    assert!(s.unlock(&k.lease, &other).await.unwrap());
+    let (me, _) = lease(s, &k, "me", LEASE).await.expect("free");
     let outcome = s
-        .publish(&k, "me", b"1.000000-forged", entry.clone(), ENTRY_TTL)
+        .publish(&k, &me, b"1.000000-forged", entry.clone(), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
@@ -42,7 +43,7 @@ pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
 
     // Our lease and the current ticket: published, bytes intact.
     let outcome = s
-        .publish(&k, "me", &ticket, entry.clone(), ENTRY_TTL)
+        .publish(&k, &me, &ticket, entry.clone(), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
@@ -56,13 +57,12 @@ pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
 /// to publish the old body. It must be refused.
 pub async fn publish_rejected_after_invalidate_stale_backfill(s: &dyn Store) {
     let k = keys("stale");
-    assert!(s.try_lease(&k.lease, "filler", LEASE).await.unwrap());
-    let ticket = s.ticket(&k.generation, "f", GEN_TTL).await.unwrap();
+    let (filler, ticket) = lease(s, &k, "filler", LEASE).await.expect("free");
     s.invalidate(&k.generation, "writer", GEN_TTL)
         .await
         .unwrap();
     let outcome = s
-        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .publish(&k, &filler, &ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
@@ -73,13 +73,12 @@ pub async fn publish_rejected_after_invalidate_stale_backfill(s: &dyn Store) {
 /// recreated by another reader's ticket. The old ticket must not match.
 pub async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn Store) {
     let k = keys("aba");
-    assert!(s.try_lease(&k.lease, "filler", LEASE).await.unwrap());
-    let ticket = s.ticket(&k.generation, "f", GEN_TTL).await.unwrap();
+    let (filler, ticket) = lease(s, &k, "filler", LEASE).await.expect("free");
 
     // Lost: a missing generation counts as changed.
     assert!(s.delete_if_equals(&k.generation, &ticket).await.unwrap());
     let outcome = s
-        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .publish(&k, &filler, &ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
@@ -88,7 +87,7 @@ pub async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn St
     let recreated = s.ticket(&k.generation, "other", GEN_TTL).await.unwrap();
     assert_ne!(recreated, ticket);
     let outcome = s
-        .publish(&k, "filler", &ticket, binary_entry(1), ENTRY_TTL)
+        .publish(&k, &filler, &ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
@@ -98,22 +97,27 @@ pub async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn St
 pub async fn publish_rejected_when_lease_expired_and_taken(s: &dyn Store) {
     let k = keys("lease-exp");
     let short = Duration::from_millis(100);
-    assert!(s.try_lease(&k.lease, "slow", short).await.unwrap());
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    // The lease runs out while "slow" waits on the upstream; "fast" takes it.
-    eventually("lease expires and can be taken", || async {
-        s.try_lease(&k.lease, "fast", LEASE).await.unwrap()
-    })
-    .await;
+    let (slow, ticket) = lease(s, &k, "slow", short).await.expect("free");
+    // The lease runs out while "slow" waits on the upstream; "fast" takes it
+    // (for the same generation).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fast = loop {
+        if let Some((fast, fast_ticket)) = lease(s, &k, "fast", LEASE).await {
+            assert_eq!(fast_ticket, ticket);
+            break fast;
+        }
+        assert!(Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     let outcome = s
-        .publish(&k, "slow", &ticket, binary_entry(1), ENTRY_TTL)
+        .publish(&k, &slow, &ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::LeaseLost);
     // The slow filler's unlock must not release the new owner's lease.
-    assert!(!s.unlock(&k.lease, "slow").await.unwrap());
+    assert!(!s.unlock(&k.lease, &slow).await.unwrap());
     let outcome = s
-        .publish(&k, "fast", &ticket, binary_entry(2), ENTRY_TTL)
+        .publish(&k, &fast, &ticket, binary_entry(2), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
@@ -121,11 +125,10 @@ pub async fn publish_rejected_when_lease_expired_and_taken(s: &dyn Store) {
 
 pub async fn delete_if_equals_only_deletes_the_value_seen(s: &dyn Store) {
     let k = keys("cad");
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    let (o, ticket) = lease(s, &k, "o", LEASE).await.expect("free");
     let corrupt = Bytes::from_static(b"\x00garbage\xff");
     let outcome = s
-        .publish(&k, "o", &ticket, corrupt.clone(), ENTRY_TTL)
+        .publish(&k, &o, &ticket, corrupt.clone(), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
@@ -145,12 +148,11 @@ pub async fn delete_if_equals_only_deletes_the_value_seen(s: &dyn Store) {
 
 pub async fn entry_expires_after_its_ttl(s: &dyn Store) {
     let k = keys("ttl");
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    let (o, ticket) = lease(s, &k, "o", LEASE).await.expect("free");
     let ttl = Duration::from_millis(150);
     let published_at = Instant::now();
     let outcome = s
-        .publish(&k, "o", &ticket, binary_entry(3), ttl)
+        .publish(&k, &o, &ticket, binary_entry(3), ttl)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);

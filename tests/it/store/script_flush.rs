@@ -1,7 +1,7 @@
 //! Redis-only: a restart, `SCRIPT FLUSH` or a failover empties the script
 //! cache; every script, and the pipelined batch, must reload itself.
 
-use super::{binary_entry, keys, redis_store, ENTRY_TTL, GEN_TTL, LEASE};
+use super::{binary_entry, keys, lease, redis_store, ENTRY_TTL, GEN_TTL, LEASE};
 use crate::support::redis::RedisServer;
 use sidecache::store::{PublishOutcome, Store};
 
@@ -13,7 +13,9 @@ async fn scripts_survive_script_flush() {
     let s = redis_store(&server);
     let k = keys("flush");
     let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert!(s.try_lease(&k.lease, "o", LEASE).await.unwrap());
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    let (o, lease_ticket) = lease(&s, &k, "o", LEASE).await.expect("free");
+    assert_eq!(lease_ticket, ticket);
 
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     assert_eq!(
@@ -22,12 +24,12 @@ async fn scripts_survive_script_flush() {
     );
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     let outcome = s
-        .publish(&k, "o", &ticket, binary_entry(1), ENTRY_TTL)
+        .publish(&k, &o, &ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
-    assert!(s.unlock(&k.lease, "o").await.unwrap());
+    assert!(s.unlock(&k.lease, &o).await.unwrap());
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     assert!(s
         .delete_if_equals(&k.entry, &binary_entry(1))

@@ -1,0 +1,339 @@
+//! The last step of every answer built from an entry (HIT, STALE, and the
+//! MISS or DEGRADED answer a fill produced): the client's own request —
+//! HEAD, preconditions, range — shapes the response, in the order of RFC
+//! 9110 §13.2.2: preconditions first (412, 304), then `Range` (206, 416),
+//! else the full answer. It only shapes what this client receives; the
+//! entry, and what anyone else is served, never depend on it.
+//!
+//! Preconditions apply to stored 2xx answers other than 206 (§13.2.1: they
+//! are ignored when the answer would be an error), so a cached 404 answers
+//! 404 whatever the client sends. Ranges apply to stored 200s on GET.
+
+use super::conditional::{self, Conditions, Precondition, Validators};
+use super::entry::Entry;
+use super::range::{self, RangeAnswer, RangeAsk};
+use crate::body::{self, Body};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response, StatusCode};
+
+/// What the client asked beyond the object itself, kept from its request
+/// (a fill's answer arrives after the request is gone).
+#[derive(Debug, Default, Clone)]
+pub struct ClientAsk {
+    pub head: bool,
+    conditions: Conditions,
+    range: RangeAsk,
+}
+
+impl ClientAsk {
+    pub fn from_request(method: &Method, headers: &HeaderMap) -> ClientAsk {
+        let head = method == Method::HEAD;
+        // The hot path: most reads carry none of these, and one pass over
+        // the few request headers is cheaper than six hashed lookups.
+        if !headers.keys().any(is_shaping) {
+            return ClientAsk {
+                head,
+                ..ClientAsk::default()
+            };
+        }
+        ClientAsk {
+            head,
+            conditions: Conditions::from_headers(headers),
+            // Range is defined for GET only (§14.2).
+            range: if head {
+                RangeAsk::default()
+            } else {
+                RangeAsk::from_headers(headers)
+            },
+        }
+    }
+}
+
+/// Request headers that can change the answer built from an entry.
+fn is_shaping(name: &header::HeaderName) -> bool {
+    [
+        header::IF_MATCH,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::IF_UNMODIFIED_SINCE,
+        header::RANGE,
+    ]
+    .contains(name)
+}
+
+/// How an answer was shaped: the `answer` label of
+/// `sidecache_client_answers_total`. Carried as a response extension from
+/// here to where the request is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shaped {
+    /// 304 to a matching `If-None-Match` / `If-Modified-Since`.
+    NotModified,
+    /// 412 to a failing `If-Match` / `If-Unmodified-Since`.
+    PreconditionFailed,
+    /// 206, one byte range.
+    Partial,
+    /// 416.
+    RangeUnsatisfiable,
+}
+
+impl Shaped {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shaped::NotModified => "not_modified",
+            Shaped::PreconditionFailed => "precondition_failed",
+            Shaped::Partial => "partial",
+            Shaped::RangeUnsatisfiable => "range_unsatisfiable",
+        }
+    }
+}
+
+/// Completes `resp` — the entry's status and headers, no body yet — for
+/// this client: 412, 304, 206, 416, or the full answer (no body for HEAD).
+pub fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
+    let representation =
+        !entry.negative && (200..300).contains(&entry.status) && entry.status != 206;
+    let whole_200 = representation && entry.status == 200;
+    if whole_200 {
+        resp.headers_mut()
+            .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    }
+    let conditional = representation && !ask.conditions.is_empty();
+    let ranged = whole_200 && !ask.range.is_empty();
+    if conditional || ranged {
+        let validators = Validators::of(&entry.headers);
+        if conditional {
+            match conditional::evaluate(&ask.conditions, &validators) {
+                Precondition::Proceed => {}
+                Precondition::NotModified => return not_modified(resp),
+                Precondition::Failed => return precondition_failed(),
+            }
+        }
+        if ranged {
+            let len = entry.body.len() as u64;
+            match range::evaluate(&ask.range, &validators, len) {
+                RangeAnswer::Full => {}
+                RangeAnswer::Partial(r) => return partial(resp, entry, r),
+                RangeAnswer::Unsatisfiable => return unsatisfiable(len),
+            }
+        }
+    }
+    if !ask.head {
+        *resp.body_mut() = body::full(entry.body.clone());
+    }
+    resp
+}
+
+fn not_modified(mut resp: Response<Body>) -> Response<Body> {
+    *resp.status_mut() = StatusCode::NOT_MODIFIED;
+    conditional::not_modified_headers(resp.headers_mut());
+    resp.extensions_mut().insert(Shaped::NotModified);
+    resp
+}
+
+fn precondition_failed() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::PRECONDITION_FAILED;
+    resp.extensions_mut().insert(Shaped::PreconditionFailed);
+    resp
+}
+
+fn partial(
+    mut resp: Response<Body>,
+    entry: &Entry,
+    r: std::ops::RangeInclusive<u64>,
+) -> Response<Body> {
+    let len = entry.body.len() as u64;
+    // `validate` keeps the range within the body; the slice cannot panic.
+    let (first, last) = (*r.start() as usize, *r.end() as usize);
+    *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_RANGE, range::content_range(&r, len));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(last - first + 1));
+    *resp.body_mut() = body::full(entry.body.slice(first..=last));
+    resp.extensions_mut().insert(Shaped::Partial);
+    resp
+}
+
+fn unsatisfiable(len: u64) -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+    resp.headers_mut()
+        .insert(header::CONTENT_RANGE, range::unsatisfied_range(len));
+    resp.extensions_mut().insert(Shaped::RangeUnsatisfiable);
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
+
+    fn entry(status: u16, negative: bool) -> Entry {
+        Entry {
+            status,
+            negative,
+            stored_at_ms: 0,
+            fresh_until_ms: u64::MAX,
+            grace_ms: 0,
+            stale_if_error_ms: 0,
+            generation: Bytes::from_static(b"g"),
+            identity: "app:1".into(),
+            variant: "v".into(),
+            headers: vec![
+                (header::ETAG, HeaderValue::from_static("\"v2\"")),
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                ),
+                (
+                    header::CACHE_CONTROL,
+                    HeaderValue::from_static("max-age=60"),
+                ),
+            ],
+            body: Bytes::from_static(b"0123456789"),
+        }
+    }
+
+    /// What `respond` hands to `shape`: status, headers, length, no body.
+    fn head_of(e: &Entry) -> Response<Body> {
+        let mut resp = Response::new(body::empty());
+        *resp.status_mut() = StatusCode::from_u16(e.status).expect("status");
+        for (n, v) in &e.headers {
+            resp.headers_mut().append(n.clone(), v.clone());
+        }
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
+        resp
+    }
+
+    async fn run(
+        e: &Entry,
+        method: Method,
+        pairs: &[(&'static str, &'static str)],
+    ) -> (u16, HeaderMap, Bytes, Option<Shaped>) {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        let ask = ClientAsk::from_request(&method, &h);
+        let resp = shape(head_of(e), e, &ask);
+        let shaped = resp.extensions().get::<Shaped>().copied();
+        let (parts, b) = resp.into_parts();
+        let bytes = b.collect().await.expect("body").to_bytes();
+        (parts.status.as_u16(), parts.headers, bytes, shaped)
+    }
+
+    #[tokio::test]
+    async fn plain_get_and_head() {
+        let e = entry(200, false);
+        let (s, h, b, shaped) = run(&e, Method::GET, &[]).await;
+        assert_eq!((s, &b[..], shaped), (200, &b"0123456789"[..], None));
+        assert_eq!(
+            h.get("accept-ranges").map(|v| v.as_bytes()),
+            Some(&b"bytes"[..])
+        );
+        let (s, h, b, _) = run(&e, Method::HEAD, &[]).await;
+        assert_eq!((s, b.len()), (200, 0));
+        assert_eq!(
+            h.get("content-length").map(|v| v.as_bytes()),
+            Some(&b"10"[..])
+        );
+    }
+
+    #[tokio::test]
+    async fn not_modified_has_no_body_and_the_listed_headers() {
+        let e = entry(200, false);
+        for method in [Method::GET, Method::HEAD] {
+            let (s, h, b, shaped) = run(&e, method, &[("if-none-match", "\"v1\", \"v2\"")]).await;
+            assert_eq!((s, b.len(), shaped), (304, 0, Some(Shaped::NotModified)));
+            assert_eq!(h.get("etag").map(|v| v.as_bytes()), Some(&b"\"v2\""[..]));
+            assert!(h.get("cache-control").is_some());
+            assert!(h.get("content-type").is_none() && h.get("content-length").is_none());
+        }
+        let (s, _, b, _) = run(&e, Method::GET, &[("if-none-match", "\"v1\"")]).await;
+        assert_eq!((s, &b[..]), (200, &b"0123456789"[..]));
+        let (s, _, b, shaped) = run(&e, Method::GET, &[("if-match", "\"v1\"")]).await;
+        assert_eq!(
+            (s, b.len(), shaped),
+            (412, 0, Some(Shaped::PreconditionFailed))
+        );
+    }
+
+    #[tokio::test]
+    async fn ranges_cut_the_stored_body() {
+        let e = entry(200, false);
+        let (s, h, b, shaped) = run(&e, Method::GET, &[("range", "bytes=-3")]).await;
+        assert_eq!(
+            (s, &b[..], shaped),
+            (206, &b"789"[..], Some(Shaped::Partial))
+        );
+        assert_eq!(
+            h.get("content-range").map(|v| v.as_bytes()),
+            Some(&b"bytes 7-9/10"[..])
+        );
+        assert_eq!(
+            h.get("content-length").map(|v| v.as_bytes()),
+            Some(&b"3"[..])
+        );
+        assert!(
+            h.get("etag").is_some(),
+            "a 206 keeps the representation's fields"
+        );
+        let (s, h, b, shaped) = run(&e, Method::GET, &[("range", "bytes=5-2")]).await;
+        assert_eq!(
+            (s, b.len(), shaped),
+            (416, 0, Some(Shaped::RangeUnsatisfiable))
+        );
+        assert_eq!(
+            h.get("content-range").map(|v| v.as_bytes()),
+            Some(&b"bytes */10"[..])
+        );
+        let (s, _, b, _) = run(&e, Method::HEAD, &[("range", "bytes=0-1")]).await;
+        assert_eq!((s, b.len()), (200, 0), "HEAD ignores Range");
+        // Preconditions come first: a matching If-None-Match is a 304 even
+        // with a Range.
+        let (s, ..) = run(
+            &e,
+            Method::GET,
+            &[("range", "bytes=0-1"), ("if-none-match", "*")],
+        )
+        .await;
+        assert_eq!(s, 304);
+        let (s, _, b, _) = run(
+            &e,
+            Method::GET,
+            &[("range", "bytes=0-1"), ("if-range", "\"v1\"")],
+        )
+        .await;
+        assert_eq!(
+            (s, b.len()),
+            (200, 10),
+            "If-Range with an old tag: the full 200"
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_and_partials_from_the_origin_are_never_shaped() {
+        for e in [entry(404, true), entry(500, false), entry(206, false)] {
+            let (s, h, b, shaped) = run(
+                &e,
+                Method::GET,
+                &[
+                    ("if-none-match", "*"),
+                    ("range", "bytes=0-1"),
+                    ("if-match", "\"zz\""),
+                ],
+            )
+            .await;
+            assert_eq!((s, b.len(), shaped), (e.status, 10, None));
+            assert!(h.get("accept-ranges").is_none());
+        }
+        // A 2xx other than 200 answers preconditions but not ranges.
+        let e = entry(203, false);
+        let (s, ..) = run(&e, Method::GET, &[("if-none-match", "\"v2\"")]).await;
+        assert_eq!(s, 304);
+        let (s, _, b, _) = run(&e, Method::GET, &[("range", "bytes=0-1")]).await;
+        assert_eq!((s, b.len()), (203, 10));
+    }
+}
