@@ -5,6 +5,7 @@
 //! runs until a shutdown signal, then drains in-flight requests within a
 //! bounded time.
 
+use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::bloom::source::{IdSource, PgSource};
 use crate::bloom::Blooms;
@@ -102,12 +103,15 @@ impl App {
             metrics: metrics.clone(),
             ready: ready.clone(),
         });
+        // Started whether or not it is enabled: a reload can turn it on.
+        let access_log = AccessLog::start(&metrics).context("cannot start the access log")?;
         let proxy_state = Arc::new(ProxyState {
             config,
             pipeline,
             invalidator,
             client,
             metrics,
+            access_log,
         });
         let proxy_task = tokio::spawn(server::run(
             proxy_listener,

@@ -4,6 +4,8 @@
 //! - [`app`]: wiring, the one place that builds the parts and hands each
 //!   what it needs (store, Bloom manager, invalidator, pipeline, listeners).
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
+//! - [`access_log`]: one line per client request, through a bounded buffer
+//!   to one writer thread.
 //! - [`server`]: the client-facing hyper server: connections, the framing
 //!   guard, and per request the choice between the read pipeline, plain
 //!   forwarding and write-through invalidation.
@@ -23,6 +25,7 @@
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 
+pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod app;
 pub mod bloom;

@@ -46,6 +46,7 @@ pub mod names {
     pub const CLIENT_CONNECTIONS: &str = "sidecache_client_connections";
     pub const ACCEPT_PAUSED: &str = "sidecache_accept_paused_total";
     pub const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
+    pub const ACCESS_LOG_DROPPED: &str = "sidecache_access_log_dropped_total";
 }
 
 /// `kind` label values of [`Metrics::client_errors`].
@@ -129,6 +130,8 @@ pub struct Metrics {
     pub accept_paused: IntCounter,
     /// `{kind}`: see [`client_error`].
     pub client_errors: IntCounterVec,
+    /// `{reason}`: access log lines lost (`buffer_full`, `write_error`).
+    pub access_log_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -337,6 +340,11 @@ impl Metrics {
                 CLIENT_ERRORS,
                 "Requests and connections refused or cut off for the client's fault, by kind.",
                 &["kind"],
+            ),
+            access_log_dropped: counter(
+                ACCESS_LOG_DROPPED,
+                "Access log lines dropped: buffer full, or the write failed.",
+                &["reason"],
             ),
             registry,
         }

@@ -27,7 +27,51 @@ pub struct FileConfig {
     #[serde(default)]
     pub h2: FileH2,
     #[serde(default)]
+    pub access_log: FileAccessLog,
+    #[serde(default)]
     pub routes: Vec<FileRoute>,
+}
+
+/// `access_log`: one line per client request on stdout (issue 16).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAccessLog {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub format: FileLogFormat,
+    /// Share of requests logged, in (0, 1].
+    #[serde(default = "defaults::sample")]
+    pub sample: f64,
+    /// Log the query string (off: it may carry secrets).
+    #[serde(default)]
+    pub query: bool,
+    #[serde(default)]
+    pub request_id: FileRequestId,
+}
+
+impl Default for FileAccessLog {
+    fn default() -> Self {
+        FileAccessLog {
+            enabled: false,
+            format: FileLogFormat::Text,
+            sample: defaults::sample(),
+            query: false,
+            request_id: FileRequestId::Pass,
+        }
+    }
+}
+
+/// `access_log.request_id: pass | generate`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileRequestId {
+    /// The client's `X-Request-Id` (if any) is passed through and logged.
+    #[default]
+    Pass,
+    /// As `pass`, and a request without one gets a fresh id, sent upstream
+    /// and returned to the client.
+    Generate,
 }
 
 /// `limits`: what one client connection may cost (issue 11).
@@ -416,6 +460,9 @@ pub(super) mod defaults {
     }
     pub fn max_concurrent_streams() -> u32 {
         100
+    }
+    pub fn sample() -> f64 {
+        1.0
     }
     pub fn rebuild_every() -> HumanDuration {
         HumanDuration(Duration::from_secs(600))

@@ -35,6 +35,8 @@ pub struct Config {
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
     pub limits: LimitsConfig,
+    /// Reloadable at run time: read per request.
+    pub access_log: AccessLogConfig,
     /// TTL of generation keys: max(ttl + jitter + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
     /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
@@ -62,6 +64,18 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub max_idle_per_host: usize,
+}
+
+/// `access_log`: what the access log writes (see `crate::access_log`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccessLogConfig {
+    pub enabled: bool,
+    pub format: file::FileLogFormat,
+    /// Share of requests logged, in (0, 1].
+    pub sample: f64,
+    /// Log the query string too.
+    pub query: bool,
+    pub request_id: file::FileRequestId,
 }
 
 /// What one client connection may cost (`limits` and `h2` in the file).

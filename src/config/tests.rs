@@ -438,3 +438,38 @@ fn stale_windows_validated_and_kept_in_gen_ttl() {
         assert!(e.contains(path), "{extra}: expected {path} in: {e}");
     }
 }
+
+#[test]
+fn access_log_defaults_errors_and_reload() {
+    let cfg = parse(APP).expect("valid");
+    let a = cfg.access_log;
+    assert!(!a.enabled && !a.query);
+    assert_eq!(a.format, file::FileLogFormat::Text);
+    assert_eq!(a.sample, 1.0);
+    assert_eq!(a.request_id, file::FileRequestId::Pass);
+
+    let set = parse(&format!(
+        "access_log: {{ enabled: true, format: json, sample: 0.25, query: true, \
+         request_id: generate }}\n{APP}"
+    ))
+    .expect("valid");
+    let a = set.access_log;
+    assert!(a.enabled && a.query);
+    assert_eq!(a.format, file::FileLogFormat::Json);
+    assert_eq!(a.sample, 0.25);
+    assert_eq!(a.request_id, file::FileRequestId::Generate);
+    // All of it applies on reload.
+    assert!(cfg.restart_only_changes(&set).is_empty());
+
+    for (yaml, path) in [
+        ("access_log: { sample: 0 }", "access_log.sample"),
+        ("access_log: { sample: 1.5 }", "access_log.sample"),
+        ("access_log: { sample: -1 }", "access_log.sample"),
+        ("access_log: { format: xml }", "access_log.format"),
+        ("access_log: { request_id: make }", "access_log.request_id"),
+        ("access_log: { enable: true }", "access_log"),
+    ] {
+        let e = err(&format!("{yaml}\n{APP}"));
+        assert!(e.contains(path), "{yaml}: {e}");
+    }
+}

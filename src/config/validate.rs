@@ -11,7 +11,7 @@ use super::route::{
     overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
 };
 use super::{
-    AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
+    AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
     NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
     StreamStart, UpstreamConfig,
 };
@@ -66,6 +66,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     };
     let invalidation = invalidation(&raw, &store)?;
     let limits = limits(&raw)?;
+    let access_log = access_log(&raw)?;
 
     // A route may take at most half the fill permits (rounded up), so a
     // flood of misses on one route (cache-busting) leaves the other half to
@@ -129,6 +130,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         routes: RouteTable { routes },
         invalidation,
         limits,
+        access_log,
         gen_ttl,
         warnings,
         digest,
@@ -327,6 +329,24 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
         }
     };
     Ok(InvalidationConfig { outbox, stream })
+}
+
+fn access_log(raw: &FileConfig) -> Result<AccessLogConfig> {
+    let a = &raw.access_log;
+    // NaN fails this too.
+    if !(a.sample > 0.0 && a.sample <= 1.0) {
+        return err(
+            "access_log.sample",
+            format!("{} must be greater than 0 and at most 1", a.sample),
+        );
+    }
+    Ok(AccessLogConfig {
+        enabled: a.enabled,
+        format: a.format,
+        sample: a.sample,
+        query: a.query,
+        request_id: a.request_id,
+    })
 }
 
 fn limits(raw: &FileConfig) -> Result<LimitsConfig> {

@@ -208,15 +208,17 @@ impl Pipeline {
             fill.key.keys.entry.clone()
         };
         let task_fill = Arc::clone(&fill);
+        // The fill's upstream time is this request's (the one that starts it).
+        let timing = crate::proxy::timing::current();
         let (flight, started) = self.flights.join(&flight_key, move || {
-            async move {
+            let fill = async move {
                 if degraded {
                     fetch_only(&task_fill, CacheStatus::Degraded).await
                 } else {
                     fill_with_lease(&task_fill).await
                 }
-            }
-            .boxed()
+            };
+            crate::proxy::timing::measured(timing, fill).boxed()
         });
         if !started {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();

@@ -1,0 +1,296 @@
+//! One [`Line`] as text (logfmt: `key=value`, values quoted when needed)
+//! or as a JSON object, each ending in a newline. Everything that came from
+//! the client (path, method, ids) is escaped, so no request can forge a
+//! line or break the format, and ids are bounded in length.
+
+use super::Line;
+use crate::config::file::FileLogFormat;
+use serde::Serialize;
+use std::io::Write;
+
+/// Client-sent ids longer than this are cut (and marked with `…`).
+pub const MAX_ID: usize = 128;
+
+/// The id of a line: the W3C trace id of a valid `traceparent`, else the
+/// request's `X-Request-Id` (printable ASCII, at most [`MAX_ID`] bytes).
+pub fn id(line: &Line) -> Option<String> {
+    if let Some(trace) = line
+        .traceparent
+        .as_ref()
+        .and_then(|v| trace_id(v.as_bytes()))
+    {
+        return Some(trace.to_owned());
+    }
+    let raw = line.request_id.as_ref()?.as_bytes();
+    let mut out: String = raw
+        .iter()
+        .take(MAX_ID)
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b as char
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if raw.len() > MAX_ID {
+        out.push('…');
+    }
+    Some(out)
+}
+
+/// The trace id of a `traceparent` value (W3C Trace Context §3.2:
+/// `version-traceid-parentid-flags`, lower-case hex, neither id all zeros,
+/// version `ff` invalid; later versions may append fields).
+pub fn trace_id(value: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let mut parts = text.split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    let valid = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && nonzero(trace)
+        && hex(parent, 16)
+        && nonzero(parent)
+        && hex(flags, 2)
+        && (version != "00" || parts.next().is_none());
+    valid.then_some(trace)
+}
+
+/// The fields both formats write, in order.
+#[derive(Serialize)]
+struct Fields<'a> {
+    time: String,
+    peer: String,
+    method: &'a str,
+    path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    query: Option<&'a str>,
+    status: u16,
+    cache: &'a str,
+    route: &'a str,
+    duration_ms: f64,
+    upstream_ms: Option<f64>,
+    bytes: u64,
+    id: Option<String>,
+}
+
+fn fields(line: &Line) -> Fields<'_> {
+    let millis = |d: std::time::Duration| (d.as_micros() as f64) / 1000.0;
+    Fields {
+        time: humantime::format_rfc3339_millis(line.time).to_string(),
+        peer: line.peer.to_string(),
+        method: line.method.as_str(),
+        path: line.uri.path(),
+        query: if line.query { line.uri.query() } else { None },
+        status: line.status,
+        cache: line
+            .cache
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-"),
+        route: line.route.as_ref().map_or("-", |r| r.name.as_str()),
+        duration_ms: millis(line.duration),
+        upstream_ms: line.upstream.map(millis),
+        bytes: line.bytes,
+        id: id(line),
+    }
+}
+
+/// Appends `line` in its format, with a final newline.
+pub fn write_line(line: &Line, out: &mut Vec<u8>) {
+    let f = fields(line);
+    match line.format {
+        FileLogFormat::Json => {
+            // Serializing plain strings and numbers into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, &f);
+        }
+        FileLogFormat::Text => text(&f, out),
+    }
+    out.push(b'\n');
+}
+
+fn text(f: &Fields<'_>, out: &mut Vec<u8>) {
+    let _ = write!(out, "time={} peer={} method=", f.time, f.peer);
+    value(f.method, out);
+    out.extend_from_slice(b" path=");
+    value(f.path, out);
+    if let Some(q) = f.query {
+        out.extend_from_slice(b" query=");
+        value(q, out);
+    }
+    let _ = write!(
+        out,
+        " status={} cache={} route={} duration_ms={:.3} upstream_ms=",
+        f.status, f.cache, f.route, f.duration_ms
+    );
+    match f.upstream_ms {
+        Some(ms) => {
+            let _ = write!(out, "{ms:.3}");
+        }
+        None => out.push(b'-'),
+    }
+    let _ = write!(out, " bytes={} id=", f.bytes);
+    value(f.id.as_deref().unwrap_or("-"), out);
+}
+
+/// A logfmt value: as is when it is plain, else quoted with `"` and `\`
+/// escaped and control characters as `\xNN`.
+fn value(v: &str, out: &mut Vec<u8>) {
+    let plain = !v.is_empty()
+        && v
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'=');
+    if plain {
+        out.extend_from_slice(v.as_bytes());
+        return;
+    }
+    out.push(b'"');
+    for c in v.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderValue;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    fn line(format: FileLogFormat) -> Line {
+        Line {
+            time: UNIX_EPOCH + Duration::from_millis(1_764_580_225_123),
+            peer: "192.0.2.7:4711".parse().expect("addr"),
+            method: http::Method::GET,
+            uri: "/api/tenants/acme/apps/1?token=secret".parse().expect("uri"),
+            query: false,
+            format,
+            status: 200,
+            cache: Some(HeaderValue::from_static("MISS")),
+            route: Some(crate::config::testing::route(
+                "  - name: app\n    path: /api/tenants/{t}/apps/{id}\n    params: { t: \".+\", id: \".+\" }\n    ttl: 1s\n",
+            )),
+            duration: Duration::from_micros(1234),
+            upstream: Some(Duration::from_micros(1000)),
+            bytes: 42,
+            traceparent: Some(HeaderValue::from_static(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )),
+            request_id: Some(HeaderValue::from_static("r-1")),
+        }
+    }
+
+    fn render(l: &Line) -> String {
+        let mut out = Vec::new();
+        write_line(l, &mut out);
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    #[test]
+    fn text_line() {
+        assert_eq!(
+            render(&line(FileLogFormat::Text)),
+            "time=2025-12-01T09:10:25.123Z peer=192.0.2.7:4711 method=GET \
+             path=/api/tenants/acme/apps/1 status=200 cache=MISS route=app \
+             duration_ms=1.234 upstream_ms=1.000 bytes=42 id=4bf92f3577b34da6a3ce929d0e0e4736\n"
+        );
+        let mut l = line(FileLogFormat::Text);
+        l.query = true;
+        l.upstream = None;
+        l.cache = None;
+        l.route = None;
+        l.traceparent = None;
+        l.request_id = Some(HeaderValue::from_static("a \"b\" c"));
+        let text = render(&l);
+        assert!(text.contains(" query=\"token=secret\" "), "{text}");
+        assert!(text.contains(" cache=- route=- "), "{text}");
+        assert!(text.contains(" upstream_ms=- "), "{text}");
+        assert!(text.ends_with(" id=\"a \\\"b\\\" c\"\n"), "{text}");
+    }
+
+    #[test]
+    fn json_line() {
+        let text = render(&line(FileLogFormat::Json));
+        assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["time"], "2025-12-01T09:10:25.123Z");
+        assert_eq!(v["peer"], "192.0.2.7:4711");
+        assert_eq!(v["method"], "GET");
+        assert_eq!(v["path"], "/api/tenants/acme/apps/1");
+        assert!(v.get("query").is_none(), "query is off by default");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["cache"], "MISS");
+        assert_eq!(v["route"], "app");
+        assert_eq!(v["duration_ms"], 1.234);
+        assert_eq!(v["upstream_ms"], 1.0);
+        assert_eq!(v["bytes"], 42);
+        assert_eq!(v["id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        let mut l = line(FileLogFormat::Json);
+        l.upstream = None;
+        l.query = true;
+        let v: serde_json::Value = serde_json::from_str(&render(&l)).expect("json");
+        assert!(v["upstream_ms"].is_null());
+        assert_eq!(v["query"], "token=secret");
+    }
+
+    #[test]
+    fn hostile_values_cannot_forge_lines() {
+        let mut l = line(FileLogFormat::Text);
+        l.traceparent = None;
+        l.request_id = Some(HeaderValue::from_bytes(b"x\" status=500 \xff\t").expect("value"));
+        let text = render(&l);
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        assert!(text.ends_with(" id=\"x\\\" status=500 ??\"\n"), "{text}");
+        // Long ids are cut.
+        let long = "a".repeat(10_000);
+        l.request_id = Some(HeaderValue::from_str(&long).expect("value"));
+        assert_eq!(id(&l).expect("id").chars().count(), MAX_ID + 1);
+        // Paths keep their percent-encoding; a quote is escaped.
+        l.uri = "/a%22b\"c".parse().unwrap_or_else(|_| "/a%22b".parse().expect("uri"));
+        let text = render(&l);
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        let _ = SystemTime::now();
+    }
+
+    #[test]
+    fn trace_ids_follow_w3c_trace_context() {
+        let good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(trace_id(good), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        // A later version may carry more fields.
+        assert!(trace_id(b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xyz").is_some());
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xyz"[..],
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            b"garbage",
+            b"",
+        ] {
+            assert_eq!(trace_id(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        // An invalid traceparent falls back to the request id.
+        let mut l = line(FileLogFormat::Text);
+        l.traceparent = Some(HeaderValue::from_static("garbage"));
+        assert_eq!(id(&l).as_deref(), Some("r-1"));
+        l.request_id = None;
+        assert_eq!(id(&l), None);
+    }
+}
