@@ -104,7 +104,8 @@ impl App {
             ready: ready.clone(),
         });
         // Started whether or not it is enabled: a reload can turn it on.
-        let access_log = AccessLog::start(&metrics).context("cannot start the access log")?;
+        let access_log = AccessLog::start(config.load().access_log.buffer, &metrics)
+            .context("cannot start the access log")?;
         let proxy_state = Arc::new(ProxyState {
             config,
             pipeline,

@@ -48,7 +48,9 @@ pub fn trace_id(value: &[u8]) -> Option<&str> {
     let (version, trace, parent, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
     let valid = hex(version, 2)
@@ -143,8 +145,7 @@ fn text(f: &Fields<'_>, out: &mut Vec<u8>) {
 /// escaped and control characters as `\xNN`.
 fn value(v: &str, out: &mut Vec<u8>) {
     let plain = !v.is_empty()
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'=');
     if plain {
         out.extend_from_slice(v.as_bytes());
@@ -262,7 +263,9 @@ mod tests {
         l.request_id = Some(HeaderValue::from_str(&long).expect("value"));
         assert_eq!(id(&l).expect("id").chars().count(), MAX_ID + 1);
         // Paths keep their percent-encoding; a quote is escaped.
-        l.uri = "/a%22b\"c".parse().unwrap_or_else(|_| "/a%22b".parse().expect("uri"));
+        l.uri = "/a%22b\"c"
+            .parse()
+            .unwrap_or_else(|_| "/a%22b".parse().expect("uri"));
         let text = render(&l);
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         let _ = SystemTime::now();

@@ -5,7 +5,7 @@
 //! (else the request's `X-Request-Id`).
 //!
 //! A request never waits for the log: its line goes into a bounded buffer
-//! ([`CAPACITY`] lines) with a non-blocking send, and one writer thread
+//! (`access_log.buffer` lines) with a non-blocking send, and one writer thread
 //! formats and writes the lines ([`writer`]); a line that finds the buffer
 //! full is dropped and counted (`sidecache_access_log_dropped_total`). A
 //! thread, not a task: writes to a pipe whose reader is slow block, and
@@ -36,10 +36,6 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
-
-/// Lines waiting for the writer. At ~200 bytes a line, a few MiB at most;
-/// enough for a burst of ~50 ms at 100 000 req/s.
-pub const CAPACITY: usize = 16 * 1024;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -83,8 +79,8 @@ pub struct Line {
 
 impl AccessLog {
     /// The log of a running sidecache: the writer thread writes to stdout.
-    pub fn start(metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
-        let (log, rx) = AccessLog::new(CAPACITY, metrics);
+    pub fn start(capacity: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
+        let (log, rx) = AccessLog::new(capacity, metrics);
         writer::spawn(rx, Box::new(std::io::stdout()), metrics)?;
         Ok(log)
     }
@@ -302,6 +298,7 @@ mod tests {
             sample: 1.0,
             query: false,
             request_id,
+            buffer: 8,
         }
     }
 
@@ -336,7 +333,10 @@ mod tests {
         let (log, rx) = AccessLog::new(8, &metrics);
         for cached in [true, false] {
             let mut req = Request::get("/a/b?secret=1")
-                .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+                .header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                )
                 .body(())
                 .expect("request");
             let pending = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer())
@@ -356,7 +356,10 @@ mod tests {
             assert!(line.traceparent.is_some());
             assert_eq!(line.upstream, None);
             if cached {
-                assert_eq!(line.cache.as_ref().map(|v| v.as_bytes()), Some(&b"NEGATIVE"[..]));
+                assert_eq!(
+                    line.cache.as_ref().map(|v| v.as_bytes()),
+                    Some(&b"NEGATIVE"[..])
+                );
             } else {
                 // A forwarded answer's X-Cache is the upstream's, not ours.
                 assert_eq!(line.cache, None);
@@ -381,12 +384,23 @@ mod tests {
         assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
         assert_eq!(req.headers().get(&X_REQUEST_ID), Some(&id));
         let mut again = Request::new(());
-        let other = begin(&log, &cfg(false, FileRequestId::Generate), &mut again, peer());
+        let other = begin(
+            &log,
+            &cfg(false, FileRequestId::Generate),
+            &mut again,
+            peer(),
+        );
         assert_ne!(other.request_id, Some(id), "ids are fresh per request");
         // generate with a client id: kept untouched and echoed.
-        let mut req = Request::get("/").header("x-request-id", "client-1").body(()).expect("req");
+        let mut req = Request::get("/")
+            .header("x-request-id", "client-1")
+            .body(())
+            .expect("req");
         let begun = begin(&log, &cfg(true, FileRequestId::Generate), &mut req, peer());
-        assert_eq!(begun.request_id.as_ref().map(|v| v.as_bytes()), Some(&b"client-1"[..]));
+        assert_eq!(
+            begun.request_id.as_ref().map(|v| v.as_bytes()),
+            Some(&b"client-1"[..])
+        );
         assert_eq!(req.headers().get_all(&X_REQUEST_ID).iter().count(), 1);
     }
 

@@ -48,6 +48,9 @@ pub struct FileAccessLog {
     pub query: bool,
     #[serde(default)]
     pub request_id: FileRequestId,
+    /// Lines waiting for the writer; more are dropped.
+    #[serde(default = "defaults::access_log_buffer")]
+    pub buffer: usize,
 }
 
 impl Default for FileAccessLog {
@@ -58,6 +61,7 @@ impl Default for FileAccessLog {
             sample: defaults::sample(),
             query: false,
             request_id: FileRequestId::Pass,
+            buffer: defaults::access_log_buffer(),
         }
     }
 }
@@ -460,6 +464,9 @@ pub(super) mod defaults {
     }
     pub fn max_concurrent_streams() -> u32 {
         100
+    }
+    pub fn access_log_buffer() -> usize {
+        16 * 1024
     }
     pub fn sample() -> f64 {
         1.0

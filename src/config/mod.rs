@@ -76,6 +76,8 @@ pub struct AccessLogConfig {
     /// Log the query string too.
     pub query: bool,
     pub request_id: file::FileRequestId,
+    /// Lines waiting for the writer (restart to change).
+    pub buffer: usize,
 }
 
 /// What one client connection may cost (`limits` and `h2` in the file).
@@ -320,6 +322,10 @@ impl Config {
         }
         if self.log_format != next.log_format {
             changed.push("log_format");
+        }
+        // The buffer is made once, with the writer.
+        if self.access_log.buffer != next.access_log.buffer {
+            changed.push("access_log.buffer");
         }
         changed
     }

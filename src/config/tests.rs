@@ -447,6 +447,7 @@ fn access_log_defaults_errors_and_reload() {
     assert_eq!(a.format, file::FileLogFormat::Text);
     assert_eq!(a.sample, 1.0);
     assert_eq!(a.request_id, file::FileRequestId::Pass);
+    assert_eq!(a.buffer, 16384);
 
     let set = parse(&format!(
         "access_log: {{ enabled: true, format: json, sample: 0.25, query: true, \
@@ -458,8 +459,10 @@ fn access_log_defaults_errors_and_reload() {
     assert_eq!(a.format, file::FileLogFormat::Json);
     assert_eq!(a.sample, 0.25);
     assert_eq!(a.request_id, file::FileRequestId::Generate);
-    // All of it applies on reload.
+    // All of it applies on reload, but the buffer's size.
     assert!(cfg.restart_only_changes(&set).is_empty());
+    let bigger = parse(&format!("access_log: {{ buffer: 100 }}\n{APP}")).expect("valid");
+    assert_eq!(cfg.restart_only_changes(&bigger), ["access_log.buffer"]);
 
     for (yaml, path) in [
         ("access_log: { sample: 0 }", "access_log.sample"),
@@ -468,6 +471,7 @@ fn access_log_defaults_errors_and_reload() {
         ("access_log: { format: xml }", "access_log.format"),
         ("access_log: { request_id: make }", "access_log.request_id"),
         ("access_log: { enable: true }", "access_log"),
+        ("access_log: { buffer: 0 }", "access_log.buffer"),
     ] {
         let e = err(&format!("{yaml}\n{APP}"));
         assert!(e.contains(path), "{yaml}: {e}");

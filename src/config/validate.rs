@@ -11,9 +11,9 @@ use super::route::{
     overlaps, parse_template, OriginCacheControl, Param, QueryMode, Route, RouteTable,
 };
 use super::{
-    AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
-    NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
-    StreamStart, UpstreamConfig,
+    AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
+    InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
+    StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -340,7 +340,11 @@ fn access_log(raw: &FileConfig) -> Result<AccessLogConfig> {
             format!("{} must be greater than 0 and at most 1", a.sample),
         );
     }
+    if !(1..=1 << 20).contains(&a.buffer) {
+        return err("access_log.buffer", "must be between 1 and 1048576 lines");
+    }
     Ok(AccessLogConfig {
+        buffer: a.buffer,
         enabled: a.enabled,
         format: a.format,
         sample: a.sample,

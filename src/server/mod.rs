@@ -542,7 +542,10 @@ async fn handle(
         return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
     }
     let begun = access_log::begin(&state.access_log, &log, &mut req, peer);
-    let timing = begun.pending.as_ref().map(access_log::Pending::upstream_time);
+    let timing = begun
+        .pending
+        .as_ref()
+        .map(access_log::Pending::upstream_time);
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
     let mut resp = crate::proxy::timing::measured(timing, answered).await;
     if let Some(id) = begun.request_id {
