@@ -1,15 +1,18 @@
 //! The admin listener, separate from client traffic: liveness (`/healthz`),
 //! readiness (`/readyz`: config loaded and client listener bound; never
 //! depends on Redis), Prometheus text (`/metrics`), and the operator API
-//! under `/admin/*` (route table, invalidation, Bloom rebuilds), guarded by an optional
+//! under `/admin/*` (route table, invalidation, Bloom rebuilds, explain one
+//! URL), guarded by an optional
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
 use crate::bloom::Blooms;
 use crate::body::{full, Body};
 use crate::config::{Config, QueryMode, Route};
+use crate::explain::{self, Subject};
 use crate::invalidation::{ApplyOutcome, Event, Invalidator, Poison, Source};
 use crate::metrics::Metrics;
 use crate::server::listener::{accept_until, builder};
+use crate::store::GuardedStore;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -35,6 +38,8 @@ pub struct AdminState {
     pub config: Arc<ArcSwap<Config>>,
     pub invalidator: Arc<Invalidator>,
     pub blooms: Arc<Blooms>,
+    /// Read by `/admin/lookup`.
+    pub store: Arc<GuardedStore>,
     pub metrics: Metrics,
     /// Set once the client listener is bound; cleared when draining.
     pub ready: Arc<AtomicBool>,
@@ -106,12 +111,13 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             }
             match (p, &method) {
                 ("/admin/routes", &Method::GET) => routes(&cfg),
+                ("/admin/lookup", &Method::GET) => lookup(state, &cfg, &req).await,
                 ("/admin/invalidate", &Method::POST) => invalidate(state, req).await,
                 (p, &Method::POST) if bloom_route(p).is_some() => {
                     let route = bloom_route(p).unwrap_or_default().to_owned();
                     bloom_rebuild(state, &cfg, &route, req.uri().query()).await
                 }
-                ("/admin/routes", _) | ("/admin/invalidate", _) => {
+                ("/admin/routes", _) | ("/admin/invalidate", _) | ("/admin/lookup", _) => {
                     error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
                 }
                 _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
@@ -201,6 +207,22 @@ fn as_written(anchored: &str) -> &str {
         .strip_prefix("^(?:")
         .and_then(|p| p.strip_suffix(")$"))
         .unwrap_or(anchored)
+}
+
+/// `GET /admin/lookup?url=/path?query[&header=value...]`: what the cache
+/// holds for that URL and what a GET would get now (see `explain`).
+async fn lookup(state: &AdminState, cfg: &Config, req: &Request<Incoming>) -> Response<Body> {
+    let subject = match Subject::from_query(req.uri().query()) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let sources = explain::Sources {
+        cfg,
+        store: &state.store,
+        blooms: &state.blooms,
+        admin_headers: req.headers(),
+    };
+    json_response(StatusCode::OK, &explain::explain(&sources, &subject).await)
 }
 
 /// `POST /admin/invalidate`: replace one object's generation.

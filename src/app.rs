@@ -70,7 +70,7 @@ impl App {
         blooms.spawn_maintenance(config.clone());
         let invalidator = Arc::new(Invalidator::new(
             config.clone(),
-            store,
+            store.clone(),
             Some(blooms.clone()),
             metrics.clone(),
         ));
@@ -100,6 +100,7 @@ impl App {
             config: config.clone(),
             invalidator: invalidator.clone(),
             blooms,
+            store,
             metrics: metrics.clone(),
             ready: ready.clone(),
         });

@@ -6,6 +6,8 @@
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
 //! - [`access_log`]: one line per client request, through a bounded buffer
 //!   to one writer thread.
+//! - [`explain`]: explain one URL (`/admin/lookup`, `sidecache lookup`):
+//!   route, keys, what the store and the near cache hold, the verdict.
 //! - [`server`]: the client-facing hyper server: connections, the framing
 //!   guard, and per request the choice between the read pipeline, plain
 //!   forwarding and write-through invalidation.
@@ -32,6 +34,7 @@ pub mod bloom;
 pub(crate) mod body;
 pub mod config;
 pub(crate) mod error;
+pub mod explain;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
