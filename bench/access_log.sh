@@ -98,8 +98,11 @@ applied() {
     curl -fsS "$admin/metrics" | awk '/^sidecache_config_reloads_total\{outcome="applied"\}/ { print $2 }'
 }
 # set_log ENABLED: reloads with the log on or off and waits until applied.
+log_now=false
 set_log() {
     local before i
+    [[ $1 == "$log_now" ]] && return 0
+    log_now=$1
     before=$(applied)
     before=${before:-0}
     config "$1"

@@ -6,6 +6,8 @@
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
 //! - [`access_log`]: one line per client request, through a bounded buffer
 //!   to one writer thread.
+//! - [`status`]: the admin listener's status page (`/`) and its JSON
+//!   (`/admin/status`).
 //! - [`explain`]: explain one URL (`/admin/lookup`, `sidecache lookup`):
 //!   route, keys, what the store and the near cache hold, the verdict.
 //! - [`server`]: the client-facing hyper server: connections, the framing
@@ -41,4 +43,5 @@ pub mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod proxy;
 pub(crate) mod server;
+pub(crate) mod status;
 pub mod store;

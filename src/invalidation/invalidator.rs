@@ -71,6 +71,8 @@ pub struct Invalidator {
     /// Bloom growth for `create` events; `None` in tests without filters.
     blooms: Option<Arc<Blooms>>,
     metrics: Metrics,
+    /// Poison from the outbox and the stream (they dead-letter it).
+    dead_letters: super::recent::RecentDeadLetters,
 }
 
 impl Invalidator {
@@ -85,7 +87,13 @@ impl Invalidator {
             store,
             blooms,
             metrics,
+            dead_letters: Default::default(),
         }
+    }
+
+    /// The latest dead-lettered events, newest first.
+    pub fn recent_dead_letters(&self) -> Vec<super::recent::DeadLetter> {
+        self.dead_letters.newest_first()
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -105,7 +113,16 @@ impl Invalidator {
             .into_iter()
             .map(|e| e.and_then(|e| e.validate(&cfg)))
             .collect();
-        self.apply_checked(source, &cfg, checked).await
+        let outcomes = self.apply_checked(source, &cfg, checked).await;
+        // The outbox and the stream dead-letter poison; admin answers 400.
+        if matches!(source, Source::Outbox | Source::Stream) {
+            for outcome in &outcomes {
+                if let ApplyOutcome::Poison(p) = outcome {
+                    self.dead_letters.record(source.as_str(), &p.to_string());
+                }
+            }
+        }
+        outcomes
     }
 
     /// Write-through (SPEC §7): a 2xx answer to a write on a cached

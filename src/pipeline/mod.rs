@@ -119,6 +119,13 @@ impl Pipeline {
     ) -> Response<Body> {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
         resp.headers_mut().insert("x-cache", status.header_value());
+        if let Some(overload) = resp.extensions().get::<crate::error::Overload>() {
+            self.shared
+                .metrics
+                .overloaded
+                .with_label_values(&[&route.name, overload.as_str()])
+                .inc();
+        }
         self.shared
             .metrics
             .requests

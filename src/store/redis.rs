@@ -291,7 +291,15 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             type Pair = (Option<Vec<u8>>, i64);
-            let (entry, generation, lease): (Pair, Pair, Pair) = scripts::INSPECT
+            type Reply = (
+                Option<Vec<u8>>,
+                i64,
+                Option<Vec<u8>>,
+                i64,
+                Option<Vec<u8>>,
+                i64,
+            );
+            let (e, e_ttl, g, g_ttl, l, l_ttl): Reply = scripts::INSPECT
                 .key(&keys.entry)
                 .key(&keys.generation)
                 .key(&keys.lease)
@@ -305,9 +313,9 @@ impl Store for RedisStore {
                 })
             };
             Ok(Inspection {
-                entry: value(entry),
-                generation: value(generation),
-                lease: value(lease),
+                entry: value((e, e_ttl)),
+                generation: value((g, g_ttl)),
+                lease: value((l, l_ttl)),
             })
         })
     }
