@@ -134,12 +134,17 @@ async fn every_metric_the_dashboard_and_rules_use_is_exported() {
     .await;
     let _ = request("GET", &app(1), &[], "").await;
 
+    // Sample names (`..._bucket` of a histogram too) and family names (the
+    // histogram itself), as a query or a reader may use either.
     let exported: BTreeSet<String> = sc
         .metrics()
         .await
         .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
+        .filter_map(|l| match l.strip_prefix("# TYPE ") {
+            Some(family) => family.split(' ').next(),
+            None if l.starts_with('#') || l.is_empty() => None,
+            None => l.split(['{', ' ']).next(),
+        })
         .map(str::to_owned)
         .collect();
     for file in ["grafana/sidecache.json", "prometheus/alerts.yaml"] {

@@ -22,6 +22,7 @@ mod lookup;
 mod outbox;
 mod reload;
 mod stale;
+mod status_page;
 mod store;
 mod store_refusals;
 mod stream;
