@@ -16,6 +16,8 @@
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
 #   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
+#   CALLGRIND_EXTRA            more top-level YAML for sidecache's config, e.g.
+#                              'access_log: { enabled: true, format: json }'
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -69,6 +71,7 @@ listen: 127.0.0.1:$proxy_port
 admin: { listen: 127.0.0.1:$admin_port }
 upstream: { url: "http://127.0.0.1:$origin_port" }
 $store_yaml
+${CALLGRIND_EXTRA:-}
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
