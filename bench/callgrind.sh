@@ -65,7 +65,10 @@ if [[ $store == redis* ]]; then
 fi
 proxy_port=$(port)
 admin_port=$(port)
-cat >"$work/sidecache.yaml" <<YAML
+# The config gets a directory of its own: sidecache watches it, and the
+# logs written beside it (stdout: the access log) would wake the watcher.
+mkdir -p "$work/config"
+cat >"$work/config/sidecache.yaml" <<YAML
 version: 1
 listen: 127.0.0.1:$proxy_port
 admin: { listen: 127.0.0.1:$admin_port }
@@ -81,7 +84,7 @@ YAML
 wait_http "http://127.0.0.1:$origin_port/healthz"
 out=${CALLGRIND_OUT:-$work/callgrind.out}
 SIDECACHE_LOG=warn taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$sidecache_bin" run --config "$work/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
+    "$sidecache_bin" run --config "$work/config/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
 vg=$!
 pids+=("$vg")
 wait_http "http://127.0.0.1:$admin_port/readyz"

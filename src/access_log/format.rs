@@ -5,8 +5,9 @@
 
 use super::Line;
 use crate::config::file::FileLogFormat;
-use serde::Serialize;
 use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Client-sent ids longer than this are cut (and marked with `…`).
 pub const MAX_ID: usize = 128;
@@ -64,81 +65,201 @@ pub fn trace_id(value: &[u8]) -> Option<&str> {
     valid.then_some(trace)
 }
 
-/// The fields both formats write, in order.
-#[derive(Serialize)]
-struct Fields<'a> {
-    time: String,
-    peer: String,
-    method: &'a str,
-    path: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    query: Option<&'a str>,
-    status: u16,
-    cache: &'a str,
-    route: &'a str,
-    duration_ms: f64,
-    upstream_ms: Option<f64>,
-    bytes: u64,
-    id: Option<String>,
+/// Formats lines; remembers the text of the current second, so a busy log
+/// formats a date once per second, not once per line.
+#[derive(Default)]
+pub struct Formatter {
+    second: u64,
+    /// `YYYY-MM-DDTHH:MM:SS` of `second`.
+    stamp: String,
 }
 
-fn fields(line: &Line) -> Fields<'_> {
-    let millis = |d: std::time::Duration| (d.as_micros() as f64) / 1000.0;
-    Fields {
-        time: humantime::format_rfc3339_millis(line.time).to_string(),
-        peer: line.peer.to_string(),
-        method: line.method.as_str(),
-        path: line.uri.path(),
-        query: if line.query { line.uri.query() } else { None },
-        status: line.status,
-        cache: line
-            .cache
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-"),
-        route: line.route.as_ref().map_or("-", |r| r.name.as_str()),
-        duration_ms: millis(line.duration),
-        upstream_ms: line.upstream.map(millis),
-        bytes: line.bytes,
-        id: id(line),
+/// Appends fields in one format: JSON (`{"k":v,...}`) or logfmt
+/// (`k=v k=v`). Values are written straight into the output: the writer
+/// thread formats every line, so this avoids allocations and the
+/// formatting machinery where a line's values are plain.
+struct Fields<'o> {
+    out: &'o mut Vec<u8>,
+    json: bool,
+    first: bool,
+}
+
+impl Fields<'_> {
+    fn key(&mut self, key: &str) {
+        match (self.json, self.first) {
+            (true, true) => self.out.push(b'{'),
+            (true, false) => self.out.push(b','),
+            (false, true) => {}
+            (false, false) => self.out.push(b' '),
+        }
+        self.first = false;
+        if self.json {
+            self.out.push(b'"');
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.extend_from_slice(b"\":");
+        } else {
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.push(b'=');
+        }
+    }
+
+    /// A string value (quoted and escaped as the format needs).
+    fn str(&mut self, key: &str, v: &str) {
+        self.key(key);
+        if !self.json {
+            return value(v, self.out);
+        }
+        let plain = v
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+        if plain {
+            self.out.push(b'"');
+            self.out.extend_from_slice(v.as_bytes());
+            self.out.push(b'"');
+        } else {
+            // Serializing a string into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *self.out, v);
+        }
+    }
+
+    /// A string or null (logfmt: `-`).
+    fn opt_str(&mut self, key: &str, v: Option<&str>) {
+        match v {
+            Some(v) => self.str(key, v),
+            None => self.null(key),
+        }
+    }
+
+    fn null(&mut self, key: &str) {
+        self.key(key);
+        self.out
+            .extend_from_slice(if self.json { b"null" } else { b"-" });
+    }
+
+    fn uint(&mut self, key: &str, n: u64) {
+        self.key(key);
+        push_uint(self.out, n);
+    }
+
+    /// Milliseconds with three decimals (microsecond resolution).
+    fn millis(&mut self, key: &str, d: Option<Duration>) {
+        let Some(d) = d else {
+            return self.null(key);
+        };
+        self.key(key);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        push_uint(self.out, micros / 1000);
+        self.out.push(b'.');
+        let frac = micros % 1000;
+        self.out
+            .extend_from_slice(&[b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
+    }
+
+    fn end(self) {
+        if self.json {
+            self.out.push(b'}');
+        }
+        self.out.push(b'\n');
     }
 }
 
-/// Appends `line` in its format, with a final newline.
+/// Decimal digits of `n`, without the formatting machinery.
+fn push_uint(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+impl Formatter {
+    /// Appends `line` in its format, with a final newline.
+    pub fn write_line(&mut self, line: &Line, out: &mut Vec<u8>) {
+        let mut time = String::with_capacity(24);
+        self.time(line.time, &mut time);
+        let mut peer = String::with_capacity(24);
+        peer_text(line.peer, &mut peer);
+        let id = id(line);
+        let mut f = Fields {
+            out,
+            json: line.format == FileLogFormat::Json,
+            first: true,
+        };
+        f.str("time", &time);
+        f.str("peer", &peer);
+        f.str("method", line.method.as_str());
+        f.str("path", line.uri.path());
+        if line.query {
+            f.opt_str("query", line.uri.query());
+        }
+        f.uint("status", u64::from(line.status));
+        f.str(
+            "cache",
+            line.cache
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-"),
+        );
+        f.str("route", line.route.as_ref().map_or("-", |r| r.name.as_str()));
+        f.millis("duration_ms", Some(line.duration));
+        f.millis("upstream_ms", line.upstream);
+        f.uint("bytes", line.bytes);
+        f.opt_str("id", id.as_deref());
+        f.end();
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+    fn time(&mut self, t: SystemTime, out: &mut String) {
+        let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = since.as_secs();
+        if secs != self.second || self.stamp.is_empty() {
+            let whole = UNIX_EPOCH + Duration::from_secs(secs);
+            let text = humantime::format_rfc3339_seconds(whole).to_string();
+            self.stamp = text.trim_end_matches('Z').to_owned();
+            self.second = secs;
+        }
+        out.push_str(&self.stamp);
+        let ms = since.subsec_millis();
+        out.push('.');
+        out.push(char::from(b'0' + (ms / 100) as u8));
+        out.push(char::from(b'0' + (ms / 10 % 10) as u8));
+        out.push(char::from(b'0' + (ms % 10) as u8));
+        out.push('Z');
+    }
+}
+
+/// `ip:port`; IPv4 without the formatting machinery (most peers).
+fn peer_text(peer: SocketAddr, out: &mut String) {
+    match peer {
+        SocketAddr::V4(v4) => {
+            let mut buf = Vec::with_capacity(21);
+            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push(b'.');
+                }
+                push_uint(&mut buf, u64::from(octet));
+            }
+            buf.push(b':');
+            push_uint(&mut buf, u64::from(v4.port()));
+            out.push_str(std::str::from_utf8(&buf).unwrap_or("-"));
+        }
+        v6 => {
+            let _ = std::fmt::Write::write_fmt(out, format_args!("{v6}"));
+        }
+    }
+}
+
+/// Appends `line` in its format, with a final newline (a one-off
+/// [`Formatter`]; the writer keeps one).
+#[cfg(test)]
 pub fn write_line(line: &Line, out: &mut Vec<u8>) {
-    let f = fields(line);
-    match line.format {
-        FileLogFormat::Json => {
-            // Serializing plain strings and numbers into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, &f);
-        }
-        FileLogFormat::Text => text(&f, out),
-    }
-    out.push(b'\n');
-}
-
-fn text(f: &Fields<'_>, out: &mut Vec<u8>) {
-    let _ = write!(out, "time={} peer={} method=", f.time, f.peer);
-    value(f.method, out);
-    out.extend_from_slice(b" path=");
-    value(f.path, out);
-    if let Some(q) = f.query {
-        out.extend_from_slice(b" query=");
-        value(q, out);
-    }
-    let _ = write!(
-        out,
-        " status={} cache={} route={} duration_ms={:.3} upstream_ms=",
-        f.status, f.cache, f.route, f.duration_ms
-    );
-    match f.upstream_ms {
-        Some(ms) => {
-            let _ = write!(out, "{ms:.3}");
-        }
-        None => out.push(b'-'),
-    }
-    let _ = write!(out, " bytes={} id=", f.bytes);
-    value(f.id.as_deref().unwrap_or("-"), out);
+    Formatter::default().write_line(line, out);
 }
 
 /// A logfmt value: as is when it is plain, else quoted with `"` and `\`
