@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::proxy::timing::UpstreamTime;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use http_body::{Frame, SizeHint};
 use prometheus::IntCounter;
 use rand::Rng;
@@ -61,9 +61,11 @@ pub struct Line {
     pub time: SystemTime,
     pub peer: SocketAddr,
     pub method: Method,
-    /// Shares the request URI's bytes (a clone, not a copy).
-    pub uri: Uri,
-    pub query: bool,
+    /// Copies, cut at [`MAX_TARGET`] bytes: a line waiting in the buffer
+    /// must not keep a request's whole head alive.
+    pub path: String,
+    /// Only with `access_log.query`.
+    pub query: Option<String>,
     pub format: FileLogFormat,
     pub status: u16,
     /// The `X-Cache` word for requests on a cache route; `None` otherwise.
@@ -72,9 +74,22 @@ pub struct Line {
     pub duration: Duration,
     pub upstream: Option<Duration>,
     pub bytes: u64,
-    /// Raw header values; the writer validates and bounds them.
-    pub traceparent: Option<HeaderValue>,
-    pub request_id: Option<HeaderValue>,
+    /// The trace id of a valid `traceparent`.
+    pub trace_id: Option<String>,
+    /// `X-Request-Id`, its first [`format::MAX_ID`] + 1 bytes (the writer
+    /// escapes it and marks a cut).
+    pub request_id: Option<Bytes>,
+}
+
+/// Path and query are each cut to this many bytes in a line.
+pub const MAX_TARGET: usize = 1024;
+
+/// The first [`MAX_TARGET`] bytes of `s` (URI text is ASCII), `…` if cut.
+fn bounded(s: &str) -> String {
+    match s.get(..MAX_TARGET) {
+        Some(head) if s.len() > MAX_TARGET => format!("{head}…"),
+        _ => s.to_owned(),
+    }
 }
 
 impl AccessLog {
@@ -154,8 +169,8 @@ pub fn begin<B>(
         time: SystemTime::now(),
         peer,
         method: req.method().clone(),
-        uri: req.uri().clone(),
-        query: cfg.query,
+        path: bounded(req.uri().path()),
+        query: req.uri().query().filter(|_| cfg.query).map(bounded),
         format: cfg.format,
         status: 0,
         cache: None,
@@ -163,8 +178,14 @@ pub fn begin<B>(
         duration: Duration::ZERO,
         upstream: None,
         bytes: 0,
-        traceparent: headers.get(&TRACEPARENT).cloned(),
-        request_id: headers.get(&X_REQUEST_ID).cloned(),
+        trace_id: headers
+            .get(&TRACEPARENT)
+            .and_then(|v| format::trace_id(v.as_bytes()))
+            .map(str::to_owned),
+        request_id: headers.get(&X_REQUEST_ID).map(|v| {
+            let raw = v.as_bytes();
+            Bytes::copy_from_slice(&raw[..raw.len().min(format::MAX_ID + 1)])
+        }),
     };
     Begun {
         pending: Some(Pending {
@@ -351,9 +372,13 @@ mod tests {
             assert_eq!(&got[..], b"hello world");
             let line = rx.try_recv().expect("line written at the end of the body");
             assert_eq!((line.status, line.bytes), (404, 11));
-            assert_eq!(line.uri, "/a/b?secret=1");
+            assert_eq!(line.path, "/a/b");
+            assert_eq!(line.query, None, "query off");
             assert_eq!(line.peer, peer());
-            assert!(line.traceparent.is_some());
+            assert_eq!(
+                line.trace_id.as_deref(),
+                Some("4bf92f3577b34da6a3ce929d0e0e4736")
+            );
             assert_eq!(line.upstream, None);
             if cached {
                 assert_eq!(
@@ -402,6 +427,30 @@ mod tests {
             Some(&b"client-1"[..])
         );
         assert_eq!(req.headers().get_all(&X_REQUEST_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn what_a_line_holds_is_bounded() {
+        let metrics = Metrics::new();
+        let (log, _rx) = AccessLog::new(8, &metrics);
+        let long = format!("/{}?{}", "p".repeat(30_000), "q".repeat(30_000));
+        let mut req = Request::get(long.as_str())
+            .header("x-request-id", "i".repeat(60_000))
+            .body(())
+            .expect("request");
+        let mut cfg = cfg(true, FileRequestId::Pass);
+        cfg.query = true;
+        let pending = begin(&log, &cfg, &mut req, peer()).pending.expect("logged");
+        let line = &pending.line;
+        assert_eq!(line.path.len(), MAX_TARGET + '…'.len_utf8());
+        assert_eq!(
+            line.query.as_ref().map(String::len),
+            Some(MAX_TARGET + '…'.len_utf8())
+        );
+        assert_eq!(
+            line.request_id.as_ref().map(Bytes::len),
+            Some(format::MAX_ID + 1)
+        );
     }
 
     #[test]

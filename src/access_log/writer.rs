@@ -101,8 +101,8 @@ mod tests {
             time: SystemTime::now(),
             peer: "127.0.0.1:1".parse().expect("addr"),
             method: http::Method::GET,
-            uri: "/x".parse().expect("uri"),
-            query: false,
+            path: "/x".into(),
+            query: None,
             format: FileLogFormat::Json,
             status,
             cache: None,
@@ -110,7 +110,7 @@ mod tests {
             duration: Duration::from_millis(1),
             upstream: None,
             bytes: 0,
-            traceparent: None,
+            trace_id: None,
             request_id: None,
         }
     }

@@ -465,8 +465,10 @@ pub(super) mod defaults {
     pub fn max_concurrent_streams() -> u32 {
         100
     }
+    /// At ~2.5 KiB a line at most (path and query are cut at 1 KiB),
+    /// at most ~10 MiB waiting; at 100 000 req/s, 40 ms of lines.
     pub fn access_log_buffer() -> usize {
-        16 * 1024
+        4096
     }
     pub fn sample() -> f64 {
         1.0

@@ -447,7 +447,7 @@ fn access_log_defaults_errors_and_reload() {
     assert_eq!(a.format, file::FileLogFormat::Text);
     assert_eq!(a.sample, 1.0);
     assert_eq!(a.request_id, file::FileRequestId::Pass);
-    assert_eq!(a.buffer, 16384);
+    assert_eq!(a.buffer, 4096);
 
     let set = parse(&format!(
         "access_log: {{ enabled: true, format: json, sample: 0.25, query: true, \

@@ -149,16 +149,12 @@ pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
             (route, params)
         }
         RouteMatch::BadParam(route, param) => {
-            let value = route
-                .match_path(path)
-                .and_then(|m| m.err())
-                .map(|_| param_value(&route, path, &param));
             out["route"] = json!(route.name);
             out["template"] = json!(route.template);
             out["verdict"] = json!("400");
             out["why"] = json!(format!(
                 "path parameter {param:?} = {:?} does not match its pattern {:?}",
-                value.flatten().unwrap_or_default(),
+                param_value(&route, path, &param).unwrap_or_default(),
                 pattern_of(&route, &param)
             ));
             return out;
