@@ -205,8 +205,18 @@ fn print_routes(path: &Path, cfg: &Config) {
         },
     );
     println!(
-        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} VARY",
-        "NAME", "METHODS", "PATH", "TTL", "JITTER", "NEG_TTL", "LEASE", "WAIT", "QUERY"
+        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} VARY",
+        "NAME",
+        "METHODS",
+        "PATH",
+        "TTL",
+        "JITTER",
+        "NEG_TTL",
+        "GRACE",
+        "STALE_IF_ERROR",
+        "LEASE",
+        "WAIT",
+        "QUERY"
     );
     for r in &cfg.routes.routes {
         let methods: Vec<&str> = r.methods.iter().map(|m| m.as_str()).collect();
@@ -217,13 +227,15 @@ fn print_routes(path: &Path, cfg: &Config) {
         };
         let vary: Vec<&str> = r.vary.iter().map(|h| h.as_str()).collect();
         println!(
-            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<10} {}",
+            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} {}",
             r.name,
             methods.join(","),
             r.template,
             format!("{:?}", r.ttl),
             format!("{:?}", r.jitter),
             format!("{:?}", r.negative_ttl),
+            format!("{:?}", r.grace),
+            format!("{:?}", r.stale_if_error),
             format!("{:?}", r.lease),
             format!("{:?}", r.wait),
             query,

@@ -23,6 +23,9 @@ pub mod names {
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
+    pub const FILL_QUEUED: &str = "sidecache_fill_queued";
+    pub const FILL_QUEUE_WAIT: &str = "sidecache_fill_queue_wait_seconds";
+    pub const FILL_QUEUE_REJECTED: &str = "sidecache_fill_queue_rejected_total";
     pub const PUBLISH: &str = "sidecache_publish_total";
     pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
     pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
@@ -88,6 +91,12 @@ pub struct Metrics {
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
     pub fill_inflight: IntGaugeVec,
+    /// Fills waiting for a permit (`fill.queue_timeout`).
+    pub fill_queued: IntGauge,
+    /// `{outcome}`: `acquired` or `timeout`; only fills that had to wait.
+    pub fill_queue_wait: HistogramVec,
+    /// Fills refused at once because `fill.max_queued` were waiting.
+    pub fill_queue_rejected: IntCounter,
     /// `{route, outcome}`: a `pipeline::publish::FillOutcome` string.
     pub publish: IntCounterVec,
     /// `{route, reason}`: why an answer was not stored (a
@@ -216,6 +225,31 @@ impl Metrics {
                 IntGaugeVec::new(
                     Opts::new(FILL_INFLIGHT, "Upstream fetches for cache fills in flight."),
                     &["route"],
+                )
+                .expect("valid metric"),
+            ),
+            fill_queued: reg(
+                &registry,
+                IntGauge::new(FILL_QUEUED, "Cache fills waiting for a fill permit.")
+                    .expect("valid metric"),
+            ),
+            fill_queue_wait: reg(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        FILL_QUEUE_WAIT,
+                        "Time cache fills waited for a fill permit, by outcome.",
+                    )
+                    .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            fill_queue_rejected: reg(
+                &registry,
+                IntCounter::new(
+                    FILL_QUEUE_REJECTED,
+                    "Cache fills answered 503 at once because fill.max_queued were waiting.",
                 )
                 .expect("valid metric"),
             ),

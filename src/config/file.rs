@@ -223,6 +223,10 @@ pub struct FileFill {
     pub max_concurrency: usize,
     #[serde(default = "defaults::max_body")]
     pub max_body: HumanSize,
+    #[serde(default = "defaults::queue_timeout")]
+    pub queue_timeout: HumanDuration,
+    #[serde(default = "defaults::max_queued")]
+    pub max_queued: usize,
 }
 
 impl Default for FileFill {
@@ -230,6 +234,8 @@ impl Default for FileFill {
         FileFill {
             max_concurrency: defaults::max_concurrency(),
             max_body: defaults::max_body(),
+            queue_timeout: defaults::queue_timeout(),
+            max_queued: defaults::max_queued(),
         }
     }
 }
@@ -396,6 +402,12 @@ pub(super) mod defaults {
     }
     pub fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))
+    }
+    pub fn queue_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_millis(250))
+    }
+    pub fn max_queued() -> usize {
+        256
     }
     pub fn max_concurrency() -> usize {
         8

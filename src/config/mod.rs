@@ -137,6 +137,10 @@ pub struct StoreConfig {
 pub struct FillConfig {
     pub max_concurrency: usize,
     pub max_body: u64,
+    /// How long a fill may wait for a permit (0 = not at all).
+    pub queue_timeout: Duration,
+    /// Fills waiting for a permit at once; more answer 503 at once.
+    pub max_queued: usize,
 }
 
 /// Change feeds that invalidate cached objects (SPEC §7). Both optional,

@@ -166,10 +166,13 @@ impl RouteTable {
     }
 }
 
+/// Unsafe methods, whose success invalidates the object (RFC 9111 §4.4):
+/// every method but the safe ones, so methods whose safety is unknown
+/// (extensions such as `M-SEARCH` or WebDAV's) count as unsafe too.
 pub fn is_write_method(m: &Method) -> bool {
-    matches!(
+    !matches!(
         *m,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
 }
 

@@ -477,3 +477,20 @@ fn access_log_defaults_errors_and_reload() {
         assert!(e.contains(path), "{yaml}: {e}");
     }
 }
+
+#[test]
+fn fill_queue_defaults_and_bounds() {
+    let cfg = parse(APP).expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::from_millis(250));
+    assert_eq!(cfg.fill.max_queued, 256);
+    let cfg = parse(&format!(
+        "fill: {{ queue_timeout: 0s, max_queued: 3 }}\n{APP}"
+    ))
+    .expect("valid");
+    assert_eq!(cfg.fill.queue_timeout, Duration::ZERO);
+    assert_eq!(cfg.fill.max_queued, 3);
+    let e = err(&format!("fill: {{ queue_timeout: 11s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
+    let e = err(&format!("fill: {{ queue_timeout: -1s }}\n{APP}"));
+    assert!(e.contains("fill.queue_timeout"), "{e}");
+}

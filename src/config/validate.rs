@@ -60,9 +60,17 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     if raw.fill.max_concurrency == 0 {
         return err("fill.max_concurrency", "must be at least 1");
     }
+    if raw.fill.queue_timeout.0 > Duration::from_secs(10) {
+        return err(
+            "fill.queue_timeout",
+            "must be at most 10s: a queued fill holds its client, and a long queue hides an overload",
+        );
+    }
     let fill = FillConfig {
         max_concurrency: raw.fill.max_concurrency,
         max_body: raw.fill.max_body.0,
+        queue_timeout: raw.fill.queue_timeout.0,
+        max_queued: raw.fill.max_queued,
     };
     let invalidation = invalidation(&raw, &store)?;
     let limits = limits(&raw)?;

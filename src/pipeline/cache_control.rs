@@ -103,6 +103,27 @@ impl CacheControl {
     }
 }
 
+/// The largest `Age` a cache transmits (RFC 9111 §5.1: 2^31 on overflow).
+pub const MAX_AGE_SECONDS: u64 = 1 << 31;
+
+/// The origin's `Age` (RFC 9111 §5.1): the first member of the first line,
+/// non-negative decimal digits only, capped at 2^31 seconds; anything else
+/// (negative, fractional, not a number) is ignored as if absent.
+pub fn origin_age(headers: &HeaderMap) -> Duration {
+    let first = headers
+        .get(header::AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .unwrap_or("");
+    if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return Duration::ZERO;
+    }
+    // Digits only: a parse failure can only be an overflow.
+    let secs = first.parse::<u64>().unwrap_or(u64::MAX);
+    Duration::from_secs(secs.min(MAX_AGE_SECONDS))
+}
+
 /// The directive that set a zero freshness lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZeroLifetime {
@@ -220,6 +241,30 @@ mod tests {
             h.append(header::CACHE_CONTROL, HeaderValue::from_static(l));
         }
         CacheControl::parse(&h)
+    }
+
+    fn age(lines: &[&'static str]) -> u64 {
+        let mut h = HeaderMap::new();
+        for l in lines {
+            h.append(header::AGE, HeaderValue::from_static(l));
+        }
+        origin_age(&h).as_secs()
+    }
+
+    #[test]
+    fn origin_age_reads_the_first_value_and_ignores_what_is_not_a_number() {
+        assert_eq!(age(&[]), 0);
+        assert_eq!(age(&["30"]), 30);
+        assert_eq!(age(&[" 30 "]), 30);
+        assert_eq!(age(&["7200, 0"]), 7200);
+        assert_eq!(age(&["0, 7200"]), 0);
+        assert_eq!(age(&["7200", "0"]), 7200);
+        for bad in ["abc", "-7200", "7200.0", "", "7200;foo=bar"] {
+            assert_eq!(age(&[bad]), 0, "{bad:?}");
+        }
+        assert_eq!(age(&["2147483647"]), 2_147_483_647);
+        assert_eq!(age(&["2147483649"]), MAX_AGE_SECONDS);
+        assert_eq!(age(&["99999999999999999999999"]), MAX_AGE_SECONDS);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Stage 7: fetch from upstream for a cache fill. Builds the fill request
 //! from the cache key (never a copy of the client's request), takes a fill
-//! permit within the route's budget with try-acquire (full -> 503 at once),
-//! and reads the body up to `max_body`; a larger body is streamed through
+//! permit within the route's budget (waiting at most `fill.queue_timeout`
+//! in a bounded queue, then 503), and reads the body up to `max_body`; a larger body is streamed through
 //! uncached.
 //!
 //! What a fill sends: `GET`, the matched path, the normalized query the key
@@ -18,7 +18,7 @@
 //! poisoning). Forwarded and BYPASS requests are untouched by this.
 
 use crate::body::{self, Body};
-use crate::config::{Config, Route};
+use crate::config::{Config, FillConfig, Route};
 use crate::error::{ProxyError, UpstreamError};
 use crate::metrics::{status_class, Metrics};
 use crate::proxy::client::UpstreamClient;
@@ -28,11 +28,12 @@ use futures_util::StreamExt;
 use http::header::{self, HeaderMap};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
+use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// A fill request's inputs, detached from the client request so the fill can
 /// run in its own task and outlive a client that goes away.
@@ -78,12 +79,31 @@ pub fn fill_request(
 /// Fill permits: `fill.max_concurrency` for the process (resizable on
 /// reload), and within it at most `Route::fill_budget` per route, so a
 /// flood of distinct misses on one route cannot take every permit and
-/// starve the others.
+/// starve the others. A fill that finds no permit waits for one in a short
+/// bounded queue (`fill.queue_timeout`, at most `fill.max_queued` waiting):
+/// a burst of distinct cold keys is ordinary traffic and is served a moment
+/// later, while a sustained overload still gets its 503 within the timeout,
+/// or at once when the queue is full.
 pub struct FillPermits {
     sem: Arc<Semaphore>,
     size: AtomicUsize,
     /// Fills in flight per route name (bounded by the routes configured).
-    per_route: Mutex<HashMap<String, Arc<AtomicUsize>>>,
+    per_route: Mutex<HashMap<String, Arc<RouteBudget>>>,
+    queue: Mutex<QueueLimits>,
+    queued: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct QueueLimits {
+    timeout: Duration,
+    max: usize,
+}
+
+/// A route's fills in flight, and a wake-up for fills queued on its budget.
+#[derive(Default)]
+struct RouteBudget {
+    inflight: AtomicUsize,
+    freed: Notify,
 }
 
 /// One fill's permit; both counts return on drop, on every path.
@@ -92,55 +112,136 @@ pub struct FillPermit {
     _route: RouteSlot,
 }
 
-struct RouteSlot(Arc<AtomicUsize>);
+struct RouteSlot(Arc<RouteBudget>);
 
 impl Drop for RouteSlot {
     fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
+    }
+}
+
+/// Counts a fill in the queue for as long as it waits (gauge included).
+struct Queued<'a>(&'a AtomicUsize, &'a IntGauge);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        self.1.dec();
     }
 }
 
 impl FillPermits {
-    pub fn new(n: usize) -> FillPermits {
+    pub fn new(cfg: &FillConfig) -> FillPermits {
         FillPermits {
-            sem: Arc::new(Semaphore::new(n)),
-            size: AtomicUsize::new(n),
+            sem: Arc::new(Semaphore::new(cfg.max_concurrency)),
+            size: AtomicUsize::new(cfg.max_concurrency),
             per_route: Mutex::new(HashMap::new()),
+            queue: Mutex::new(QueueLimits {
+                timeout: cfg.queue_timeout,
+                max: cfg.max_queued,
+            }),
+            queued: AtomicUsize::new(0),
         }
     }
 
-    /// Try-acquire within `route`'s budget: a full pool or a spent budget
-    /// answers 503 at once instead of queueing.
-    pub fn try_acquire(&self, route: &Route) -> Result<FillPermit, ProxyError> {
-        let counter = {
-            let mut map = self.per_route.lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(&route.name) {
-                Some(c) => Arc::clone(c),
-                None => Arc::clone(map.entry(route.name.clone()).or_default()),
-            }
-        };
-        let budget = route.fill_budget;
-        counter
+    /// A permit within `route`'s budget: at once if one is free, else after
+    /// waiting in the queue; 503 (`Overloaded`) when the queue is full or
+    /// the wait runs out.
+    pub async fn acquire(
+        &self,
+        route: &Route,
+        metrics: &Metrics,
+    ) -> Result<FillPermit, ProxyError> {
+        let budget = self.budget(route);
+        if let Some(permit) = self.try_now(&budget, route.fill_budget) {
+            return Ok(permit);
+        }
+        let limits = *self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if limits.timeout.is_zero() {
+            return Err(ProxyError::Overloaded("fill permits exhausted"));
+        }
+        let admitted = self
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < budget).then_some(n + 1)
+                (n < limits.max).then_some(n + 1)
+            });
+        if admitted.is_err() {
+            metrics.fill_queue_rejected.inc();
+            return Err(ProxyError::Overloaded("fill queue full"));
+        }
+        metrics.fill_queued.inc();
+        let _queued = Queued(&self.queued, &metrics.fill_queued);
+        let started = Instant::now();
+        let got = tokio::time::timeout(limits.timeout, self.wait(&budget, route.fill_budget))
+            .await
+            .ok()
+            .flatten();
+        let outcome = if got.is_some() { "acquired" } else { "timeout" };
+        metrics
+            .fill_queue_wait
+            .with_label_values(&[outcome])
+            .observe(started.elapsed().as_secs_f64());
+        got.ok_or(ProxyError::Overloaded("fill permits exhausted"))
+    }
+
+    fn budget(&self, route: &Route) -> Arc<RouteBudget> {
+        let mut map = self.per_route.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&route.name) {
+            Some(b) => Arc::clone(b),
+            None => Arc::clone(map.entry(route.name.clone()).or_default()),
+        }
+    }
+
+    fn take_slot(budget: &Arc<RouteBudget>, limit: usize) -> Option<RouteSlot> {
+        budget
+            .inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
             })
-            .map_err(|_| ProxyError::Overloaded("route fill budget spent"))?;
-        // From here the slot is ours and returns on drop, also if the pool
-        // below is full.
-        let slot = RouteSlot(counter);
-        let global = self
-            .sem
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ProxyError::Overloaded("fill permits exhausted"))?;
-        Ok(FillPermit {
+            .ok()
+            .map(|_| RouteSlot(Arc::clone(budget)))
+    }
+
+    fn try_now(&self, budget: &Arc<RouteBudget>, limit: usize) -> Option<FillPermit> {
+        // The slot returns on drop, also if the pool below is full.
+        let slot = Self::take_slot(budget, limit)?;
+        let global = self.sem.clone().try_acquire_owned().ok()?;
+        Some(FillPermit {
             _global: global,
             _route: slot,
         })
     }
 
-    /// Grows or shrinks the pool; shrinking takes effect as permits return.
-    pub fn resize(&self, n: usize) {
+    /// Waits for a route slot, then for a pool permit (the semaphore queues
+    /// fairly, first come first served).
+    async fn wait(&self, budget: &Arc<RouteBudget>, limit: usize) -> Option<FillPermit> {
+        let slot = loop {
+            // Registered before the check, so a slot freed in between wakes us.
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(slot) = Self::take_slot(budget, limit) {
+                break slot;
+            }
+            freed.await;
+        };
+        // Never closed, so this waits for a permit.
+        let global = self.sem.clone().acquire_owned().await.ok()?;
+        Some(FillPermit {
+            _global: global,
+            _route: slot,
+        })
+    }
+
+    /// Applies a reloaded `fill:`: grows or shrinks the pool (shrinking takes
+    /// effect as permits return) and sets the queue's limits.
+    pub fn reconfigure(&self, cfg: &FillConfig) {
+        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = QueueLimits {
+            timeout: cfg.queue_timeout,
+            max: cfg.max_queued,
+        };
+        let n = cfg.max_concurrency;
         let old = self.size.swap(n, Ordering::SeqCst);
         if n > old {
             self.sem.add_permits(n - old);

@@ -89,7 +89,7 @@ impl Pipeline {
         Pipeline {
             shared: Arc::new(Shared {
                 client,
-                permits: FillPermits::new(cfg.fill.max_concurrency),
+                permits: FillPermits::new(&cfg.fill),
                 blooms,
                 store,
                 metrics,
@@ -101,7 +101,7 @@ impl Pipeline {
     /// Applies limits from a reloaded config (fill permits; route budgets
     /// are read from the route at each fill) and logs its warnings.
     pub fn reconfigure(&self, cfg: &Config) {
-        self.shared.permits.resize(cfg.fill.max_concurrency);
+        self.shared.permits.reconfigure(&cfg.fill);
         for w in &cfg.warnings {
             tracing::warn!(path = %w.path, "config: {}", w.message);
         }
@@ -453,6 +453,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         generation,
         kind,
         life,
+        cache_control::origin_age(&headers),
         code,
         publish::replayable_headers(headers),
         body,
@@ -462,7 +463,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
-    let _permit = sh.permits.try_acquire(&fill.route)?;
+    let _permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
     let _inflight = Inflight::enter(
         sh.metrics
             .fill_inflight
@@ -521,12 +522,16 @@ fn respond(entry: &Entry, status: CacheStatus, head: bool) -> Response<Body> {
         h.append(name.clone(), value.clone());
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
-    // A stale answer's Age counts from the original fetch as well.
-    if matches!(
-        status,
-        CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
-    ) {
-        let age = publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000;
+    // A stale answer's Age counts from the original fetch as well; a
+    // fresh fill's answer carries the origin's own Age, if it sent one.
+    let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
+        .min(cache_control::MAX_AGE_SECONDS);
+    if age > 0
+        || matches!(
+            status,
+            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+        )
+    {
         h.insert(header::AGE, HeaderValue::from(age));
     }
     resp

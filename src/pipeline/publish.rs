@@ -223,12 +223,17 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The entry for an upstream answer, stamped with `generation`.
+/// The entry for an upstream answer, stamped with `generation`. Its
+/// `stored_at_ms` is back-dated by the origin's `Age`, so the `Age` a cached
+/// answer carries counts the time upstream caches held it too (RFC 9111
+/// §4.2.3); freshness counts from now (`life`).
+#[allow(clippy::too_many_arguments)]
 pub fn build_entry(
     key: &CacheKey,
     generation: Bytes,
     kind: Cacheability,
     life: Lifetime,
+    origin_age: Duration,
     status: StatusCode,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
@@ -238,7 +243,7 @@ pub fn build_entry(
     Entry {
         status: status.as_u16(),
         negative: kind == Cacheability::Negative,
-        stored_at_ms: now,
+        stored_at_ms: now.saturating_sub(origin_age.as_millis() as u64),
         fresh_until_ms: now.saturating_add(life.fresh.as_millis() as u64),
         grace_ms: ms(life.grace),
         stale_if_error_ms: ms(life.stale_if_error),

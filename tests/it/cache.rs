@@ -5,7 +5,9 @@
 
 use crate::support::client::x_cache;
 use crate::support::redis::RedisServer;
-use crate::support::{app_routes, client, get_held, Origin, Reply, Sidecache, SidecacheBuilder};
+use crate::support::{
+    app_routes, client, eventually, get_held, Origin, Reply, Sidecache, SidecacheBuilder,
+};
 use std::time::Duration;
 
 const P: &str = "/api/tenants/acme/apps/1";
@@ -426,11 +428,40 @@ async fn large_bodies_stream_through_uncached(b: Backend) {
     );
 }
 
+/// The origin's `Age` is kept (RFC 9111 §4.2.3, §5.1): the MISS answer
+/// carries it, and a HIT adds the time the entry has been stored to it, so
+/// a downstream cache never thinks the object younger than it is.
+async fn origin_age_is_kept_and_grows(b: Backend) {
+    let origin = Origin::start().await;
+    origin.reply(P, Reply::ok("aged").header("age", "30"));
+    let sc = b.start(&origin).await;
+    let age =
+        |r: &client::Resp| -> u64 { r.header("age").expect("Age").parse().expect("numeric Age") };
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(age(&r), 30, "the origin's Age on the miss");
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&r), "HIT");
+    let a = age(&r);
+    assert!(
+        (30..90).contains(&a),
+        "origin's 30 s plus resident time: {a}"
+    );
+    // An Age that is not a number is ignored, not passed on.
+    let other = "/api/tenants/acme/apps/2";
+    origin.reply(other, Reply::ok("odd").header("age", "-7200"));
+    let r = client::get(&sc.url(other)).await;
+    assert!(r.header("age").is_none(), "an invalid Age is dropped");
+    let r = client::get(&sc.url(other)).await;
+    assert!(age(&r) < 30, "and counts as zero");
+}
+
+/// With the queue off (`queue_timeout: 0s`), a full pool answers 503 at once.
 async fn full_fill_permits_answer_503_at_once(b: Backend) {
     let origin = Origin::start().await;
     let sc = b
         .builder(&origin)
-        .fill("fill:\n  max_concurrency: 1\n")
+        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 0s\n")
         .start()
         .await;
     let (gate, first) = get_held(&origin, P, sc.url(P)).await;
@@ -448,6 +479,86 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
     assert_eq!(first.await.expect("first").status, 200);
     // The permit came back.
     assert_eq!(client::get(&sc.url(other)).await.status, 200);
+}
+
+/// A burst of distinct cold keys beyond `fill.max_concurrency` waits in the
+/// fill queue and is served when a permit returns (issue 18), instead of
+/// getting 503. The queue's length is bounded: one more than `max_queued`
+/// answers 503 at once; a wait longer than `queue_timeout` ends in 503.
+async fn fill_queue_serves_bursts_and_stays_bounded(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b
+        .builder(&origin)
+        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 10s\n  max_queued: 1\n")
+        .start()
+        .await;
+    let (gate, first) = get_held(&origin, P, sc.url(P)).await;
+    let queued_path = "/api/tenants/acme/apps/2";
+    let url = sc.url(queued_path);
+    let queued = tokio::spawn(async move { client::get(&url).await });
+    eventually("one fill queued", Duration::from_secs(5), || async {
+        sc.metric_sum("sidecache_fill_queued", &[]).await == 1.0
+    })
+    .await;
+    // The queue is full: the next distinct key is refused at once.
+    let refused = client::get(&sc.url("/api/tenants/acme/apps/3")).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(
+        sc.metric_sum("sidecache_fill_queue_rejected_total", &[])
+            .await,
+        1.0
+    );
+    assert_eq!(origin.hits(queued_path), 0, "still waiting for the permit");
+    gate.release();
+    assert_eq!(first.await.expect("first").status, 200);
+    let r = queued.await.expect("queued");
+    assert_eq!(
+        r.status, 200,
+        "the queued fill ran once the permit came back"
+    );
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(origin.hits(queued_path), 1);
+    assert_eq!(sc.metric_sum("sidecache_fill_queued", &[]).await, 0.0);
+    assert_eq!(
+        sc.metric_sum(
+            "sidecache_fill_queue_wait_seconds_count",
+            &[("outcome", "acquired")]
+        )
+        .await,
+        1.0
+    );
+}
+
+/// A queued fill whose permit does not come back within `queue_timeout`
+/// answers 503, and the queue is empty again.
+async fn fill_queue_wait_is_bounded(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b
+        .builder(&origin)
+        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 200ms\n")
+        .start()
+        .await;
+    let (gate, first) = get_held(&origin, P, sc.url(P)).await;
+    let other = "/api/tenants/acme/apps/2";
+    let started = std::time::Instant::now();
+    let r = client::get(&sc.url(other)).await;
+    assert_eq!(r.status, 503);
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "the fill waited its queue_timeout first"
+    );
+    assert_eq!(origin.hits(other), 0);
+    assert_eq!(
+        sc.metric_sum(
+            "sidecache_fill_queue_wait_seconds_count",
+            &[("outcome", "timeout")]
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(sc.metric_sum("sidecache_fill_queued", &[]).await, 0.0);
+    gate.release();
+    assert_eq!(first.await.expect("first").status, 200);
 }
 
 /// Stage 5 inside one instance: 50 concurrent misses join one flight and
@@ -568,6 +679,16 @@ async fn successful_writes_invalidate_the_object(b: Backend) {
         .await,
         1.0
     );
+    // A method whose safety is unknown counts as unsafe (RFC 9111 §4.4);
+    // a safe one invalidates nothing.
+    let w = client::request("M-SEARCH", &sc.url(P), &[], "").await;
+    assert_eq!(w.status, 200);
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(
+        client::request("OPTIONS", &sc.url(P), &[], "").await.status,
+        200
+    );
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
     // A failed write invalidates nothing.
     origin.reply(P, Reply::status(500));
     assert_eq!(client::put(&sc.url(P), "x").await.status, 500);
@@ -640,6 +761,9 @@ on_both_stores!(
     fills_drop_poisoning_headers,
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,
+    origin_age_is_kept_and_grows,
+    fill_queue_serves_bursts_and_stays_bounded,
+    fill_queue_wait_is_bounded,
     coalesces_concurrent_misses_in_one_instance,
     successful_writes_invalidate_the_object,
     private_answers_are_never_shared_with_coalesced_requests,

@@ -225,6 +225,12 @@ async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
     );
     let a = builder(&redis, &origin, "").store(&store).start().await;
     let b = builder(&redis, &origin, "").store(&store).start().await;
+    // The tracked connection comes up beside the first; until then reads
+    // go to Redis and are not kept in memory.
+    eventually("A's tracked connection", Duration::from_secs(5), || async {
+        a.metric_sum("sidecache_near_cache_tracking", &[]).await == 1.0
+    })
+    .await;
     assert_eq!(x_cache(&client::get(&a.url(P)).await), "MISS");
     for _ in 0..4 {
         let r = client::get(&a.url(P)).await;

@@ -20,6 +20,8 @@ routes:
     vary: [Accept]
     ttl: 60s
     jitter: 15s
+    grace: 45s
+    stale_if_error: 2h
   - name: tenant
     path: /api/tenants/{tenant}
     params:
@@ -80,6 +82,10 @@ fn valid_file_prints_the_route_table() {
         "/api/tenants/{tenant}/apps/{id}",
         "60s",
         "15s",
+        "GRACE",
+        "STALE_IF_ERROR",
+        "45s",
+        "7200s",
         "tenant",
         "600s",
         "[page]",
