@@ -68,6 +68,9 @@ pub struct Formatter {
     second: u64,
     /// `YYYY-MM-DDTHH:MM:SS` of `second`.
     stamp: String,
+    /// Reused for each line's time and peer text.
+    time: String,
+    peer: String,
 }
 
 /// Appends fields in one format: JSON (`{"k":v,...}`) or logfmt
@@ -105,9 +108,7 @@ impl Fields<'_> {
         if !self.json {
             return value(v, self.out);
         }
-        let plain = v
-            .bytes()
-            .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+        let plain = plain(v, &PLAIN_JSON);
         if plain {
             self.out.push(b'"');
             self.out.extend_from_slice(v.as_bytes());
@@ -162,8 +163,30 @@ impl Fields<'_> {
     }
 }
 
-/// Decimal digits of `n`, without the formatting machinery.
-fn push_uint(out: &mut Vec<u8>, mut n: u64) {
+/// Bytes a JSON string (`json`) or a logfmt value (`!json`) takes as they
+/// are: printable ASCII but the quote and the backslash (and, for logfmt,
+/// the space and `=`). One table lookup per byte.
+const fn plain_table(json: bool) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut b = 0x20;
+    while b < 0x7f {
+        t[b] = b != b'"' as usize
+            && b != b'\\' as usize
+            && (json || (b != b' ' as usize && b != b'=' as usize));
+        b += 1;
+    }
+    t
+}
+static PLAIN_JSON: [bool; 256] = plain_table(true);
+static PLAIN_TEXT: [bool; 256] = plain_table(false);
+
+fn plain(v: &str, table: &[bool; 256]) -> bool {
+    v.bytes().all(|b| table[usize::from(b)])
+}
+
+/// Decimal digits of `n`, without the formatting machinery: the buffer and
+/// where the digits start in it.
+fn digits(mut n: u64) -> ([u8; 20], usize) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -174,15 +197,22 @@ fn push_uint(out: &mut Vec<u8>, mut n: u64) {
             break;
         }
     }
-    out.extend_from_slice(&buf[i..]);
+    (buf, i)
+}
+
+fn push_uint(out: &mut Vec<u8>, n: u64) {
+    let (buf, start) = digits(n);
+    out.extend_from_slice(&buf[start..]);
 }
 
 impl Formatter {
     /// Appends `line` in its format, with a final newline.
     pub fn write_line(&mut self, line: &Line, out: &mut Vec<u8>) {
-        let mut time = String::with_capacity(24);
+        let mut time = std::mem::take(&mut self.time);
+        time.clear();
         self.time(line.time, &mut time);
-        let mut peer = String::with_capacity(24);
+        let mut peer = std::mem::take(&mut self.peer);
+        peer.clear();
         peer_text(line.peer, &mut peer);
         let id = id(line);
         let mut f = Fields {
@@ -214,6 +244,8 @@ impl Formatter {
         f.uint("bytes", line.bytes);
         f.opt_str("id", id.as_deref());
         f.end();
+        self.time = time;
+        self.peer = peer;
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
@@ -240,16 +272,19 @@ impl Formatter {
 fn peer_text(peer: SocketAddr, out: &mut String) {
     match peer {
         SocketAddr::V4(v4) => {
-            let mut buf = Vec::with_capacity(21);
+            fn push(out: &mut String, n: u64) {
+                let (buf, start) = digits(n);
+                // Digits are ASCII.
+                out.push_str(std::str::from_utf8(&buf[start..]).unwrap_or("?"));
+            }
             for (i, octet) in v4.ip().octets().into_iter().enumerate() {
                 if i > 0 {
-                    buf.push(b'.');
+                    out.push('.');
                 }
-                push_uint(&mut buf, u64::from(octet));
+                push(out, octet.into());
             }
-            buf.push(b':');
-            push_uint(&mut buf, u64::from(v4.port()));
-            out.push_str(std::str::from_utf8(&buf).unwrap_or("-"));
+            out.push(':');
+            push(out, v4.port().into());
         }
         v6 => {
             let _ = std::fmt::Write::write_fmt(out, format_args!("{v6}"));
@@ -267,9 +302,7 @@ pub fn write_line(line: &Line, out: &mut Vec<u8>) {
 /// A logfmt value: as is when it is plain, else quoted with `"` and `\`
 /// escaped and control characters as `\xNN`.
 fn value(v: &str, out: &mut Vec<u8>) {
-    let plain = !v.is_empty()
-        && v.bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'=');
+    let plain = !v.is_empty() && plain(v, &PLAIN_TEXT);
     if plain {
         out.extend_from_slice(v.as_bytes());
         return;
