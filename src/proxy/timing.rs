@@ -6,6 +6,7 @@
 //! ([`current`] + [`measured`]); requests that join a running fill called
 //! no upstream themselves and record nothing.
 
+use futures_util::future::Either;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,11 +43,16 @@ impl UpstreamTime {
     }
 }
 
-/// Runs `fut` with `cell` as the current request's upstream time.
-pub async fn measured<F: Future>(cell: Option<Arc<UpstreamTime>>, fut: F) -> F::Output {
+/// Runs `fut` with `cell` as the current request's upstream time; without
+/// a cell, `fut` itself (no task-local scope to enter on every poll). Not
+/// an `async fn`: one with two awaiting branches would hold room for both.
+pub fn measured<F: Future>(
+    cell: Option<Arc<UpstreamTime>>,
+    fut: F,
+) -> Either<tokio::task::futures::TaskLocalFuture<Arc<UpstreamTime>, F>, F> {
     match cell {
-        Some(cell) => UPSTREAM.scope(cell, fut).await,
-        None => fut.await,
+        Some(cell) => Either::Left(UPSTREAM.scope(cell, fut)),
+        None => Either::Right(fut),
     }
 }
 

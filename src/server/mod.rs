@@ -536,18 +536,23 @@ async fn handle(
     peer: SocketAddr,
 ) -> Response<Body> {
     let cfg = state.config.load_full();
-    let mut routed = Routed::default();
     let log = cfg.access_log;
-    if !log.enabled && log.request_id == FileRequestId::Pass {
-        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
-    }
-    let begun = access_log::begin(&state.access_log, &log, &mut req, peer);
+    let begun = (log.enabled || log.request_id != FileRequestId::Pass)
+        .then(|| access_log::begin(&state.access_log, &log, &mut req, peer));
     let timing = begun
-        .pending
         .as_ref()
+        .and_then(|b| b.pending.as_ref())
         .map(access_log::Pending::upstream_time);
+    let mut routed = Routed {
+        wanted: begun.as_ref().is_some_and(|b| b.pending.is_some()),
+        ..Routed::default()
+    };
+    // One call site of `answer`: a future keeps separate room for each.
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
     let mut resp = crate::proxy::timing::measured(timing, answered).await;
+    let Some(begun) = begun else {
+        return resp;
+    };
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
@@ -561,9 +566,20 @@ async fn handle(
 /// Which route a request went to, for its access log line.
 #[derive(Default)]
 struct Routed {
+    /// Only filled in for a request that is logged.
+    wanted: bool,
     route: Option<Arc<Route>>,
     /// A read on a cache route: the `X-Cache` header is the pipeline's.
     cached: bool,
+}
+
+impl Routed {
+    fn note(&mut self, route: &Arc<Route>, cached: bool) {
+        if self.wanted {
+            self.route = Some(Arc::clone(route));
+            self.cached = cached;
+        }
+    }
 }
 
 /// Framing check, route decision, and the answer.
@@ -617,8 +633,7 @@ async fn answer(
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
-            routed.route = Some(route.clone());
-            routed.cached = true;
+            routed.note(&route, true);
             let params = params.into_iter().map(str::to_owned).collect();
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
@@ -628,7 +643,7 @@ async fn answer(
             return serve.await;
         }
         RouteMatch::BadParam(route, param) => {
-            routed.route = Some(route.clone());
+            routed.note(&route, false);
             state
                 .metrics
                 .requests
@@ -640,7 +655,7 @@ async fn answer(
             .to_response();
         }
         RouteMatch::Write(route, params) if route.invalidate_on_write => {
-            routed.route = Some(route.clone());
+            routed.note(&route, false);
             let params: Vec<String> = params.into_iter().map(str::to_owned).collect();
             Some((route, params))
         }
