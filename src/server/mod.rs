@@ -532,27 +532,39 @@ impl Drop for ClientBody {
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Body> {
     let cfg = state.config.load_full();
     let log = cfg.access_log;
-    let begun = (log.enabled || log.request_id != FileRequestId::Pass)
-        .then(|| access_log::begin(&state.access_log, &log, &mut req, peer));
+    if !log.enabled && log.request_id == FileRequestId::Pass {
+        let mut routed = Routed::default();
+        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
+    }
+    // Boxed: this future is moved into a box per request, and it would
+    // otherwise keep room for a second `answer` beside the first.
+    Box::pin(logged(state, cfg, ambiguous, req, peer)).await
+}
+
+/// [`answer`] with the access log's line and the request id.
+async fn logged(
+    state: Arc<ProxyState>,
+    cfg: Arc<Config>,
+    ambiguous: bool,
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let begun = access_log::begin(&state.access_log, &cfg.access_log, &mut req, peer);
     let timing = begun
+        .pending
         .as_ref()
-        .and_then(|b| b.pending.as_ref())
         .map(access_log::Pending::upstream_time);
     let mut routed = Routed {
-        wanted: begun.as_ref().is_some_and(|b| b.pending.is_some()),
+        wanted: begun.pending.is_some(),
         ..Routed::default()
     };
-    // One call site of `answer`: a future keeps separate room for each.
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
     let mut resp = crate::proxy::timing::measured(timing, answered).await;
-    let Some(begun) = begun else {
-        return resp;
-    };
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
