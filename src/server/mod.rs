@@ -528,22 +528,22 @@ impl Drop for ClientBody {
 }
 
 /// Per request: one config snapshot, and the access log and request id
-/// around [`answer`] when they are on. Not an `async fn`: one that awaited
-/// `answer` would keep the request twice in its state (its own argument
-/// and `answer`'s), and this future is moved into a box per request.
-fn handle(
+/// around [`answer`] when they are on.
+async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
     req: Request<Incoming>,
     peer: SocketAddr,
-) -> impl std::future::Future<Output = Response<Body>> {
+) -> Response<Body> {
     let cfg = state.config.load_full();
     let log = cfg.access_log;
     if !log.enabled && log.request_id == FileRequestId::Pass {
-        futures_util::future::Either::Left(answer(state, cfg, ambiguous, req, peer, None))
-    } else {
-        futures_util::future::Either::Right(Box::pin(logged(state, cfg, ambiguous, req, peer)))
+        let mut routed = Routed::default();
+        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
     }
+    // Boxed: this future is moved into a box per request, and it would
+    // otherwise keep room for a second `answer` beside the first.
+    Box::pin(logged(state, cfg, ambiguous, req, peer)).await
 }
 
 /// [`answer`] with the access log's line and the request id.
@@ -559,9 +559,11 @@ async fn logged(
         .pending
         .as_ref()
         .map(access_log::Pending::upstream_time);
-    let mut routed = Routed::default();
-    let wanted = begun.pending.is_some().then_some(&mut routed);
-    let answered = answer(state, cfg, ambiguous, req, peer, wanted);
+    let mut routed = Routed {
+        wanted: begun.pending.is_some(),
+        ..Routed::default()
+    };
+    let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
     let mut resp = crate::proxy::timing::measured(timing, answered).await;
     if let Some(id) = begun.request_id {
         resp.headers_mut()
@@ -576,27 +578,30 @@ async fn logged(
 /// Which route a request went to, for its access log line.
 #[derive(Default)]
 struct Routed {
+    /// Only filled in for a request that is logged.
+    wanted: bool,
     route: Option<Arc<Route>>,
     /// A read on a cache route: the `X-Cache` header is the pipeline's.
     cached: bool,
 }
 
-/// Notes the route for a logged request (`routed` is `None` otherwise).
-fn note(routed: &mut Option<&mut Routed>, route: &Arc<Route>, cached: bool) {
-    if let Some(r) = routed {
-        r.route = Some(Arc::clone(route));
-        r.cached = cached;
+impl Routed {
+    fn note(&mut self, route: &Arc<Route>, cached: bool) {
+        if self.wanted {
+            self.route = Some(Arc::clone(route));
+            self.cached = cached;
+        }
     }
 }
 
 /// Framing check, route decision, and the answer.
 async fn answer(
-    state: Arc<ProxyState>,
+    state: &ProxyState,
     cfg: Arc<Config>,
     ambiguous: bool,
     req: Request<Incoming>,
     peer: SocketAddr,
-    mut routed: Option<&mut Routed>,
+    routed: &mut Routed,
 ) -> Response<Body> {
     // Framing first: nothing of an ambiguous request reaches the pipeline
     // or the upstream.
@@ -640,7 +645,7 @@ async fn answer(
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
-            note(&mut routed, &route, true);
+            routed.note(&route, true);
             let params = params.into_iter().map(str::to_owned).collect();
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
@@ -650,7 +655,7 @@ async fn answer(
             return serve.await;
         }
         RouteMatch::BadParam(route, param) => {
-            note(&mut routed, &route, false);
+            routed.note(&route, false);
             state
                 .metrics
                 .requests
@@ -662,13 +667,13 @@ async fn answer(
             .to_response();
         }
         RouteMatch::Write(route, params) if route.invalidate_on_write => {
-            note(&mut routed, &route, false);
+            routed.note(&route, false);
             let params: Vec<String> = params.into_iter().map(str::to_owned).collect();
             Some((route, params))
         }
         RouteMatch::Write(..) | RouteMatch::Forward => None,
     };
-    count_forward(&state);
+    count_forward(state);
     // One call site: a future keeps separate room for every `forward` it
     // awaits (two of them doubled this future's size).
     let resp = forward(
