@@ -20,6 +20,8 @@
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
 #   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
+#   CALLGRIND_EXTRA            more top-level YAML for sidecache's config, e.g.
+#                              'access_log: { enabled: true, format: json }'
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -69,12 +71,16 @@ if [[ $store == redis* ]]; then
 fi
 proxy_port=$(port)
 admin_port=$(port)
-cat >"$work/sidecache.yaml" <<YAML
+# The config gets a directory of its own: sidecache watches it, and the
+# logs written beside it (stdout: the access log) would wake the watcher.
+mkdir -p "$work/config"
+cat >"$work/config/sidecache.yaml" <<YAML
 version: 1
 listen: 127.0.0.1:$proxy_port
 admin: { listen: 127.0.0.1:$admin_port }
 upstream: { url: "http://127.0.0.1:$origin_port" }
 $store_yaml
+${CALLGRIND_EXTRA:-}
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
@@ -89,7 +95,7 @@ YAML
 wait_http "http://127.0.0.1:$origin_port/healthz"
 out=${CALLGRIND_OUT:-$work/callgrind.out}
 SIDECACHE_LOG=warn taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$sidecache_bin" run --config "$work/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
+    "$sidecache_bin" run --config "$work/config/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
 vg=$!
 pids+=("$vg")
 wait_http "http://127.0.0.1:$admin_port/readyz"

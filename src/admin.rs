@@ -1,15 +1,18 @@
 //! The admin listener, separate from client traffic: liveness (`/healthz`),
 //! readiness (`/readyz`: config loaded and client listener bound; never
 //! depends on Redis), Prometheus text (`/metrics`), and the operator API
-//! under `/admin/*` (route table, invalidation, Bloom rebuilds), guarded by an optional
+//! under `/admin/*` (route table, invalidation, Bloom rebuilds, explain one
+//! URL), guarded by an optional
 //! bearer token. Bad input is answered with 4xx, never a panic.
 
 use crate::bloom::Blooms;
 use crate::body::{full, Body};
 use crate::config::{Config, QueryMode, Route};
+use crate::explain::{self, Subject};
 use crate::invalidation::{ApplyOutcome, Event, Invalidator, Poison, Source};
 use crate::metrics::Metrics;
 use crate::server::listener::{accept_until, builder};
+use crate::store::GuardedStore;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -35,9 +38,13 @@ pub struct AdminState {
     pub config: Arc<ArcSwap<Config>>,
     pub invalidator: Arc<Invalidator>,
     pub blooms: Arc<Blooms>,
+    /// Read by `/admin/lookup`.
+    pub store: Arc<GuardedStore>,
     pub metrics: Metrics,
     /// Set once the client listener is bound; cleared when draining.
     pub ready: Arc<AtomicBool>,
+    /// For the status page's uptime.
+    pub started: std::time::Instant,
 }
 
 /// Serves the admin listener until `shutdown`.
@@ -80,6 +87,23 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     let method = req.method().clone();
     match path {
+        // The status page: static, no data (that is under /admin/status).
+        "/" => only_get(&method).unwrap_or_else(|| {
+            let mut resp = Response::new(full(crate::status::PAGE));
+            let h = resp.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                     connect-src 'self'; img-src 'self'",
+                ),
+            );
+            resp
+        }),
         "/healthz" => only_get(&method).unwrap_or_else(|| text(StatusCode::OK, "ok\n")),
         "/readyz" => only_get(&method).unwrap_or_else(|| {
             if state.ready.load(Ordering::Acquire) {
@@ -106,12 +130,17 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             }
             match (p, &method) {
                 ("/admin/routes", &Method::GET) => routes(&cfg),
+                ("/admin/lookup", &Method::GET) => lookup(state, &cfg, &req).await,
+                ("/admin/status", &Method::GET) => status(state, &cfg),
                 ("/admin/invalidate", &Method::POST) => invalidate(state, req).await,
                 (p, &Method::POST) if bloom_route(p).is_some() => {
                     let route = bloom_route(p).unwrap_or_default().to_owned();
                     bloom_rebuild(state, &cfg, &route, req.uri().query()).await
                 }
-                ("/admin/routes", _) | ("/admin/invalidate", _) => {
+                ("/admin/routes", _)
+                | ("/admin/invalidate", _)
+                | ("/admin/lookup", _)
+                | ("/admin/status", _) => {
                     error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
                 }
                 _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
@@ -204,6 +233,37 @@ fn as_written(anchored: &str) -> &str {
         .strip_prefix("^(?:")
         .and_then(|p| p.strip_suffix(")$"))
         .unwrap_or(anchored)
+}
+
+/// `GET /admin/lookup?url=/path?query[&header=value...]`: what the cache
+/// holds for that URL and what a GET would get now (see `explain`).
+async fn lookup(state: &AdminState, cfg: &Config, req: &Request<Incoming>) -> Response<Body> {
+    let subject = match Subject::from_query(req.uri().query()) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let sources = explain::Sources {
+        cfg,
+        store: &state.store,
+        blooms: &state.blooms,
+        admin_headers: req.headers(),
+    };
+    json_response(StatusCode::OK, &explain::explain(&sources, &subject).await)
+}
+
+/// `GET /admin/status`: the status page's data (see `status`).
+fn status(state: &AdminState, cfg: &Config) -> Response<Body> {
+    let sources = crate::status::Sources {
+        cfg,
+        metrics: &state.metrics,
+        invalidator: &state.invalidator,
+        started: state.started,
+        instance: crate::pipeline::lease::instance(),
+    };
+    let mut resp = json_response(StatusCode::OK, &crate::status::snapshot(&sources));
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// `POST /admin/invalidate`: replace one object's generation.

@@ -5,6 +5,7 @@
 //! runs until a shutdown signal, then drains in-flight requests within a
 //! bounded time.
 
+use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::bloom::source::{IdSource, PgSource};
 use crate::bloom::Blooms;
@@ -69,7 +70,7 @@ impl App {
         blooms.spawn_maintenance(config.clone());
         let invalidator = Arc::new(Invalidator::new(
             config.clone(),
-            store,
+            store.clone(),
             Some(blooms.clone()),
             metrics.clone(),
         ));
@@ -99,15 +100,21 @@ impl App {
             config: config.clone(),
             invalidator: invalidator.clone(),
             blooms,
+            store,
             metrics: metrics.clone(),
             ready: ready.clone(),
+            started: std::time::Instant::now(),
         });
+        // Started whether or not it is enabled: a reload can turn it on.
+        let access_log = AccessLog::start(config.load().access_log.buffer, &metrics)
+            .context("cannot start the access log")?;
         let proxy_state = Arc::new(ProxyState {
             config,
             pipeline,
             invalidator,
             client,
             metrics,
+            access_log,
         });
         let proxy_task = tokio::spawn(server::run(
             proxy_listener,

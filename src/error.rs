@@ -98,6 +98,36 @@ impl ProxyError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
+        if let ProxyError::Overloaded(reason) = self {
+            resp.extensions_mut().insert(Overload::of(reason));
+        }
         resp
+    }
+}
+
+/// Marks a `503` that sidecache answered itself for overload (counted in
+/// `sidecache_overloaded_total{reason}`), as opposed to an upstream's 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// Fill permits (or the route's share of them) were all taken.
+    FillPermits,
+    /// The lease `wait` budget was spent waiting for another fill.
+    LeaseWait,
+}
+
+impl Overload {
+    fn of(reason: &str) -> Overload {
+        if reason == LEASE_WAIT_SPENT {
+            Overload::LeaseWait
+        } else {
+            Overload::FillPermits
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overload::FillPermits => "fill_permits",
+            Overload::LeaseWait => "lease_wait",
+        }
     }
 }

@@ -4,6 +4,12 @@
 //! - [`app`]: wiring, the one place that builds the parts and hands each
 //!   what it needs (store, Bloom manager, invalidator, pipeline, listeners).
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/admin/*`).
+//! - [`access_log`]: one line per client request, through a bounded buffer
+//!   to one writer thread.
+//! - [`status`]: the admin listener's status page (`/`) and its JSON
+//!   (`/admin/status`).
+//! - [`explain`]: explain one URL (`/admin/lookup`, `sidecache lookup`):
+//!   route, keys, what the store and the near cache hold, the verdict.
 //! - [`server`]: the client-facing hyper server: connections, the framing
 //!   guard, and per request the choice between the read pipeline, plain
 //!   forwarding and write-through invalidation.
@@ -24,16 +30,19 @@
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 
+pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod app;
 pub mod bloom;
 pub(crate) mod body;
 pub mod config;
 pub(crate) mod error;
+pub mod explain;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod proxy;
 pub(crate) mod server;
+pub(crate) mod status;
 pub mod store;

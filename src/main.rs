@@ -39,6 +39,19 @@ enum Command {
     Run,
     /// Validate the config, print the route table, exit 0; invalid: exit 2.
     Check,
+    /// Ask the running instance (admin.listen in the config) what the cache
+    /// holds for URL and what a GET would get now; prints a table.
+    Lookup {
+        /// The path and query to explain, like /api/tenants/acme/apps/1.
+        url: String,
+        /// A request header of the explained request (`Name: value`), for
+        /// `vary` and bypass; repeatable.
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Print the JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the SQL that installs the outbox table and its NOTIFY trigger.
     OutboxDdl {
         /// Table name (`name` or `schema.name`).
@@ -87,6 +100,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => run(path, cfg),
+        Command::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
         Command::OutboxDdl { table, channel } => print_outbox_ddl(&table, &channel),
     }
 }
@@ -100,6 +114,34 @@ fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
         Err(e) => {
             eprintln!("sidecache outbox-ddl: {e}");
             ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+fn lookup(cfg: &Config, url: &str, headers: &[String], json: bool) -> ExitCode {
+    use sidecache::explain::cli;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sidecache lookup: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::fetch(cfg, url, headers)) {
+        Ok(answer) if json => {
+            println!("{answer:#}");
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            print!("{}", cli::table(&answer));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sidecache lookup: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -51,6 +51,10 @@ pub mod names {
     pub const CLIENT_CONNECTIONS: &str = "sidecache_client_connections";
     pub const ACCEPT_PAUSED: &str = "sidecache_accept_paused_total";
     pub const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
+    pub const ACCESS_LOG_DROPPED: &str = "sidecache_access_log_dropped_total";
+    pub const OVERLOADED: &str = "sidecache_overloaded_total";
+    pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "sidecache_config_last_reload_successful";
+    pub const CONFIG_LAST_RELOAD_TIMESTAMP: &str = "sidecache_config_last_reload_timestamp_seconds";
 }
 
 /// `kind` label values of [`Metrics::client_errors`].
@@ -144,6 +148,15 @@ pub struct Metrics {
     pub accept_paused: IntCounter,
     /// `{kind}`: see [`client_error`].
     pub client_errors: IntCounterVec,
+    /// `{reason}`: access log lines lost (`buffer_full`, `write_error`).
+    pub access_log_dropped: IntCounterVec,
+    /// `{route, reason}`: 503s sidecache answered itself (an
+    /// `error::Overload` string).
+    pub overloaded: IntCounterVec,
+    /// 0 after a reload was rejected, until the file is valid again.
+    pub config_reload_ok: IntGauge,
+    /// Unix time of the last reload attempt that was not `unchanged`.
+    pub config_reload_time: Gauge,
 }
 
 impl Metrics {
@@ -162,7 +175,7 @@ impl Metrics {
             )
         };
         use names::*;
-        Metrics {
+        let metrics = Metrics {
             requests: counter(
                 REQUESTS,
                 "Requests by route and cache result.",
@@ -388,8 +401,37 @@ impl Metrics {
                 "Requests and connections refused or cut off for the client's fault, by kind.",
                 &["kind"],
             ),
+            access_log_dropped: counter(
+                ACCESS_LOG_DROPPED,
+                "Access log lines dropped: buffer full, or the write failed.",
+                &["reason"],
+            ),
+            overloaded: counter(
+                OVERLOADED,
+                "503 answers sidecache gave itself: fill permits full or lease wait spent.",
+                &["route", "reason"],
+            ),
+            config_reload_ok: reg(
+                &registry,
+                IntGauge::new(
+                    CONFIG_LAST_RELOAD_SUCCESSFUL,
+                    "1 unless the last config reload was rejected (the running config is older than the file).",
+                )
+                .expect("valid metric"),
+            ),
+            config_reload_time: reg(
+                &registry,
+                Gauge::new(
+                    CONFIG_LAST_RELOAD_TIMESTAMP,
+                    "Unix time of the last config reload that was applied or rejected (0: none since start).",
+                )
+                .expect("valid metric"),
+            ),
             registry,
-        }
+        };
+        // The running config is the file's until a reload says otherwise.
+        metrics.config_reload_ok.set(1);
+        metrics
     }
 
     /// The Prometheus text exposition.

@@ -118,14 +118,7 @@ impl Blooms {
         params: &[String],
     ) -> Result<BloomAnswer, StoreError> {
         let scope = bloom.scope_value(params);
-        let id = params.get(bloom.id_param).map_or("", String::as_str);
-        let keys = bloom_keys(&cfg.store.namespace, &route.name, &scope);
-        let positions = hash::positions(&route.name, &scope, id, bloom.sizing);
-        let signature = hash::signature(bloom.sizing);
-        let answer = self
-            .store
-            .bloom_check(&keys, &signature, bloom.sizing.m, &positions)
-            .await;
+        let answer = self.peek(cfg, route, bloom, params).await;
         let label = answer.as_ref().map_or("error", |a| a.as_str());
         self.metrics
             .checks
@@ -140,6 +133,25 @@ impl Blooms {
             Err(_) => {}
         }
         answer
+    }
+
+    /// The filter's answer for the member named by `params`, and nothing
+    /// else: not counted, no lazy build (`/admin/lookup`; stage 4 uses it).
+    pub async fn peek(
+        &self,
+        cfg: &Config,
+        route: &Route,
+        bloom: &BloomConfig,
+        params: &[String],
+    ) -> Result<BloomAnswer, StoreError> {
+        let scope = bloom.scope_value(params);
+        let id = params.get(bloom.id_param).map_or("", String::as_str);
+        let keys = bloom_keys(&cfg.store.namespace, &route.name, &scope);
+        let positions = hash::positions(&route.name, &scope, id, bloom.sizing);
+        let signature = hash::signature(bloom.sizing);
+        self.store
+            .bloom_check(&keys, &signature, bloom.sizing.m, &positions)
+            .await
     }
 
     /// Records what a check or build learned (`None`: nothing new) and

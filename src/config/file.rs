@@ -27,7 +27,55 @@ pub struct FileConfig {
     #[serde(default)]
     pub h2: FileH2,
     #[serde(default)]
+    pub access_log: FileAccessLog,
+    #[serde(default)]
     pub routes: Vec<FileRoute>,
+}
+
+/// `access_log`: one line per client request on stdout (issue 16).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAccessLog {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub format: FileLogFormat,
+    /// Share of requests logged, in (0, 1].
+    #[serde(default = "defaults::sample")]
+    pub sample: f64,
+    /// Log the query string (off: it may carry secrets).
+    #[serde(default)]
+    pub query: bool,
+    #[serde(default)]
+    pub request_id: FileRequestId,
+    /// Lines waiting for the writer; more are dropped.
+    #[serde(default = "defaults::access_log_buffer")]
+    pub buffer: usize,
+}
+
+impl Default for FileAccessLog {
+    fn default() -> Self {
+        FileAccessLog {
+            enabled: false,
+            format: FileLogFormat::Text,
+            sample: defaults::sample(),
+            query: false,
+            request_id: FileRequestId::Pass,
+            buffer: defaults::access_log_buffer(),
+        }
+    }
+}
+
+/// `access_log.request_id: pass | generate`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileRequestId {
+    /// The client's `X-Request-Id` (if any) is passed through and logged.
+    #[default]
+    Pass,
+    /// As `pass`, and a request without one gets a fresh id, sent upstream
+    /// and returned to the client.
+    Generate,
 }
 
 /// `limits`: what one client connection may cost (issue 11).
@@ -487,6 +535,14 @@ pub(super) mod defaults {
     }
     pub fn max_concurrent_streams() -> u32 {
         100
+    }
+    /// At ~2.5 KiB a line at most (path and query are cut at 1 KiB),
+    /// at most ~10 MiB waiting; at 100 000 req/s, 40 ms of lines.
+    pub fn access_log_buffer() -> usize {
+        4096
+    }
+    pub fn sample() -> f64 {
+        1.0
     }
     pub fn rebuild_every() -> HumanDuration {
         HumanDuration(Duration::from_secs(600))

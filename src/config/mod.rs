@@ -38,6 +38,8 @@ pub struct Config {
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
     pub limits: LimitsConfig,
+    /// Reloadable at run time: read per request.
+    pub access_log: AccessLogConfig,
     /// TTL of generation keys: max(ttl + jitter (or max_ttl) + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
     /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
@@ -65,6 +67,20 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub max_idle_per_host: usize,
+}
+
+/// `access_log`: what the access log writes (see `crate::access_log`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccessLogConfig {
+    pub enabled: bool,
+    pub format: file::FileLogFormat,
+    /// Share of requests logged, in (0, 1].
+    pub sample: f64,
+    /// Log the query string too.
+    pub query: bool,
+    pub request_id: file::FileRequestId,
+    /// Lines waiting for the writer (restart to change).
+    pub buffer: usize,
 }
 
 /// What one client connection may cost (`limits` and `h2` in the file).
@@ -313,6 +329,10 @@ impl Config {
         }
         if self.log_format != next.log_format {
             changed.push("log_format");
+        }
+        // The buffer is made once, with the writer.
+        if self.access_log.buffer != next.access_log.buffer {
+            changed.push("access_log.buffer");
         }
         changed
     }

@@ -680,6 +680,45 @@ fn client_cache_control_modes_and_literals() {
 }
 
 #[test]
+fn access_log_defaults_errors_and_reload() {
+    let cfg = parse(APP).expect("valid");
+    let a = cfg.access_log;
+    assert!(!a.enabled && !a.query);
+    assert_eq!(a.format, file::FileLogFormat::Text);
+    assert_eq!(a.sample, 1.0);
+    assert_eq!(a.request_id, file::FileRequestId::Pass);
+    assert_eq!(a.buffer, 4096);
+
+    let set = parse(&format!(
+        "access_log: {{ enabled: true, format: json, sample: 0.25, query: true, \
+         request_id: generate }}\n{APP}"
+    ))
+    .expect("valid");
+    let a = set.access_log;
+    assert!(a.enabled && a.query);
+    assert_eq!(a.format, file::FileLogFormat::Json);
+    assert_eq!(a.sample, 0.25);
+    assert_eq!(a.request_id, file::FileRequestId::Generate);
+    // All of it applies on reload, but the buffer's size.
+    assert!(cfg.restart_only_changes(&set).is_empty());
+    let bigger = parse(&format!("access_log: {{ buffer: 100 }}\n{APP}")).expect("valid");
+    assert_eq!(cfg.restart_only_changes(&bigger), ["access_log.buffer"]);
+
+    for (yaml, path) in [
+        ("access_log: { sample: 0 }", "access_log.sample"),
+        ("access_log: { sample: 1.5 }", "access_log.sample"),
+        ("access_log: { sample: -1 }", "access_log.sample"),
+        ("access_log: { format: xml }", "access_log.format"),
+        ("access_log: { request_id: make }", "access_log.request_id"),
+        ("access_log: { enable: true }", "access_log"),
+        ("access_log: { buffer: 0 }", "access_log.buffer"),
+    ] {
+        let e = err(&format!("{yaml}\n{APP}"));
+        assert!(e.contains(path), "{yaml}: {e}");
+    }
+}
+
+#[test]
 fn fill_queue_defaults_and_bounds() {
     let cfg = parse(APP).expect("valid");
     assert_eq!(cfg.fill.queue_timeout, Duration::from_millis(250));

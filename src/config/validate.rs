@@ -13,9 +13,9 @@ use super::route::{
 };
 use super::units::HumanDuration;
 use super::{
-    AdminConfig, Config, ConfigError, ConfigWarning, FillConfig, InvalidationConfig, LimitsConfig,
-    NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget, StoreConfig, StreamConfig,
-    StreamStart, UpstreamConfig,
+    AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
+    InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
+    StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -76,6 +76,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     };
     let invalidation = invalidation(&raw, &store)?;
     let limits = limits(&raw)?;
+    let access_log = access_log(&raw)?;
 
     // A route may take at most half the fill permits (rounded up), so a
     // flood of misses on one route (cache-busting) leaves the other half to
@@ -139,6 +140,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         routes: RouteTable { routes },
         invalidation,
         limits,
+        access_log,
         gen_ttl,
         warnings,
         digest,
@@ -337,6 +339,28 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
         }
     };
     Ok(InvalidationConfig { outbox, stream })
+}
+
+fn access_log(raw: &FileConfig) -> Result<AccessLogConfig> {
+    let a = &raw.access_log;
+    // NaN fails this too.
+    if !(a.sample > 0.0 && a.sample <= 1.0) {
+        return err(
+            "access_log.sample",
+            format!("{} must be greater than 0 and at most 1", a.sample),
+        );
+    }
+    if !(1..=1 << 20).contains(&a.buffer) {
+        return err("access_log.buffer", "must be between 1 and 1048576 lines");
+    }
+    Ok(AccessLogConfig {
+        buffer: a.buffer,
+        enabled: a.enabled,
+        format: a.format,
+        sample: a.sample,
+        query: a.query,
+        request_id: a.request_id,
+    })
 }
 
 fn limits(raw: &FileConfig) -> Result<LimitsConfig> {

@@ -95,6 +95,21 @@ pub fn spawn(
                 .config_reloads
                 .with_label_values(&[outcome.as_str()])
                 .inc();
+            match outcome {
+                ReloadOutcome::Applied => metrics.config_reload_ok.set(1),
+                ReloadOutcome::Rejected => metrics.config_reload_ok.set(0),
+                // Back to the running content after a rejected edit.
+                ReloadOutcome::Unchanged if reloader.file_is_running() => {
+                    metrics.config_reload_ok.set(1)
+                }
+                ReloadOutcome::Unchanged => {}
+            }
+            if outcome != ReloadOutcome::Unchanged {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                metrics.config_reload_time.set(now.as_secs_f64());
+            }
         }
     }))
 }
@@ -126,6 +141,11 @@ impl<F: Fn(&Config)> Reloader<F> {
             applied,
             last_seen,
         }
+    }
+
+    /// Whether the file, as last read, is the running config.
+    pub fn file_is_running(&self) -> bool {
+        self.last_seen == self.current.load().digest
     }
 
     /// One reload attempt. The running config stays unless the new one is

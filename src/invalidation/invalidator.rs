@@ -79,6 +79,8 @@ pub struct Invalidator {
     /// Bloom growth for `create` events; `None` in tests without filters.
     blooms: Option<Arc<Blooms>>,
     metrics: Metrics,
+    /// Poison from the outbox and the stream (they dead-letter it).
+    dead_letters: super::recent::RecentDeadLetters,
 }
 
 impl Invalidator {
@@ -93,7 +95,13 @@ impl Invalidator {
             store,
             blooms,
             metrics,
+            dead_letters: Default::default(),
         }
+    }
+
+    /// The latest dead-lettered events, newest first.
+    pub fn recent_dead_letters(&self) -> Vec<super::recent::DeadLetter> {
+        self.dead_letters.newest_first()
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -113,7 +121,9 @@ impl Invalidator {
             .into_iter()
             .map(|e| e.and_then(|e| e.validate(&cfg)))
             .collect();
-        self.apply_checked(source, &cfg, checked, None).await
+        let outcomes = self.apply_checked(source, &cfg, checked, None).await;
+        self.record_dead_letters(source, &outcomes);
+        outcomes
     }
 
     /// [`Invalidator::apply`] for feed events, each with its mark (its
@@ -136,7 +146,21 @@ impl Invalidator {
             }
             checked.push(valid);
         }
-        self.apply_checked(source, &cfg, checked, Some(marks)).await
+        let outcomes = self.apply_checked(source, &cfg, checked, Some(marks)).await;
+        self.record_dead_letters(source, &outcomes);
+        outcomes
+    }
+
+    /// The outbox and the stream dead-letter poison (shown on the status
+    /// page); admin answers 400, and the fan-out leaves it to the group.
+    fn record_dead_letters(&self, source: Source, outcomes: &[ApplyOutcome]) {
+        if matches!(source, Source::Outbox | Source::Stream) {
+            for outcome in outcomes {
+                if let ApplyOutcome::Poison(p) = outcome {
+                    self.dead_letters.record(source.as_str(), &p.to_string());
+                }
+            }
+        }
     }
 
     /// Write-through (SPEC §7): a 2xx answer to a write on a cached

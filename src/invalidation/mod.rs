@@ -7,6 +7,7 @@
 //!   (validation, generation replaced, Bloom growth on `create`, metrics),
 //!   with a per-event outcome for the source.
 //! - [`ddl`]: the SQL of `sidecache outbox-ddl`.
+//! - [`recent`]: the last dead-lettered events, for the status page.
 //! - [`outbox`]: the Postgres outbox worker (claim with `SKIP LOCKED`,
 //!   apply, delete in the same transaction; LISTEN/NOTIFY wake-ups; the
 //!   fan-out of unlocked pending rows).
@@ -29,6 +30,7 @@ pub mod ddl;
 pub mod event;
 pub mod invalidator;
 pub mod outbox;
+pub mod recent;
 pub mod stream;
 
 pub use event::{Event, EventKind, Poison, Validated};

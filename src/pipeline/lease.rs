@@ -51,9 +51,28 @@ pub enum LeaseOutcome {
     WaitTimeout,
 }
 
-/// A fresh random owner token.
+/// A fresh random owner token, prefixed with this instance's name
+/// ([`instance`]) so an operator can tell who holds a lease.
 pub fn owner_token() -> String {
-    format!("{:032x}", rand::rng().random::<u128>())
+    format!("{}/{:032x}", instance(), rand::rng().random::<u128>())
+}
+
+/// This process as `<hostname>:<pid>` (in Kubernetes the hostname is the
+/// pod's name).
+pub fn instance() -> &'static str {
+    static INSTANCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+        let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+        let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let host = if ok {
+            String::from_utf8_lossy(&buf[..len]).into_owned()
+        } else {
+            "unknown".to_owned()
+        };
+        format!("{host}:{}", std::process::id())
+    });
+    &INSTANCE
 }
 
 /// Stage 5: acquire the lease or wait for someone else's fill of the

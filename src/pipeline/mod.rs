@@ -136,6 +136,13 @@ impl Pipeline {
                 .with_label_values(&[&route.name, shaped.as_str()])
                 .inc();
         }
+        if let Some(overload) = resp.extensions().get::<crate::error::Overload>() {
+            self.shared
+                .metrics
+                .overloaded
+                .with_label_values(&[&route.name, overload.as_str()])
+                .inc();
+        }
         self.shared
             .metrics
             .requests
@@ -241,15 +248,17 @@ impl Pipeline {
             None => FlightKey::Degraded { entry: entry_key },
         };
         let task_fill = Arc::clone(&fill);
+        // The fill's upstream time is this request's (the one that starts it).
+        let timing = crate::proxy::timing::current();
         let (flight, started) = self.flights.join(flight_key, move || {
-            async move {
+            let fill = async move {
                 if degraded {
                     fetch_only(&task_fill, CacheStatus::Degraded).await
                 } else {
                     fill_with_lease(&task_fill).await
                 }
-            }
-            .boxed()
+            };
+            crate::proxy::timing::measured(timing, fill).boxed()
         });
         if !started {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();

@@ -114,10 +114,13 @@ impl UpstreamClient {
             req.headers_mut()
                 .insert(header::HOST, self.pool.host_header.clone());
         }
-        match tokio::time::timeout(timeout, self.pool.clone().send(req)).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(timeout, self.pool.clone().send(req)).await {
             Err(_) => Err(UpstreamError::Timeout),
             Ok(result) => result,
-        }
+        };
+        super::timing::record(started.elapsed());
+        result
     }
 }
 

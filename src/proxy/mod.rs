@@ -1,8 +1,10 @@
 //! The upstream side: streaming pass-through (`forward`), hop-by-hop and
-//! framing rules (`headers`), and the pooled upstream client (`client`).
+//! framing rules (`headers`), the pooled upstream client (`client`), and
+//! the per-request upstream time for the access log (`timing`).
 //! Used by the client-facing server (everything that is not a cache read)
 //! and by the read pipeline (fills, bypass).
 
 pub mod client;
 pub mod forward;
 pub mod headers;
+pub mod timing;

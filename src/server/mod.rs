@@ -18,8 +18,10 @@
 pub mod framing;
 pub mod listener;
 
+use crate::access_log::{self, AccessLog};
 use crate::body::Body;
-use crate::config::{Config, LimitsConfig, RouteMatch};
+use crate::config::file::FileRequestId;
+use crate::config::{Config, LimitsConfig, Route, RouteMatch};
 use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
@@ -68,6 +70,7 @@ pub struct ProxyState {
     pub invalidator: Arc<Invalidator>,
     pub client: UpstreamClient,
     pub metrics: Metrics,
+    pub access_log: Arc<AccessLog>,
 }
 
 /// Serves the client-facing listener until `shutdown`.
@@ -524,12 +527,81 @@ impl Drop for ClientBody {
     }
 }
 
-/// Per request: framing check, one config snapshot, route decision.
+/// Per request: one config snapshot, and the access log and request id
+/// around [`answer`] when they are on.
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
     req: Request<Incoming>,
     peer: SocketAddr,
+) -> Response<Body> {
+    let cfg = state.config.load_full();
+    let log = cfg.access_log;
+    if !log.enabled && log.request_id == FileRequestId::Pass {
+        let mut routed = Routed::default();
+        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
+    }
+    // Boxed: this future is moved into a box per request, and it would
+    // otherwise keep room for a second `answer` beside the first.
+    Box::pin(logged(state, cfg, ambiguous, req, peer)).await
+}
+
+/// [`answer`] with the access log's line and the request id.
+async fn logged(
+    state: Arc<ProxyState>,
+    cfg: Arc<Config>,
+    ambiguous: bool,
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let begun = access_log::begin(&state.access_log, &cfg.access_log, &mut req, peer);
+    let timing = begun
+        .pending
+        .as_ref()
+        .map(access_log::Pending::upstream_time);
+    let mut routed = Routed {
+        wanted: begun.pending.is_some(),
+        ..Routed::default()
+    };
+    let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
+    let mut resp = crate::proxy::timing::measured(timing, answered).await;
+    if let Some(id) = begun.request_id {
+        resp.headers_mut()
+            .insert(access_log::X_REQUEST_ID.clone(), id);
+    }
+    match begun.pending {
+        Some(line) => line.respond(resp, routed.route, routed.cached),
+        None => resp,
+    }
+}
+
+/// Which route a request went to, for its access log line.
+#[derive(Default)]
+struct Routed {
+    /// Only filled in for a request that is logged.
+    wanted: bool,
+    route: Option<Arc<Route>>,
+    /// A read on a cache route: the `X-Cache` header is the pipeline's.
+    cached: bool,
+}
+
+impl Routed {
+    fn note(&mut self, route: &Arc<Route>, cached: bool) {
+        if self.wanted {
+            self.route = Some(Arc::clone(route));
+            self.cached = cached;
+        }
+    }
+}
+
+/// Framing check, route decision, and the answer.
+async fn answer(
+    state: &ProxyState,
+    cfg: Arc<Config>,
+    ambiguous: bool,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    routed: &mut Routed,
 ) -> Response<Body> {
     // Framing first: nothing of an ambiguous request reaches the pipeline
     // or the upstream.
@@ -568,7 +640,6 @@ async fn handle(
         return resp;
     }
 
-    let cfg = state.config.load_full();
     // Matched on the path's normal form; the request itself, forwarded
     // below, keeps the path exactly as the client sent it. The URI clone
     // (it shares the request's bytes) lives until the answer is built:
@@ -578,6 +649,7 @@ async fn handle(
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
+            routed.note(&route, true);
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
             // a read pipeline held inline would make every forwarded request
@@ -586,6 +658,7 @@ async fn handle(
             return serve.await;
         }
         RouteMatch::BadParam(route, param) => {
+            routed.note(&route, false);
             state
                 .metrics
                 .requests
@@ -596,10 +669,13 @@ async fn handle(
             ))
             .to_response();
         }
-        RouteMatch::Write(route, params) if route.invalidate_on_write => Some((route, params)),
+        RouteMatch::Write(route, params) if route.invalidate_on_write => {
+            routed.note(&route, false);
+            Some((route, params))
+        }
         RouteMatch::Write(..) | RouteMatch::Forward => None,
     };
-    count_forward(&state);
+    count_forward(state);
     // One call site: a future keeps separate room for every `forward` it
     // awaits (two of them doubled this future's size).
     let resp = forward(

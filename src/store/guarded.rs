@@ -20,7 +20,7 @@
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::{BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -60,10 +60,11 @@ pub(super) enum Op {
     BloomCheck,
     BloomBuild,
     BloomAdd,
+    Inspect,
 }
 
 impl Op {
-    const COUNT: usize = 11;
+    const COUNT: usize = 12;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TakeLease,
@@ -76,6 +77,7 @@ impl Op {
         Op::BloomCheck,
         Op::BloomBuild,
         Op::BloomAdd,
+        Op::Inspect,
     ];
 
     /// The writes a fill needs: a success shows the store accepts writes
@@ -98,6 +100,7 @@ impl Op {
             Op::BloomCheck => "bloom_check",
             Op::BloomBuild => "bloom_build",
             Op::BloomAdd => "bloom_add",
+            Op::Inspect => "inspect",
         }
     }
 }
@@ -194,6 +197,16 @@ impl GuardedStore {
             return Ok(snapshot);
         }
         self.call(Op::Read, |s| s.read(keys)).await
+    }
+
+    /// Everything stored for one variant, with TTLs (`/admin/lookup`).
+    pub async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
+        self.call(Op::Inspect, |s| s.inspect(keys)).await
+    }
+
+    /// What the near cache holds for `keys`, not counted as a lookup.
+    pub fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        self.inner.peek_near(keys)
     }
 
     pub async fn take_lease(

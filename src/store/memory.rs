@@ -13,7 +13,8 @@
 //! `.await`.
 
 use super::{
-    covers, lease_ticket, BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError,
+    covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store,
+    StoreError,
 };
 use crate::keys::ObjectKeys;
 
@@ -102,6 +103,16 @@ impl Inner {
         generation
     }
 
+    /// The value and its remaining TTL.
+    fn get_with_ttl(&mut self, key: &str, now: Instant) -> Option<(Bytes, Option<Duration>)> {
+        self.get(key, now)?;
+        let slot = self.map.get(key)?;
+        Some((
+            slot.value.clone(),
+            Some(slot.expires.saturating_duration_since(now)),
+        ))
+    }
+
     fn delete_if(&mut self, key: &str, expected: &[u8], now: Instant) -> bool {
         if self.get(key, now).is_some_and(|v| v.as_ref() == expected) {
             self.map.remove(key);
@@ -141,6 +152,21 @@ impl Store for MemoryStore {
             Ok(Snapshot {
                 entry: inner.get(&keys.entry, now).cloned(),
                 generation: inner.get(&keys.generation, now).cloned(),
+            })
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+    ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            Ok(Inspection {
+                entry: inner.get_with_ttl(&keys.entry, now),
+                generation: inner.get_with_ttl(&keys.generation, now),
+                lease: inner.get_with_ttl(&keys.lease, now),
             })
         })
     }

@@ -63,6 +63,16 @@ pub enum StoreError {
     WriteRefused(String),
 }
 
+/// Everything stored for one object variant, with remaining TTLs (`None`:
+/// the key is missing; `Some(None)`: it has no TTL). For the operator's
+/// `/admin/lookup`, never for serving.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inspection {
+    pub entry: Option<(Bytes, Option<Duration>)>,
+    pub generation: Option<(Bytes, Option<Duration>)>,
+    pub lease: Option<(Bytes, Option<Duration>)>,
+}
+
 /// What one `read` round trip returned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -152,6 +162,21 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     /// (the Redis near cache); `None` means "ask with `read`". Never blocks.
     fn read_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {
         None
+    }
+
+    /// What the near cache holds for `keys`, without counting a lookup;
+    /// `None` when it holds nothing (or there is no near cache).
+    fn peek_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {
+        None
+    }
+
+    /// The entry, generation and lease of `keys` with their TTLs, in one
+    /// round trip (`/admin/lookup`).
+    fn inspect<'a>(
+        &'a self,
+        _keys: &'a ObjectKeys,
+    ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
+        Box::pin(async { Err(StoreError::Protocol("inspect is not supported".into())) })
     }
 
     /// Takes the fill lease of `keys` for `owner` (`lua/lease.lua`), with

@@ -21,7 +21,7 @@
 
 use super::near::{self, NearCache};
 use super::scripts;
-use super::{BoxFuture, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -278,6 +278,46 @@ impl Store for RedisStore {
 
     fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         self.near.as_ref()?.get(keys)
+    }
+
+    fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        self.near.as_ref()?.peek(keys)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+    ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            type Pair = (Option<Vec<u8>>, i64);
+            type Reply = (
+                Option<Vec<u8>>,
+                i64,
+                Option<Vec<u8>>,
+                i64,
+                Option<Vec<u8>>,
+                i64,
+            );
+            let (e, e_ttl, g, g_ttl, l, l_ttl): Reply = scripts::INSPECT
+                .key(&keys.entry)
+                .key(&keys.generation)
+                .key(&keys.lease)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            let value = |(v, pttl): Pair| {
+                v.map(|v| {
+                    let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+                    (Bytes::from(v), ttl)
+                })
+            };
+            Ok(Inspection {
+                entry: value((e, e_ttl)),
+                generation: value((g, g_ttl)),
+                lease: value((l, l_ttl)),
+            })
+        })
     }
 
     fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {

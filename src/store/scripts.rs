@@ -44,6 +44,10 @@ pub static LEASE_RENEW: LazyLock<Script> =
 pub static COMPARE_DELETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/compare_delete.lua")));
 
+/// `inspect.lua`: entry, generation and lease with their PTTLs (read only).
+pub static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/inspect.lua")));
+
 /// `bloom_check.lua`: 0 certainly absent, 1 maybe, -1 unknown.
 pub static BLOOM_CHECK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/bloom_check.lua")));
@@ -101,6 +105,9 @@ mod tests {
                 "{name}: header names return values"
             );
         }
+        let inspect = include_str!("../../lua/inspect.lua");
+        assert!(inspect.contains("-- KEYS[3]") && inspect.contains("-- ARGV     none"));
+        assert!(inspect.contains("Returns"));
         // Distinct scripts, distinct hashes (a copy-paste slip would collide).
         let mut hashes: Vec<&str> = [
             &TICKET,
@@ -114,12 +121,13 @@ mod tests {
             &BLOOM_ACTIVATE,
             &BLOOM_ADD,
             &BLOOM_RENEW,
+            &INSPECT,
         ]
         .iter()
         .map(|s| s.get_hash())
         .collect();
         hashes.sort_unstable();
         hashes.dedup();
-        assert_eq!(hashes.len(), 11);
+        assert_eq!(hashes.len(), 12);
     }
 }

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod access_log;
 mod admin;
 mod answers;
 mod bloom;
@@ -13,18 +14,21 @@ mod cache;
 mod cache_redis;
 mod check;
 mod client_cc;
+mod dashboards;
 mod example_postgres;
 mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
 mod join_current;
 mod limits;
+mod lookup;
 mod origin_ttl;
 mod outbox;
 mod paused_instance;
 mod prefix;
 mod reload;
 mod stale;
+mod status_page;
 mod store;
 mod store_refusals;
 mod stream;

@@ -31,14 +31,16 @@
 //!   `SidecacheBuilder::new(url)` with `.store(yaml)`, `.routes(yaml)`,
 //!   `.fill(yaml)`, `.extra(yaml)` (each a whole top-level section),
 //!   `.upstream_timeout("500ms")`, `.token(t)`, `.env(k, v)`,
-//!   `.addrs(listen, admin)`, then `.start().await`. Ports are picked free on
+//!   `.addrs(listen, admin)`, `.stdout_unread()` (stdout into a pipe never
+//!   read), then `.start().await`. Ports are picked free on
 //!   loopback (retried if taken); readiness is `/readyz` == 200.
 //! - `url(path)`, `admin_url(path)`, `addr()`, `admin_addr()`,
 //!   `config_path()`, `config_dir()` (watched; holds only the config),
 //!   `builder()` (same addresses; `.render()` gives YAML),
 //!   `rewrite_config(yaml)` (temp file + rename), `sighup()`,
 //!   `signal("TERM")`, `kill()`, `wait_exit(d)`, `pid()`, `peak_rss_kib()`,
-//!   `stderr_text()`, `metrics().await`,
+//!   `stderr_text()`, `stdout_text()` (the access log), `access_log_json()`
+//!   (its lines, with `access_log.format: json`), `metrics().await`,
 //!   `metric("name{labels}").await -> Option<f64>`, `metric_sum(name,
 //!   &[(label, value)]).await` (sum over series). Drop kills the child
 //!   and, if the test panicked, prints the stderr tail.

@@ -51,6 +51,7 @@ pub struct SidecacheBuilder {
     env: Vec<(String, String)>,
     listen: Option<SocketAddr>,
     admin: Option<SocketAddr>,
+    stdout_unread: bool,
 }
 
 impl SidecacheBuilder {
@@ -66,7 +67,14 @@ impl SidecacheBuilder {
             env: Vec::new(),
             listen: None,
             admin: None,
+            stdout_unread: false,
         }
+    }
+    /// stdout (the access log) goes into a pipe nobody reads: once the
+    /// pipe is full, every write to it blocks.
+    pub fn stdout_unread(mut self) -> Self {
+        self.stdout_unread = true;
+        self
     }
     /// `upstream.timeout`, e.g. `"500ms"`.
     pub fn upstream_timeout(mut self, d: &str) -> Self {
@@ -199,13 +207,19 @@ impl Sidecache {
         let config = dir.path().join("config/sidecache.yaml");
         fs::write(&config, b.render()).expect("write config");
         let stderr = dir.path().join("stderr.log");
+        // The access log's destination.
+        let stdout = dir.path().join("stdout.log");
         let mut cmd = Command::new(binary());
         cmd.arg("run")
             .arg("--config")
             .arg(&config)
             .env_remove("SIDECACHE_CONFIG")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if b.stdout_unread {
+                Stdio::piped()
+            } else {
+                Stdio::from(fs::File::create(&stdout).expect("stdout file"))
+            })
             .stderr(fs::File::create(&stderr).expect("stderr file"));
         for (k, v) in &b.env {
             cmd.env(k, v);
@@ -327,6 +341,17 @@ impl Sidecache {
             .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"))
+    }
+    /// What the child wrote to stdout: the access log.
+    pub fn stdout_text(&self) -> String {
+        fs::read_to_string(self.dir.path().join("stdout.log")).unwrap_or_default()
+    }
+    /// The access log's JSON lines so far (`access_log.format: json`).
+    pub fn access_log_json(&self) -> Vec<serde_json::Value> {
+        self.stdout_text()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
     }
     pub fn stderr_text(&self) -> String {
         fs::read_to_string(&self.stderr).unwrap_or_default()
