@@ -9,7 +9,7 @@
 // scoring (with chains) is printed beside it. Prints, per results file and
 // per kind, passes out of the tests run; then the failing required tests
 // with the reason from REASONS_TSV ("id<TAB>reason", '#' comments, a
-// trailing '*' matches a prefix). With
+// trailing '*' matches a prefix, a leading "CONFIG:" limits it to one config). With
 // --markdown, writes the same as docs/conformance.md. Prints one line
 // "FLOOR name required=N" per results file, for run.sh's floor check.
 import fs from 'node:fs'
@@ -42,10 +42,15 @@ for (const line of fs.readFileSync(reasonsFile, 'utf8').split('\n')) {
 
 // An id ending in '*' gives the reason for every test id with that prefix;
 // an exact id wins over a prefix, a longer prefix over a shorter one.
-function reasonFor (id) {
+// "CONFIG:id" (or "CONFIG:prefix*") gives a reason for one config only.
+function reasonFor (id, config) {
+  return reasonIn(`${config}:${id}`, `${config}:`) || reasonIn(id, '')
+}
+function reasonIn (id, scope) {
   if (reasons.has(id)) return reasons.get(id)
   let best
   for (const [k, v] of reasons) {
+    if (!k.startsWith(scope) || (scope === '' && /^[a-z]+:/.test(k))) continue
     if (k.endsWith('*') && id.startsWith(k.slice(0, -1)) && (!best || k.length > best[0].length)) best = [k, v]
   }
   return best && best[1]
@@ -108,7 +113,7 @@ let unexplained = 0
 for (const c of columns.filter(c => c.ours)) {
   const rows = ['| test | group | what the suite saw | why |', '|---|---|---|---|']
   for (const f of c.own.failing) {
-    const why = reasonFor(f.id)
+    const why = reasonFor(f.id, c.name)
     if (!why) unexplained++
     rows.push(`| \`${f.id}\` | ${f.group} | ${detail(f.detail)} | ${why || '**no reason recorded**'} |`)
   }
@@ -119,7 +124,7 @@ console.log(table)
 for (const c of columns.filter(c => c.ours)) {
   console.log(`\n${c.name}: failing required tests`)
   for (const f of c.own.failing) {
-    console.log(`  ${f.id}: ${reasonFor(f.id) || 'NO REASON RECORDED'}\n      suite: ${detail(f.detail)}`)
+    console.log(`  ${f.id}: ${reasonFor(f.id, c.name) || 'NO REASON RECORDED'}\n      suite: ${detail(f.detail)}`)
   }
 }
 for (const c of columns.filter(c => c.ours)) {
