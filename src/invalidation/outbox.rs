@@ -52,7 +52,9 @@ const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 /// Reconnect schedule after losing Postgres.
 const RECONNECT_BASE: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Capped low (issue 20): after a Postgres restart the first commits wait
+/// for the reconnect, and LISTEN + the catch-up poll follow it at once.
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
