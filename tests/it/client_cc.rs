@@ -2,7 +2,8 @@
 //! a real Redis: `pass` keeps the origin's header, a literal replaces it,
 //! `remaining` gives clients no more freshness than the entry has left
 //! (counting the `Age` they subtract), `max-age=0` once it is served
-//! STALE. Only answers from stored entries are rewritten.
+//! STALE; a 304 carries the same. Only answers from stored entries are
+//! rewritten.
 
 use crate::support::client::{self, x_cache, Resp};
 use crate::support::redis::RedisServer;
@@ -41,6 +42,7 @@ async fn start(redis: Option<&RedisServer>, origin: &Origin) -> Sidecache {
 
 fn origin_reply() -> Reply {
     Reply::ok("x")
+        .header("etag", "\"v1\"")
         .header("cache-control", ORIGIN_CC)
         .header("expires", "Thu, 01 Jan 2099 00:00:00 GMT")
 }
@@ -94,6 +96,13 @@ async fn each_mode(redis: Option<RedisServer>) {
         );
         assert!(r.header("expires").is_none(), "Expires dropped");
     }
+    // A 304 to a revalidating client says the same (RFC 9110 §15.4.5).
+    let r = client::request("GET", &sc.url("/lit/1"), &[("if-none-match", "\"v1\"")], "").await;
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (304, "HIT".into()));
+    assert_eq!(
+        r.header("cache-control").as_deref(),
+        Some("private, max-age=0")
+    );
     // What is not stored keeps the origin's word (it may be stricter).
     origin.reply("/lit/2", Reply::ok("x").header("cache-control", "no-store"));
     let r = get(&sc, "/lit/2").await;
