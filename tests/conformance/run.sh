@@ -15,7 +15,8 @@
 #   --docs   rewrite docs/conformance.md from this run
 #   --check  fail unless each config passes at least its floor of required
 #            tests (tests/conformance/floors: "CONFIG N")
-# Environment: CACHE_TESTS_DIR (default ../shared/cache-tests),
+# Environment: CACHE_TESTS_DIR (default ../shared/cache-tests, then
+# /work/shared/cache-tests),
 # SIDECACHE_BIN (default target/debug/sidecache, built if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -38,9 +39,16 @@ if ((${#configs[@]} == 0)); then
     for f in "$here"/*.yaml; do configs+=("$(basename "$f" .yaml)"); done
 fi
 
-suite_src=${CACHE_TESTS_DIR:-$root/../shared/cache-tests}
-[[ -f $suite_src/package.json && -d $suite_src/tests ]] ||
-    die "the cache-tests suite is not at $suite_src (set CACHE_TESTS_DIR)"
+# The suite lives beside the project (../shared); a clone elsewhere on this
+# machine finds it under /work/shared.
+suite_src=${CACHE_TESTS_DIR:-}
+if [[ -z $suite_src ]]; then
+    for d in "$root/../shared/cache-tests" /work/shared/cache-tests; do
+        [[ -f $d/package.json ]] && { suite_src=$d; break; }
+    done
+fi
+[[ -n $suite_src && -f $suite_src/package.json && -d $suite_src/tests ]] ||
+    die "the cache-tests suite is not at ${suite_src:-$root/../shared/cache-tests or /work/shared/cache-tests} (set CACHE_TESTS_DIR)"
 
 # Node 18+ and npm: the suite is JavaScript.
 node_ok() { command -v node >/dev/null && command -v npm >/dev/null &&
