@@ -456,15 +456,30 @@ async fn origin_age_is_kept_and_grows(b: Backend) {
     assert!(age(&r) < 30, "and counts as zero");
 }
 
-/// With the queue off (`queue_timeout: 0s`), a full pool answers 503 at once.
-async fn full_fill_permits_answer_503_at_once(b: Backend) {
+/// An instance with `fill` as its `fill:` section and one fill permit,
+/// taken by a fill of `P` held at the origin.
+async fn one_permit_held(
+    b: &Backend,
+    fill: &str,
+) -> (
+    Origin,
+    Sidecache,
+    crate::support::Gate,
+    tokio::task::JoinHandle<client::Resp>,
+) {
     let origin = Origin::start().await;
     let sc = b
         .builder(&origin)
-        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 0s\n")
+        .fill(&format!("fill:\n  max_concurrency: 1\n{fill}"))
         .start()
         .await;
     let (gate, first) = get_held(&origin, P, sc.url(P)).await;
+    (origin, sc, gate, first)
+}
+
+/// With the queue off (`queue_timeout: 0s`), a full pool answers 503 at once.
+async fn full_fill_permits_answer_503_at_once(b: Backend) {
+    let (origin, sc, gate, first) = one_permit_held(&b, "  queue_timeout: 0s\n").await;
     let other = "/api/tenants/acme/apps/2";
     let started = std::time::Instant::now();
     let r = client::get(&sc.url(other)).await;
@@ -486,13 +501,8 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
 /// getting 503. The queue's length is bounded: one more than `max_queued`
 /// answers 503 at once; a wait longer than `queue_timeout` ends in 503.
 async fn fill_queue_serves_bursts_and_stays_bounded(b: Backend) {
-    let origin = Origin::start().await;
-    let sc = b
-        .builder(&origin)
-        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 10s\n  max_queued: 1\n")
-        .start()
-        .await;
-    let (gate, first) = get_held(&origin, P, sc.url(P)).await;
+    let (origin, sc, gate, first) =
+        one_permit_held(&b, "  queue_timeout: 10s\n  max_queued: 1\n").await;
     let queued_path = "/api/tenants/acme/apps/2";
     let url = sc.url(queued_path);
     let queued = tokio::spawn(async move { client::get(&url).await });
@@ -532,13 +542,7 @@ async fn fill_queue_serves_bursts_and_stays_bounded(b: Backend) {
 /// A queued fill whose permit does not come back within `queue_timeout`
 /// answers 503, and the queue is empty again.
 async fn fill_queue_wait_is_bounded(b: Backend) {
-    let origin = Origin::start().await;
-    let sc = b
-        .builder(&origin)
-        .fill("fill:\n  max_concurrency: 1\n  queue_timeout: 200ms\n")
-        .start()
-        .await;
-    let (gate, first) = get_held(&origin, P, sc.url(P)).await;
+    let (origin, sc, gate, first) = one_permit_held(&b, "  queue_timeout: 200ms\n").await;
     let other = "/api/tenants/acme/apps/2";
     let started = std::time::Instant::now();
     let r = client::get(&sc.url(other)).await;
