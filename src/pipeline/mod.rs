@@ -496,11 +496,12 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
             body,
         } => (status, headers, body),
     };
-    let kind = publish::cacheability(&fill.route, code, &headers);
+    let cc = cache_control::CacheControl::parse(&headers);
+    let kind = publish::cacheability(&fill.route, code, &headers, &cc);
     if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
         return Judged::OneClient(one_client(code, headers, body), reason);
     }
-    let life = publish::lifetime(&fill.route, kind, &headers);
+    let life = publish::lifetime(&fill.route, kind, &headers, &cc);
     let origin_age = cache_control::origin_age(&headers);
     let mut headers = publish::replayable_headers(headers);
     if kind == Cacheability::Positive {

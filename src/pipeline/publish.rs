@@ -125,12 +125,17 @@ impl FillOutcome {
 /// `origin_cache_control: honor` so do `no-cache`, a zero shared freshness
 /// lifetime and a `Vary` beyond the route's key; with `ttl: origin` also a
 /// lifetime already spent, or none without a `default_ttl`.
-pub fn cacheability(route: &Route, status: StatusCode, headers: &HeaderMap) -> Cacheability {
+/// `cc` is `headers`' `Cache-Control`, parsed once per answer.
+pub fn cacheability(
+    route: &Route,
+    status: StatusCode,
+    headers: &HeaderMap,
+    cc: &CacheControl,
+) -> Cacheability {
     use Cacheability::Uncacheable as No;
     if headers.contains_key(header::SET_COOKIE) {
         return No(Uncacheable::SetCookie);
     }
-    let cc = CacheControl::parse(headers);
     if cc.private {
         return No(Uncacheable::Private);
     }
@@ -191,8 +196,12 @@ impl Lifetime {
 /// windows as narrowed (never widened) by the origin's `Cache-Control`.
 /// The store keeps the entry for [`Lifetime::store_ttl`], so a short
 /// per-answer freshness (`ttl: origin`) also shortens its stay.
-pub fn lifetime(route: &Route, kind: Cacheability, headers: &HeaderMap) -> Lifetime {
-    let cc = CacheControl::parse(headers);
+pub fn lifetime(
+    route: &Route,
+    kind: Cacheability,
+    headers: &HeaderMap,
+    cc: &CacheControl,
+) -> Lifetime {
     let origin = match route.ttl {
         Ttl::Fixed(_) => OriginFreshness::Unspecified,
         Ttl::Origin { .. } => cc.freshness(headers, SystemTime::now()),
@@ -338,13 +347,18 @@ mod tests {
             .collect()
     }
 
+    /// [`cacheability`] of an answer with `status` and `pairs`.
+    fn judged(r: &Route, status: u16, pairs: &[(&'static str, &'static str)]) -> Cacheability {
+        let h = headers(pairs);
+        let status = StatusCode::from_u16(status).expect("status");
+        cacheability(r, status, &h, &CacheControl::parse(&h))
+    }
+
     #[test]
     fn what_is_cached() {
         use Cacheability::Uncacheable as No;
         let r = route();
-        let c = |s: u16, h: &[(&'static str, &'static str)]| {
-            cacheability(&r, StatusCode::from_u16(s).expect("status"), &headers(h))
-        };
+        let c = |s: u16, h: &[(&'static str, &'static str)]| judged(&r, s, h);
         assert_eq!(c(200, &[]), Cacheability::Positive);
         assert_eq!(c(404, &[]), Cacheability::Negative);
         assert_eq!(c(500, &[]), No(Uncacheable::Status));
@@ -403,7 +417,7 @@ mod tests {
             r#"  - { name: app, path: "/a/{id}", params: { id: "[0-9]+" }, ttl: 10s, origin_cache_control: ignore }
 "#,
         );
-        let c = |h: &[(&'static str, &'static str)]| cacheability(&r, StatusCode::OK, &headers(h));
+        let c = |h: &[(&'static str, &'static str)]| judged(&r, 200, h);
         assert_eq!(
             c(&[
                 ("cache-control", "no-cache, max-age=0, s-maxage=0"),
@@ -470,9 +484,7 @@ mod tests {
     #[test]
     fn origin_ttl_refuses_spent_and_missing_lifetimes() {
         use Cacheability::Uncacheable as No;
-        let c = |r: &Route, s: u16, h: &[(&'static str, &'static str)]| {
-            cacheability(r, StatusCode::from_u16(s).expect("status"), &headers(h))
-        };
+        let c = judged;
         let r = origin_route("");
         assert_eq!(c(&r, 200, &[]), No(Uncacheable::NoLifetime));
         assert_eq!(
