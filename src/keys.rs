@@ -4,7 +4,8 @@
 //! of the normalized query (per the route's `query` mode) and the values of
 //! the route's `vary` headers. Object keys are
 //! `<ns>o:{<route>:<p1>:<p2>…}:e:v2:<variant>` (entry), `…:g` (generation),
-//! `…:l:<variant>` (lease); Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
+//! `…:l:<variant>` (lease), `…:f` (version floor); tag generations
+//! `<ns>t:{<tag>}:g`; Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
 //! One hash tag per object (and per filter), so all its keys live in one
 //! Redis Cluster slot and `MGET` and scripts work.
 
@@ -108,6 +109,30 @@ pub fn encode_param(value: &str, out: &mut String) {
 /// The generation key of an object, for invalidation (no variant needed).
 pub fn generation_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:g")
+}
+
+/// The version floor of an object (`…:f`, same slot as its generation):
+/// the highest revision an invalidation named; fills below it are not
+/// published.
+pub fn floor_key(namespace: &str, identity: &str) -> String {
+    format!("{namespace}o:{{{identity}}}:f")
+}
+
+/// The tags an object's last answer carried (`…:t`, space-separated), so
+/// a fill can take their tickets before its upstream call.
+pub fn tag_list_key(namespace: &str, identity: &str) -> String {
+    format!("{namespace}o:{{{identity}}}:t")
+}
+
+/// The generation key of a cache tag: `<ns>t:{<tag>}:g`, the tag
+/// percent-encoded like a param. Each tag is its own hash slot.
+pub fn tag_generation_key(namespace: &str, tag: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + tag.len() + 6);
+    key.push_str(namespace);
+    key.push_str("t:{");
+    encode_param(tag, &mut key);
+    key.push_str("}:g");
+    key
 }
 
 pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {

@@ -20,6 +20,8 @@
 //!   `create` events, and the checks of pipeline stage 4.
 //! - [`store`]: the `Store` trait with the Redis and embedded backends, the
 //!   Lua scripts, and the circuit breaker that guards every store call.
+//! - [`tags`]: what a cache tag may be and how many an answer or event
+//!   carries (shared by the pipeline and invalidation).
 //! - [`keys`]: the key layout (identity, variant, key names, hash tags),
 //!   shared by the pipeline, invalidation, Bloom filters and the store.
 //! - [`proxy`]: the upstream side: streaming forwarding and the pooled
@@ -46,3 +48,4 @@ pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod status;
 pub mod store;
+pub mod tags;

@@ -37,6 +37,7 @@ pub mod names {
     pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
     pub const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
+    pub const INVALIDATION_FANOUT: &str = "sidecache_invalidation_fanout";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
     pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
     pub const OUTBOX_OLDEST: &str = "sidecache_outbox_oldest_seconds";
@@ -121,8 +122,12 @@ pub struct Metrics {
     /// aborted); their release was spawned, or they expire.
     pub lease_abandoned: IntCounterVec,
     pub lease_superseded: IntCounterVec,
-    /// `{source, outcome}`.
+    /// `{source, outcome, kind}`: one per generation replaced (`object`,
+    /// `related`, `tag`); a poison event once, as `kind="event"`.
     pub invalidations: IntCounterVec,
+    /// `{source}`: generation keys one applied event replaced (its object
+    /// and related objects, or its tags).
+    pub invalidation_fanout: HistogramVec,
     /// `{outcome}`: `applied`, `unchanged`, `rejected`.
     pub config_reloads: IntCounterVec,
     /// Outbox rows not dead-lettered (due or backing off), as last measured.
@@ -311,8 +316,20 @@ impl Metrics {
             ),
             invalidations: counter(
                 INVALIDATIONS,
-                "Invalidation events by source and outcome.",
-                &["source", "outcome"],
+                "Generations replaced by invalidation events, by source, outcome and kind (object, related, tag).",
+                &["source", "outcome", "kind"],
+            ),
+            invalidation_fanout: reg(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        INVALIDATION_FANOUT,
+                        "Generation keys one applied event replaced (its object and related objects, or its tags).",
+                    )
+                    .buckets(vec![1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 32.0, 64.0]),
+                    &["source"],
+                )
+                .expect("valid metric"),
             ),
             config_reloads: counter(CONFIG_RELOADS, "Config reloads by outcome.", &["outcome"]),
             outbox_pending: reg(

@@ -343,6 +343,25 @@ pub struct FileRoute {
     pub client_cache_control: FileClientCacheControl,
     #[serde(default)]
     pub etag: FileEtag,
+    /// Other routes' objects an event for this route invalidates too.
+    #[serde(default)]
+    pub also_invalidates: Vec<FileRelation>,
+    /// Response header whose space- or comma-separated values tag the entry.
+    #[serde(default)]
+    pub tags_from: Option<String>,
+    /// Response header carrying the answer's integer version (revision).
+    #[serde(default)]
+    pub version_from: Option<String>,
+}
+
+/// One `also_invalidates` item: a route and its params as templates over
+/// this route's params (`{ tenant: "{tenant}" }`).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct FileRelation {
+    pub route: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
 }
 
 /// `ttl: 60s | origin`.

@@ -79,6 +79,14 @@ pub struct Route {
     pub client_cache_control: ClientCacheControl,
     /// Whether entries without an origin `ETag` get a derived one.
     pub etag: EtagMode,
+    /// Objects of other routes an event for this route invalidates too
+    /// (transitively; validated acyclic).
+    pub also_invalidates: Vec<super::relations::Relation>,
+    /// Response header whose values tag the entry (`Surrogate-Key`).
+    pub tags_from: Option<http::HeaderName>,
+    /// Response header with the answer's version, compared with the
+    /// object's floor before publishing.
+    pub version_from: Option<http::HeaderName>,
 }
 
 /// `ttl`: where an entry's freshness comes from.

@@ -87,9 +87,11 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         fill.max_concurrency.div_ceil(2)
     };
     let mut warnings = Vec::new();
-    let mut routes: Vec<Arc<Route>> = Vec::with_capacity(raw.routes.len());
-    for (i, r) in raw.routes.into_iter().enumerate() {
+    let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
+    let mut relations = Vec::with_capacity(raw.routes.len());
+    for (i, mut r) in raw.routes.into_iter().enumerate() {
         let at = format!("routes[{i}]");
+        relations.push(std::mem::take(&mut r.also_invalidates));
         let route = route(&at, r, &fill, default_budget)?;
         if route.lease < upstream.timeout {
             warnings.push(ConfigWarning {
@@ -119,8 +121,17 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
                 ),
             );
         }
-        routes.push(Arc::new(route));
+        routes.push(route);
     }
+    let relations = super::relations::resolve(&routes, &relations)?;
+    let routes: Vec<Arc<Route>> = routes
+        .into_iter()
+        .zip(relations)
+        .map(|(mut route, relations)| {
+            route.also_invalidates = relations;
+            Arc::new(route)
+        })
+        .collect();
 
     let max_fresh = routes
         .iter()
@@ -622,7 +633,19 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
             FileEtag::Origin => EtagMode::Origin,
             FileEtag::Auto => EtagMode::Auto,
         },
+        also_invalidates: Vec::new(),
+        tags_from: optional_header(&format!("{at}.tags_from"), r.tags_from.as_deref())?,
+        version_from: optional_header(&format!("{at}.version_from"), r.version_from.as_deref())?,
     })
+}
+
+/// A header name setting (`tags_from`, `version_from`), if given.
+fn optional_header(path: &str, name: Option<&str>) -> Result<Option<HeaderName>> {
+    name.map(|n| {
+        HeaderName::from_bytes(n.as_bytes())
+            .or_else(|_| err(path, format!("{n:?} is not a header name")))
+    })
+    .transpose()
 }
 
 /// `ttl`, and `max_ttl` / `default_ttl`, which belong to `ttl: origin`.

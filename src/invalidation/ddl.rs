@@ -39,8 +39,9 @@ pub fn outbox_ddl(table: &str, channel: &str) -> Result<String, String> {
 -- for inspection.
 CREATE TABLE IF NOT EXISTS {table} (
     id          bigserial PRIMARY KEY,
-    route       text        NOT NULL,
-    params      jsonb       NOT NULL,
+    route       text,
+    params      jsonb       NOT NULL DEFAULT '{{}}',
+    tags        text[],
     kind        text        NOT NULL DEFAULT 'invalidate',
     revision    bigint,
     created_at  timestamptz NOT NULL DEFAULT now(),
@@ -49,6 +50,12 @@ CREATE TABLE IF NOT EXISTS {table} (
     last_error  text,
     dead_at     timestamptz
 );
+
+-- Tag events (a row with tags and no route): tables created before
+-- sidecache knew tags get the column, and route may be left out.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tags text[];
+ALTER TABLE {table} ALTER COLUMN route DROP NOT NULL;
+ALTER TABLE {table} ALTER COLUMN params SET DEFAULT '{{}}';
 
 -- Rows a worker may claim: not dead-lettered, in claim order.
 CREATE INDEX IF NOT EXISTS {due_index} ON {table} (next_at, id) WHERE dead_at IS NULL;
@@ -81,6 +88,7 @@ mod tests {
         assert!(sql.contains("pg_notify('wake', '')"));
         assert!(sql.contains("FUNCTION app.events_notify()"));
         assert!(sql.contains("WHERE dead_at IS NULL"));
+        assert!(sql.contains("ADD COLUMN IF NOT EXISTS tags text[]"));
         assert!(outbox_ddl("x", "a.b").is_err());
         assert!(outbox_ddl("x'; --", "c").is_err());
     }

@@ -1,6 +1,9 @@
 //! The invalidation event model shared by every source (admin endpoint,
 //! outbox rows, stream entries, write-through): `{route, params, kind,
-//! revision?}`, validated against the live route table. Param values are
+//! revision?}` or `{tags}`, validated against the live route table. A
+//! valid event lists every generation key it replaces: its object's, the
+//! objects its route's `also_invalidates` relate to (transitively), or its
+//! tags'; and the version floor its revision raises. Param values are
 //! normalised like request paths (`config::path`), so an event names the
 //! object that a read of the same path finds. An event that names an
 //! unknown route or params that fail their patterns (or that no path could
@@ -36,6 +39,8 @@ impl EventKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Event {
+    /// Empty for a tag event.
+    #[serde(default)]
     pub route: String,
     /// Values may be JSON strings or integers (`"id": 42`).
     #[serde(default, deserialize_with = "string_or_int_values")]
@@ -44,6 +49,9 @@ pub struct Event {
     pub kind: EventKind,
     #[serde(default)]
     pub revision: Option<i64>,
+    /// Cache tags to invalidate instead of an object.
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 fn string_or_int_values<'de, D: serde::Deserializer<'de>>(
@@ -68,12 +76,51 @@ fn string_or_int_values<'de, D: serde::Deserializer<'de>>(
 /// An event checked against the route table: ready to apply.
 #[derive(Debug, Clone)]
 pub struct Validated {
+    /// The object the event names; `None` for a tag event.
+    pub object: Option<Object>,
+    pub kind: EventKind,
+    /// Every generation key the event replaces: its object's first, then
+    /// related objects', or its tags'.
+    pub targets: Vec<Target>,
+    /// The object's floor key and the revision to raise it to (routes
+    /// with `version_from`, events with a `revision`).
+    pub floor: Option<(String, i64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Object {
     pub route: Arc<Route>,
     /// Param values in template order.
     pub params: Vec<String>,
-    pub kind: EventKind,
-    /// The object's generation key.
+}
+
+/// One generation key an event replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
     pub gen_key: String,
+    pub kind: TargetKind,
+}
+
+/// What a replaced generation belongs to: the `kind` label of
+/// `sidecache_invalidations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// The object the event names.
+    Object,
+    /// An object of a route the event's route relates to.
+    Related,
+    /// A cache tag.
+    Tag,
+}
+
+impl TargetKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetKind::Object => "object",
+            TargetKind::Related => "related",
+            TargetKind::Tag => "tag",
+        }
+    }
 }
 
 /// Why an event can never be applied.
@@ -93,6 +140,10 @@ pub enum Poison {
     ExtraParam(String),
     #[error("malformed event: {0}")]
     Malformed(String),
+    #[error("an event names a route or tags, not both")]
+    TagsAndRoute,
+    #[error("bad tags: {0}")]
+    BadTags(#[from] crate::tags::TagError),
 }
 
 impl Event {
@@ -109,6 +160,7 @@ impl Event {
         params: &serde_json::Value,
         kind: &str,
         revision: Option<i64>,
+        tags: Vec<String>,
     ) -> Result<Event, Poison> {
         let serde_json::Value::Object(map) = params else {
             return Err(Poison::Malformed("params is not a JSON object".into()));
@@ -133,10 +185,21 @@ impl Event {
             params: out,
             kind,
             revision,
+            tags,
         })
     }
 
     pub fn validate(&self, cfg: &Config) -> Result<Validated, Poison> {
+        if !self.tags.is_empty() {
+            if !self.route.is_empty() || !self.params.is_empty() {
+                return Err(Poison::TagsAndRoute);
+            }
+            let tags = crate::tags::checked(self.tags.clone())?;
+            return Ok(Validated::tags(cfg, &tags, self.kind));
+        }
+        if self.route.is_empty() {
+            return Err(Poison::Malformed("no route and no tags".into()));
+        }
         let route = cfg
             .routes
             .find(&self.route)
@@ -164,25 +227,89 @@ impl Event {
             }
             values.push(v);
         }
-        Ok(Validated::new(cfg, route, values, self.kind))
+        let mut event = Validated::new(cfg, route, values, self.kind);
+        if let (Some(revision), Some(object)) = (self.revision, &event.object) {
+            if object.route.version_from.is_some() {
+                let identity = keys::identity(&object.route.name, &object.params);
+                event.floor = Some((keys::floor_key(&cfg.store.namespace, &identity), revision));
+            }
+        }
+        Ok(event)
     }
 }
 
 impl Validated {
-    /// An event for `params` that already match `route`'s patterns.
+    /// An event for `params` that already match `route`'s patterns, with
+    /// the objects its route relates to.
     pub fn new(
         cfg: &Config,
         route: &Arc<Route>,
         params: Vec<String>,
         kind: EventKind,
     ) -> Validated {
-        let identity = keys::identity(&route.name, &params);
+        let ns = &cfg.store.namespace;
+        let mut targets = vec![Target {
+            gen_key: keys::generation_key(ns, &keys::identity(&route.name, &params)),
+            kind: TargetKind::Object,
+        }];
+        related(cfg, route, &params, &mut targets);
         Validated {
-            gen_key: keys::generation_key(&cfg.store.namespace, &identity),
-            route: Arc::clone(route),
-            params,
+            object: Some(Object {
+                route: Arc::clone(route),
+                params,
+            }),
             kind,
+            targets,
+            floor: None,
         }
+    }
+
+    /// An event for tags already checked.
+    fn tags(cfg: &Config, tags: &[String], kind: EventKind) -> Validated {
+        let targets = tags
+            .iter()
+            .map(|t| Target {
+                gen_key: keys::tag_generation_key(&cfg.store.namespace, t),
+                kind: TargetKind::Tag,
+            })
+            .collect();
+        Validated {
+            object: None,
+            kind,
+            targets,
+            floor: None,
+        }
+    }
+}
+
+/// Adds the objects `route`'s relations name for `params`, and theirs in
+/// turn (config validation refuses cycles). A related value that fails
+/// its route's pattern names no object a read could have cached: skipped.
+fn related(cfg: &Config, route: &Route, params: &[String], out: &mut Vec<Target>) {
+    for relation in &route.also_invalidates {
+        let Some(target) = cfg.routes.find(&relation.route) else {
+            continue;
+        };
+        let values = relation.render(params);
+        let matches = target
+            .params
+            .iter()
+            .zip(&values)
+            .all(|(p, v)| p.pattern.is_match(v));
+        if !matches {
+            tracing::debug!(route = %target.name, "related object skipped: a value fails its pattern");
+            continue;
+        }
+        let gen_key =
+            keys::generation_key(&cfg.store.namespace, &keys::identity(&target.name, &values));
+        if out.iter().any(|t| t.gen_key == gen_key) {
+            continue;
+        }
+        out.push(Target {
+            gen_key,
+            kind: TargetKind::Related,
+        });
+        related(cfg, target, &values, out);
     }
 }
 
@@ -214,20 +341,27 @@ routes:
             ]),
             kind: EventKind::Invalidate,
             revision: None,
+            tags: vec![],
         }
     }
 
     #[test]
     fn values_name_the_object_a_read_of_their_path_finds() {
         let cfg = config();
-        let gen_key = |t: &str, p: &str| event(t, p).validate(&cfg).map(|v| v.gen_key);
+        let gen_key = |t: &str, p: &str| {
+            event(t, p)
+                .validate(&cfg)
+                .map(|v| v.targets[0].gen_key.clone())
+        };
         // What a read of /t/acme/static/css/./site.css finds.
         let read = match cfg
             .routes
             .classify(&http::Method::GET, "/t/acme/static/css/./site.css")
         {
             crate::config::RouteMatch::Read(route, params) => {
-                Validated::new(&cfg, &route, params, EventKind::Invalidate).gen_key
+                Validated::new(&cfg, &route, params, EventKind::Invalidate).targets[0]
+                    .gen_key
+                    .clone()
             }
             other => panic!("not a read: {other:?}"),
         };

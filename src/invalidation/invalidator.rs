@@ -2,10 +2,12 @@
 //! stream, write-through, `POST /admin/invalidate`): validate against the
 //! live config (the `ArcSwap` snapshot current when the batch is applied, so
 //! a reload that adds a route also makes its events valid), replace the
-//! generations of every valid event in one store call, grow the route's
-//! Bloom filter on `create` (SPEC §6), count
-//! `sidecache_invalidations_total{source,outcome}`, and tell the source each
-//! event's outcome so it can acknowledge, retry or dead-letter it.
+//! generations of every valid event in one store call (its object's and
+//! those of the objects its route relates to, or its tags'; version floors
+//! first), grow the route's Bloom filter on `create` (SPEC §6), count
+//! `sidecache_invalidations_total{source,outcome,kind}` and the fan-out,
+//! and tell the source each event's outcome so it can acknowledge, retry
+//! or dead-letter it.
 //!
 //! Idempotent by construction: a generation is replaced with a fresh value,
 //! so an event delivered twice (at-least-once sources) only causes one more
@@ -185,62 +187,106 @@ impl Invalidator {
         checked: Vec<Result<Validated, Poison>>,
         marks: Option<Vec<String>>,
     ) -> Vec<ApplyOutcome> {
-        // One store call per chunk: a pipeline of a few hundred small
-        // scripts stays well inside the store's command timeout, whatever
-        // `batch` is. `stored[i]` is the result for the i-th valid event.
-        let gen_keys: Vec<String> = checked
+        // Floors first: a fill that takes its ticket after the generation
+        // is replaced must find the floor already raised.
+        let floors: Vec<(String, i64)> = checked
             .iter()
-            .filter_map(|c| c.as_ref().ok().map(|v| v.gen_key.clone()))
+            .filter_map(|c| c.as_ref().ok()?.floor.clone())
             .collect();
+        let floors_failed = match floors.is_empty() {
+            true => None,
+            false => self.store.raise_floors(&floors, cfg.gen_ttl).await.err(),
+        };
+        // Every generation key of every valid event (its object, related
+        // objects, tags), each with its event's mark. One store call per
+        // chunk: a pipeline of a few hundred small scripts stays well
+        // inside the store's command timeout, whatever `batch` is.
+        let mut gen_keys = Vec::new();
+        let mut key_marks = Vec::new();
+        let mut marks = marks.map(Vec::into_iter);
+        for valid in checked.iter().filter_map(|c| c.as_ref().ok()) {
+            let mark = marks.as_mut().and_then(Iterator::next);
+            for target in &valid.targets {
+                gen_keys.push(target.gen_key.clone());
+                if let Some(mark) = &mark {
+                    key_marks.push(mark.clone());
+                }
+            }
+        }
+        let marked = marks.is_some();
         let nonce = nonce();
         let mut stored: Vec<Result<(), StoreError>> = Vec::with_capacity(gen_keys.len());
         for (i, chunk) in gen_keys.chunks(CHUNK).enumerate() {
-            let result = match &marks {
-                Some(marks) => {
-                    let from = i * CHUNK;
-                    let chunk_marks = marks.get(from..from + chunk.len()).unwrap_or_default();
-                    self.store
-                        .invalidate_marked(chunk, chunk_marks, &nonce, cfg.gen_ttl)
-                        .await
-                }
-                None => self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await,
+            let result = if marked {
+                let from = i * CHUNK;
+                let chunk_marks = key_marks.get(from..from + chunk.len()).unwrap_or_default();
+                self.store
+                    .invalidate_marked(chunk, chunk_marks, &nonce, cfg.gen_ttl)
+                    .await
+            } else {
+                self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await
             };
             stored.extend(std::iter::repeat_n(result, chunk.len()));
         }
         let mut stored = stored.into_iter();
         let mut outcomes = Vec::with_capacity(checked.len());
         for c in checked {
-            let outcome = match c {
-                Err(poison) => ApplyOutcome::Poison(poison),
-                Ok(v) => match stored
-                    .next()
-                    .unwrap_or(Err(StoreError::Protocol("no result".into())))
-                {
-                    Err(e) => ApplyOutcome::Failed(e),
-                    Ok(()) => self.grow_bloom(cfg, &v).await,
-                },
+            let v = match c {
+                Err(poison) => {
+                    self.count(source, "poison", "event", 1);
+                    outcomes.push(ApplyOutcome::Poison(poison));
+                    continue;
+                }
+                Ok(v) => v,
             };
-            self.metrics
-                .invalidations
-                .with_label_values(&[source.as_str(), outcome.as_str()])
-                .inc();
+            // The event failed if any of its keys (or its floor) did.
+            let mut failed = v.floor.as_ref().and_then(|_| floors_failed.clone());
+            for _ in &v.targets {
+                let result = stored
+                    .next()
+                    .unwrap_or(Err(StoreError::Protocol("no result".into())));
+                if let (None, Err(e)) = (&failed, result) {
+                    failed = Some(e);
+                }
+            }
+            let outcome = match failed {
+                Some(e) => ApplyOutcome::Failed(e),
+                None => self.grow_bloom(cfg, &v).await,
+            };
+            for target in &v.targets {
+                self.count(source, outcome.as_str(), target.kind.as_str(), 1);
+            }
+            if matches!(outcome, ApplyOutcome::Applied) {
+                self.metrics
+                    .invalidation_fanout
+                    .with_label_values(&[source.as_str()])
+                    .observe(v.targets.len() as f64);
+            }
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    fn count(&self, source: Source, outcome: &str, kind: &str, n: u64) {
+        self.metrics
+            .invalidations
+            .with_label_values(&[source.as_str(), outcome, kind])
+            .inc_by(n);
     }
 
     /// A `create` event adds its id to the route's filter, or the filter
     /// could reject an object that exists. A store error makes the event
     /// `Failed` (retried), never lost.
     async fn grow_bloom(&self, cfg: &Config, event: &Validated) -> ApplyOutcome {
-        let Some(blooms) = self
-            .blooms
-            .as_ref()
-            .filter(|_| event.kind == EventKind::Create)
-        else {
+        let (Some(blooms), Some(object)) = (
+            self.blooms
+                .as_ref()
+                .filter(|_| event.kind == EventKind::Create),
+            &event.object,
+        ) else {
             return ApplyOutcome::Applied;
         };
-        match blooms.created(cfg, &event.route, &event.params).await {
+        match blooms.created(cfg, &object.route, &object.params).await {
             Ok(()) => ApplyOutcome::Applied,
             Err(e) => ApplyOutcome::Failed(e),
         }
@@ -290,6 +336,7 @@ routes:
             params: BTreeMap::from([("tenant".into(), tenant.into()), ("id".into(), id.into())]),
             kind: EventKind::Invalidate,
             revision: None,
+            tags: vec![],
         })
     }
 
@@ -315,13 +362,16 @@ routes:
             .filter(|o| matches!(o, ApplyOutcome::Applied))
             .count();
         assert_eq!(applied, 600);
-        let count = |outcome| {
+        let count = |outcome, kind| {
             metrics
                 .invalidations
-                .with_label_values(&["outbox", outcome])
+                .with_label_values(&["outbox", outcome, kind])
                 .get()
         };
-        assert_eq!((count("applied"), count("poison")), (600, 2));
+        assert_eq!(
+            (count("applied", "object"), count("poison", "event")),
+            (600, 2)
+        );
     }
 
     #[tokio::test]

@@ -109,17 +109,20 @@ struct Statements {
 impl Statements {
     async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
         // `table` is a validated identifier (config), safe to splice.
+        // `tags` through the row's JSON: a table from before the column
+        // was added (see `outbox-ddl`) reads as NULL instead of failing.
         let columns = "id, route, params::text, kind, revision, attempts, \
-                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint";
+                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint, \
+                       (to_jsonb(o) -> 'tags')::text";
         Ok(Statements {
             pending: client
                 .prepare(&format!(
-                    "SELECT {columns} FROM {table} WHERE dead_at IS NULL ORDER BY id LIMIT $1"
+                    "SELECT {columns} FROM {table} o WHERE dead_at IS NULL ORDER BY id LIMIT $1"
                 ))
                 .await?,
             claim: client
                 .prepare(&format!(
-                    "SELECT {columns} FROM {table} \
+                    "SELECT {columns} FROM {table} o \
                      WHERE dead_at IS NULL AND next_at <= now() \
                      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
                 ))
@@ -455,13 +458,24 @@ fn row_mark(row: &tokio_postgres::Row) -> Result<String, tokio_postgres::Error> 
 /// only (the rows behind it still apply).
 fn row_event(row: &tokio_postgres::Row) -> Result<Event, Poison> {
     let bad = |e: tokio_postgres::Error| Poison::Malformed(e.to_string());
-    let route: String = row.try_get(1).map_err(bad)?;
-    let params: String = row.try_get(2).map_err(bad)?;
+    // A tag row has no route and may have no params.
+    let route: Option<String> = row.try_get(1).map_err(bad)?;
+    let params: Option<String> = row.try_get(2).map_err(bad)?;
     let kind: String = row.try_get(3).map_err(bad)?;
     let revision: Option<i64> = row.try_get(4).map_err(bad)?;
-    let params: serde_json::Value =
-        serde_json::from_str(&params).map_err(|e| Poison::Malformed(e.to_string()))?;
-    Event::from_parts(&route, &params, &kind, revision)
+    let tags: Option<String> = row.try_get(7).map_err(bad)?;
+    let params: serde_json::Value = match params {
+        Some(p) => serde_json::from_str(&p).map_err(|e| Poison::Malformed(e.to_string()))?,
+        None => serde_json::Value::Object(Default::default()),
+    };
+    let tags: Vec<String> = match tags {
+        Some(t) => serde_json::from_str::<Option<Vec<String>>>(&t)
+            .map_err(|e| Poison::Malformed(format!("tags: {e}")))?
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let route = route.unwrap_or_default();
+    Event::from_parts(&route, &params, &kind, revision, tags)
 }
 
 fn truncate(mut s: String) -> String {

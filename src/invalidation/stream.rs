@@ -503,14 +503,30 @@ fn entry_event(entry: &StreamId) -> Result<Event, Poison> {
                 .map_err(|_| Poison::Malformed(format!("field {name:?} is not UTF-8"))),
         }
     };
-    if let Some(extra) = entry
-        .map
-        .keys()
-        .find(|k| !matches!(k.as_str(), "route" | "params" | "kind" | "revision"))
-    {
+    if let Some(extra) = entry.map.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "route" | "params" | "kind" | "revision" | "tags"
+        )
+    }) {
         return Err(Poison::Malformed(format!("unknown field {extra:?}")));
     }
-    let route = text("route")?.ok_or_else(|| Poison::Malformed("no route field".into()))?;
+    // `tags`: a JSON array, or names separated by spaces or commas.
+    let tags: Vec<String> = match text("tags")? {
+        None => Vec::new(),
+        Some(t) if t.trim_start().starts_with('[') => serde_json::from_str(&t)
+            .map_err(|e| Poison::Malformed(format!("tags is not a JSON array of strings: {e}")))?,
+        Some(t) => t
+            .split([' ', ','])
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    };
+    let route = match text("route")? {
+        Some(route) => route,
+        None if !tags.is_empty() => String::new(),
+        None => return Err(Poison::Malformed("no route field".into())),
+    };
     let params = match text("params")? {
         Some(p) => serde_json::from_str(&p)
             .map_err(|e| Poison::Malformed(format!("params is not JSON: {e}")))?,
@@ -525,7 +541,7 @@ fn entry_event(entry: &StreamId) -> Result<Event, Poison> {
                 .map_err(|_| Poison::Malformed(format!("revision {r:?} is not an integer")))?,
         ),
     };
-    Event::from_parts(&route, &params, &kind, revision)
+    Event::from_parts(&route, &params, &kind, revision, tags)
 }
 
 fn value_bytes(v: &Value) -> Vec<u8> {

@@ -192,6 +192,7 @@ mod tests {
                 ),
             ],
             body: Bytes::from_static(b"0123456789"),
+            tags: vec![],
         }
     }
 

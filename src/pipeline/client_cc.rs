@@ -101,6 +101,7 @@ mod tests {
             variant: "v".into(),
             headers: vec![],
             body: bytes::Bytes::new(),
+            tags: vec![],
         }
     }
 

@@ -8,7 +8,11 @@
 //! | u64 fresh_until_ms | u32 grace_ms | u32 stale_if_error_ms | str16 generation | str16 identity | str16 variant
 //! | u16 header count | (str16 name | u32 len + value)*
 //! | u32 body length | body
+//! [ | u8 tag count | (str16 tag generation key | str16 tag generation)* ]  (flag bit1)
 //! ```
+//! The tag section (issue 13) exists only with flag bit 1, so an untagged
+//! entry is byte for byte what it was, and a binary from before tags
+//! finds trailing bytes in a tagged one: corrupt, never served unchecked.
 //! Anything that does not decode exactly (bad magic, short read, trailing
 //! bytes, invalid header) is [`CorruptEntry`].
 //!
@@ -23,6 +27,7 @@ use http::{HeaderName, HeaderValue};
 
 const MAGIC: &[u8; 4] = b"SCE2";
 const FLAG_NEGATIVE: u8 = 1;
+const FLAG_TAGGED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -42,6 +47,9 @@ pub struct Entry {
     pub variant: String,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub body: Bytes,
+    /// (tag generation key, the tag's generation when the fill began):
+    /// served only while every one is still current.
+    pub tags: Vec<(String, Bytes)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +71,11 @@ impl Entry {
                 + self.body.len(),
         );
         out.put_slice(MAGIC);
-        out.put_u8(if self.negative { FLAG_NEGATIVE } else { 0 });
+        let mut flags = if self.negative { FLAG_NEGATIVE } else { 0 };
+        if !self.tags.is_empty() {
+            flags |= FLAG_TAGGED;
+        }
+        out.put_u8(flags);
         out.put_u16(self.status);
         out.put_u64(self.stored_at_ms);
         out.put_u64(self.fresh_until_ms);
@@ -80,6 +92,13 @@ impl Entry {
         }
         out.put_u32(self.body.len() as u32);
         out.put_slice(&self.body);
+        if !self.tags.is_empty() {
+            out.put_u8(u8::try_from(self.tags.len()).unwrap_or(u8::MAX));
+            for (key, generation) in self.tags.iter().take(u8::MAX as usize) {
+                put_str16(&mut out, key.as_bytes());
+                put_str16(&mut out, generation);
+            }
+        }
         out.freeze()
     }
 
@@ -131,6 +150,18 @@ impl Entry {
         }
         let body_len = take_u32(&mut buf)? as usize;
         let body = take(&mut buf, body_len)?;
+        let mut tags = Vec::new();
+        if flags & FLAG_TAGGED != 0 {
+            let count = take(&mut buf, 1)?[0];
+            if count == 0 {
+                return Err(CorruptEntry("tagged without tags"));
+            }
+            tags.reserve(usize::from(count));
+            for _ in 0..count {
+                let key = utf8(take_str16(&mut buf)?)?;
+                tags.push((key, take_str16(&mut buf)?));
+            }
+        }
         if buf.has_remaining() {
             return Err(CorruptEntry("trailing bytes"));
         }
@@ -146,6 +177,7 @@ impl Entry {
             variant,
             headers,
             body,
+            tags,
         })
     }
 }
@@ -212,6 +244,7 @@ mod tests {
                 ),
             ],
             body: Bytes::from_static(b"{\"id\":42}"),
+            tags: vec![],
         }
     }
 
@@ -228,6 +261,20 @@ mod tests {
             ..sample()
         };
         assert_eq!(Entry::decode(&neg.encode()), Ok(neg));
+        let tagged = Entry {
+            tags: vec![
+                ("sc:t:{a}:g".into(), Bytes::from_static(b"1.000001-x")),
+                ("sc:t:{b}:g".into(), Bytes::from_static(b"2.000002-y")),
+            ],
+            ..sample()
+        };
+        let raw = tagged.encode();
+        assert_eq!(Entry::decode(&raw), Ok(tagged));
+        // Untagged entries keep the v2 layout: no tag section at all.
+        assert_eq!(
+            sample().encode().len() + 1 + 2 * (2 + 10 + 2 + 10),
+            raw.len()
+        );
     }
 
     #[test]

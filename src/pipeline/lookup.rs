@@ -5,7 +5,8 @@
 //! of the current generation is returned as [`Found::Expired`] for the
 //! stale rules (grace, stale-if-error) to judge. An entry of another
 //! generation, or with no readable generation, is a miss in every mode
-//! (SPEC §5.1's last rule). A corrupt entry is removed with a
+//! (SPEC §5.1's last rule). So is an entry stamped with a tag generation
+//! that is no longer current (issue 13). A corrupt entry is removed with a
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
 use super::entry::Entry;
@@ -86,6 +87,10 @@ pub async fn lookup(
 ) -> Result<Found, StoreError> {
     let snapshot = store.read(&key.keys).await?;
     match check_entry(snapshot, key) {
+        // An untagged entry costs nothing more here.
+        Verdict::Hit(e) if !e.tags.is_empty() && !tags_current(store, &e).await? => {
+            Ok(Found::Miss(Some(e.generation)))
+        }
         Verdict::Hit(e) => Ok(by_freshness(e, super::publish::now_ms())),
         Verdict::Miss(generation) => Ok(Found::Miss(generation)),
         Verdict::Corrupt(why, raw) => {
@@ -98,6 +103,20 @@ pub async fn lookup(
             Ok(Found::Miss(None))
         }
     }
+}
+
+/// Stage 3 for a tagged entry: every tag generation it was stamped with
+/// is still the current one (a missing one is not: a lost tag record can
+/// only cause misses). Read from the near cache where it holds them, else
+/// in one more round trip.
+async fn tags_current(store: &GuardedStore, entry: &Entry) -> Result<bool, StoreError> {
+    let keys: Vec<&str> = entry.tags.iter().map(|(k, _)| k.as_str()).collect();
+    let current = store.read_tags(&keys).await?;
+    Ok(current.len() == entry.tags.len()
+        && current
+            .iter()
+            .zip(&entry.tags)
+            .all(|(now, (_, stamped))| now.as_ref() == Some(stamped)))
 }
 
 #[cfg(test)]
@@ -127,6 +146,7 @@ mod tests {
             variant: "v1".into(),
             headers: vec![],
             body: Bytes::from_static(b"x"),
+            tags: vec![],
         }
     }
 

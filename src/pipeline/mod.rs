@@ -14,7 +14,8 @@
 //! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits
 //!   7b degraded         fetch_only: same permits, nothing written
-//! 8 publish             publish::cacheability, publish::publish
+//! 8 publish             publish::cacheability, publish::publish;
+//!                       depends: version floor and cache tags
 //! 9 release             lease::release
 //! 10 answer             client_cc: the route's client_cache_control;
 //!                       answer::shape: the client's preconditions
@@ -29,6 +30,7 @@ pub mod bloom;
 pub mod cache_control;
 pub mod client_cc;
 pub mod conditional;
+pub mod depends;
 pub mod entry;
 pub mod etag;
 pub mod fill;
@@ -47,8 +49,9 @@ use crate::error::ProxyError;
 use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
-use crate::store::{GuardedStore, PublishOutcome};
+use crate::store::{GuardedStore, PublishChecks, PublishOutcome};
 use answer::{ClientAsk, Shaped};
+use depends::{Stamp, TagTickets};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
 use flight::{Answer, FlightKey, Flights};
@@ -401,6 +404,19 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     // invalidation after that point moves the generation and the publish
     // below is refused.
     let ticket = lease.ticket().clone();
+    // Likewise the tickets of the tags the object's last answer carried.
+    let tag_tickets = match &route.tags_from {
+        None => None,
+        Some(_) => {
+            let (ns, nonce) = (&fill.cfg.store.namespace, nonce());
+            let taken =
+                TagTickets::take(&sh.store, ns, &fill.key.identity, &nonce, fill.cfg.gen_ttl);
+            match taken.await {
+                Ok(t) => Some(t),
+                Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+            }
+        }
+    };
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
         .renew_while(
@@ -413,7 +429,7 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
         Ok(f) => f,
         Err(e) => return Answer::Failed(CacheStatus::Miss, e),
     };
-    let (entry, kind, life) = match judge(fill, fetched, ticket.clone()) {
+    let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
             count_publish(fill, FillOutcome::TooLarge);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
@@ -422,12 +438,51 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
             count_uncacheable(fill, reason);
             return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
         }
-        Judged::Shareable(entry, kind, life) => (entry, kind, life),
+        Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
     };
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
-        let published =
-            publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await;
+        let mut checks = PublishChecks::default();
+        if route.version_from.is_some() {
+            let ns = &fill.cfg.store.namespace;
+            checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
+            checks.version = deps.version;
+        }
+        if let Some(tag_tickets) = &tag_tickets {
+            match tag_tickets.stamp(&deps.tags) {
+                Stamp::Tags(stamps) => {
+                    entry.tags.clone_from(&stamps);
+                    checks.tags = stamps;
+                }
+                Stamp::Unticketed(tags) => {
+                    let list = tags.join(" ");
+                    let remembered = sh
+                        .store
+                        .remember_tags(&tag_tickets.list_key, &list, fill.cfg.gen_ttl)
+                        .await;
+                    if let Err(e) = remembered {
+                        tracing::debug!(route = %route.name, error = %e, "could not remember the answer's tags");
+                    }
+                    count_publish(fill, FillOutcome::TagsUnticketed);
+                    return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
+                }
+            }
+        }
+        let published = if checks == PublishChecks::default() {
+            publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await
+        } else {
+            let encoded = entry.encode();
+            sh.store
+                .publish_checked(
+                    &fill.key.keys,
+                    lease.owner(),
+                    &ticket,
+                    encoded,
+                    ttl,
+                    &checks,
+                )
+                .await
+        };
         let outcome = match published {
             Ok(PublishOutcome::Published) => FillOutcome::Published,
             Ok(PublishOutcome::LeaseLost) => {
@@ -445,6 +500,14 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
             Ok(PublishOutcome::GenerationChanged) => {
                 tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: generation changed during the fill");
                 FillOutcome::Rejected
+            }
+            Ok(PublishOutcome::TagChanged) => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: a tag was invalidated during the fill");
+                FillOutcome::Rejected
+            }
+            Ok(PublishOutcome::BelowFloor) => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry, version = ?checks.version, "publish refused: answer older than the object's floor");
+                FillOutcome::BelowFloor
             }
             // The answer is still good: return it, never fetch again.
             Err(e) => {
@@ -476,13 +539,21 @@ async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
 /// An upstream answer, judged for sharing (stage 8's first half).
 enum Judged {
     /// Coalesced requests may all receive it; `Cacheability` says whether
-    /// it may also be stored, `Lifetime` for how long.
-    Shareable(Entry, Cacheability, Lifetime),
+    /// it may also be stored, `Lifetime` for how long, `Deps` what it
+    /// carries for the floor and tag checks.
+    Shareable(Entry, Cacheability, Lifetime, Deps),
     /// Larger than `max_body`: streams to the request that started the fill.
     TooLarge(Response<Body>),
     /// For the request that started the fill only (the origin refused to
     /// let it be shared), with the reason.
     OneClient(Response<Body>, Uncacheable),
+}
+
+/// The answer's version (`version_from`) and tags (`tags_from`, sorted).
+#[derive(Default)]
+struct Deps {
+    version: Option<i64>,
+    tags: Vec<String>,
 }
 
 /// Turns what upstream answered into a shareable entry stamped with
@@ -497,7 +568,22 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
         } => (status, headers, body),
     };
     let cc = cache_control::CacheControl::parse(&headers);
-    let kind = publish::cacheability(&fill.route, code, &headers, &cc);
+    let mut kind = publish::cacheability(&fill.route, code, &headers, &cc);
+    let mut deps = Deps::default();
+    if let Some(header) = &fill.route.version_from {
+        deps.version = depends::version(&headers, header);
+    }
+    if let Some(header) = &fill.route.tags_from {
+        match crate::tags::from_header(headers.get_all(header).iter()) {
+            Ok(tags) => deps.tags = tags,
+            Err(e) => {
+                tracing::debug!(route = %fill.route.name, error = %e, "answer's tags refused");
+                if kind.is_shareable() {
+                    kind = Cacheability::Uncacheable(Uncacheable::Tags);
+                }
+            }
+        }
+    }
     if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
         return Judged::OneClient(one_client(code, headers, body), reason);
     }
@@ -510,7 +596,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     let entry = publish::build_entry(
         &fill.key, generation, kind, life, origin_age, code, headers, body,
     );
-    Judged::Shareable(entry, kind, life)
+    Judged::Shareable(entry, kind, life, deps)
 }
 
 async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {

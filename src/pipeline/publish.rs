@@ -50,6 +50,8 @@ pub enum Uncacheable {
     Expired,
     /// `ttl: origin` without `default_ttl`: the answer gives no lifetime.
     NoLifetime,
+    /// `tags_from`: more tags than allowed, or a malformed one.
+    Tags,
 }
 
 impl Uncacheable {
@@ -66,6 +68,7 @@ impl Uncacheable {
             Uncacheable::VaryUnkeyed => "vary_unkeyed",
             Uncacheable::Expired => "expired",
             Uncacheable::NoLifetime => "no_lifetime",
+            Uncacheable::Tags => "tags",
         }
     }
 }
@@ -82,7 +85,10 @@ impl Cacheability {
             Cacheability::Positive
                 | Cacheability::Negative
                 | Cacheability::Uncacheable(
-                    Uncacheable::Status | Uncacheable::Expired | Uncacheable::NoLifetime
+                    Uncacheable::Status
+                        | Uncacheable::Expired
+                        | Uncacheable::NoLifetime
+                        | Uncacheable::Tags
                 )
         )
     }
@@ -105,6 +111,13 @@ pub enum FillOutcome {
     Uncacheable,
     /// Larger than `fill.max_body`: streamed through to one client.
     TooLarge,
+    /// `version_from`: the answer is older than the object's floor (a
+    /// lagging replica behind the service); served, not stored.
+    BelowFloor,
+    /// `tags_from`: the answer carries a tag the fill took no ticket for
+    /// before its upstream call; served, not stored, the tags remembered
+    /// for the next fill.
+    TagsUnticketed,
 }
 
 impl FillOutcome {
@@ -116,6 +129,8 @@ impl FillOutcome {
             FillOutcome::WriteFailure => "write_failure",
             FillOutcome::Uncacheable => "uncacheable",
             FillOutcome::TooLarge => "too_large",
+            FillOutcome::BelowFloor => "below_floor",
+            FillOutcome::TagsUnticketed => "tags_unticketed",
         }
     }
 }
@@ -311,6 +326,7 @@ pub fn build_entry(
         variant: key.variant.clone(),
         headers,
         body,
+        tags: Vec::new(),
     }
 }
 

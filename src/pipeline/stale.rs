@@ -200,6 +200,7 @@ mod tests {
             variant: "v".into(),
             headers: vec![],
             body: bytes::Bytes::new(),
+            tags: vec![],
         })
     }
 

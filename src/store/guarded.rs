@@ -20,7 +20,9 @@
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{
+    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+};
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -242,6 +244,65 @@ impl GuardedStore {
         ttl: Duration,
     ) -> Result<PublishOutcome, StoreError> {
         self.call(Op::Publish, |s| s.publish(keys, owner, ticket, entry, ttl))
+            .await
+    }
+
+    pub async fn publish_checked(
+        &self,
+        keys: &ObjectKeys,
+        owner: &str,
+        ticket: &[u8],
+        entry: Bytes,
+        ttl: Duration,
+        checks: &PublishChecks,
+    ) -> Result<PublishOutcome, StoreError> {
+        self.call(Op::Publish, |s| {
+            s.publish_checked(keys, owner, ticket, entry, ttl, checks)
+        })
+        .await
+    }
+
+    /// The tags' current generations, created where missing (a fill's
+    /// tag tickets).
+    pub async fn tag_tickets(
+        &self,
+        tag_keys: &[String],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        self.call(Op::Ticket, |s| s.tag_tickets(tag_keys, nonce, gen_ttl))
+            .await
+    }
+
+    /// The tags' current generations, for the hit check of a tagged entry.
+    pub async fn read_tags(&self, tag_keys: &[&str]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        // As in `read`: a near-cache answer needs no admission or timeout.
+        if let Some(held) = self.inner.read_tags_near(tag_keys) {
+            return Ok(held);
+        }
+        self.call(Op::Read, |s| s.read_tags(tag_keys)).await
+    }
+
+    pub async fn remember_tags(
+        &self,
+        list_key: &str,
+        tags: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.call(Op::Publish, |s| s.remember_tags(list_key, tags, ttl))
+            .await
+    }
+
+    /// Raises version floors; counted and timed as one `invalidate` call.
+    pub async fn raise_floors(
+        &self,
+        floors: &[(String, i64)],
+        gen_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if floors.is_empty() {
+            return Ok(());
+        }
+        self.call(Op::Invalidate, |s| s.raise_floors(floors, gen_ttl))
             .await
     }
 

@@ -13,8 +13,8 @@
 //! `.await`.
 
 use super::{
-    covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store,
-    StoreError,
+    covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome,
+    Snapshot, Store, StoreError,
 };
 use crate::keys::ObjectKeys;
 
@@ -130,6 +130,10 @@ fn deadline(now: Instant, ttl: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }
 
+fn parse_i64(value: &[u8]) -> Option<i64> {
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 /// A fresh generation value, same shape as the Lua scripts build from
 /// `TIME`: `<unix secs>.<micros>-<nonce>`. The nonce makes it unique across
 /// callers within one microsecond.
@@ -231,6 +235,102 @@ impl Store for MemoryStore {
             }
             inner.set(&keys.entry, entry, ttl, now);
             Ok(PublishOutcome::Published)
+        })
+    }
+
+    fn publish_checked<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+        checks: &'a PublishChecks,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
+                return Ok(PublishOutcome::GenerationChanged);
+            }
+            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(PublishOutcome::LeaseLost);
+            }
+            if let Some(floor_key) = &checks.floor_key {
+                if let Some(floor) = inner.get(floor_key, now).and_then(|f| parse_i64(f)) {
+                    if checks.version.is_none_or(|v| v < floor) {
+                        return Ok(PublishOutcome::BelowFloor);
+                    }
+                }
+            }
+            for (key, tag_ticket) in &checks.tags {
+                if inner.get(key, now) != Some(tag_ticket) {
+                    return Ok(PublishOutcome::TagChanged);
+                }
+            }
+            inner.set(&keys.entry, entry, ttl, now);
+            Ok(PublishOutcome::Published)
+        })
+    }
+
+    fn tag_tickets<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            Ok(tag_keys
+                .iter()
+                .map(|k| inner.ticket(k, nonce, gen_ttl, now))
+                .collect())
+        })
+    }
+
+    fn read_tags<'a>(
+        &'a self,
+        tag_keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<Option<Bytes>>, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            Ok(tag_keys
+                .iter()
+                .map(|k| inner.get(k, now).cloned())
+                .collect())
+        })
+    }
+
+    fn remember_tags<'a>(
+        &'a self,
+        list_key: &'a str,
+        tags: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let value = Bytes::copy_from_slice(tags.as_bytes());
+            self.lock().set(list_key, value, ttl, now);
+            Ok(())
+        })
+    }
+
+    fn raise_floors<'a>(
+        &'a self,
+        floors: &'a [(String, i64)],
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            for (key, revision) in floors {
+                let current = inner.get(key, now).and_then(|f| parse_i64(f));
+                let floor = current.map_or(*revision, |c| c.max(*revision));
+                inner.set(key, Bytes::from(floor.to_string()), gen_ttl, now);
+            }
+            Ok(())
         })
     }
 

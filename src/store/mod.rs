@@ -22,6 +22,8 @@
 //! - `invalidate_marked`: the same for events a feed delivers to every
 //!   instance, a no-op where the event (or a later stream entry) already
 //!   replaced the generation;
+//! - `publish_checked`, `tag_tickets`, `read_tags`, `raise_floors`: the
+//!   same protocol for version floors and cache tags (issue 13);
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
@@ -148,6 +150,22 @@ pub enum PublishOutcome {
     LeaseLost,
     /// The generation moved since the ticket (invalidated, or lost and recreated).
     GenerationChanged,
+    /// The answer's version is below the object's floor (or it has none
+    /// while a floor exists).
+    BelowFloor,
+    /// A tag generation moved since the filler read it (or was lost).
+    TagChanged,
+}
+
+/// What [`Store::publish_checked`] checks besides generation and lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishChecks {
+    /// The object's floor key, for routes with `version_from`.
+    pub floor_key: Option<String>,
+    /// The answer's version (`None`: it sent none).
+    pub version: Option<i64>,
+    /// (tag generation key, the generation read before the upstream call).
+    pub tags: Vec<(String, Bytes)>,
 }
 
 /// The Bloom operations are a supertrait ([`bloom::BloomStore`]) so they
@@ -212,6 +230,81 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         entry: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
+
+    /// [`Store::publish`] that also refuses an answer below the object's
+    /// version floor or whose tags moved (`lua/publish_checked.lua`).
+    /// Where tag keys cannot be checked in the same script (Redis
+    /// Cluster: other slots) they are compared just before; the hit check
+    /// then keeps an entry whose tag moved in between from being served.
+    fn publish_checked<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+        checks: &'a PublishChecks,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        let _ = (keys, owner, ticket, entry, ttl, checks);
+        Box::pin(async {
+            Err(StoreError::Protocol(
+                "publish_checked is not supported".into(),
+            ))
+        })
+    }
+
+    /// The current generation of each tag key, created fresh where missing
+    /// (`lua/tag_tickets.lua`), TTL refreshed to `gen_ttl`.
+    fn tag_tickets<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+        let _ = (tag_keys, nonce, gen_ttl);
+        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
+    }
+
+    /// The current value of each key (`None`: missing): tag generations
+    /// for the hit check of a tagged entry, an object's tag list before a
+    /// fill; from the near cache where it holds them.
+    fn read_tags<'a>(
+        &'a self,
+        tag_keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<Option<Bytes>>, StoreError>> {
+        let _ = tag_keys;
+        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
+    }
+
+    /// The answer `read_tags` would give, if the backend holds all of it
+    /// in process (the near cache). Never blocks.
+    fn read_tags_near(&self, _tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+        None
+    }
+
+    /// Records the tags an object's last answer carried (`SET key value
+    /// PX ttl`), so the next fill takes their tickets before its upstream
+    /// call.
+    fn remember_tags<'a>(
+        &'a self,
+        list_key: &'a str,
+        tags: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (list_key, tags, ttl);
+        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
+    }
+
+    /// Raises version floors (`lua/floor.lua`): `floors[i]` is (floor key,
+    /// revision); TTL `gen_ttl`. Same error contract as `invalidate_many`.
+    fn raise_floors<'a>(
+        &'a self,
+        floors: &'a [(String, i64)],
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (floors, gen_ttl);
+        Box::pin(async { Err(StoreError::Protocol("floors are not supported".into())) })
+    }
 
     /// Sets the lease's TTL to `ttl` only if `owner` still holds it. True if
     /// renewed; false if it expired or another filler holds it.

@@ -51,6 +51,8 @@ use tokio::sync::Notify;
 const BUCKETS: usize = 64;
 /// Bookkeeping bytes per object, on top of keys and values.
 const OBJECT_OVERHEAD: u64 = 96;
+/// Tag generations held (each well under 200 bytes).
+const MAX_TAGS_HELD: usize = 65_536;
 
 /// One cached object: its generation and the entries of the variants read.
 struct Object {
@@ -87,6 +89,9 @@ struct NearMetrics {
 
 pub struct NearCache {
     objects: quick_cache::sync::Cache<Box<str>, Arc<Object>, ByBytes>,
+    /// Tag generations (`<ns>t:{<tag>}` -> value, read at), for the hit
+    /// check of tagged entries; kept coherent exactly like objects.
+    tags: quick_cache::sync::Cache<Box<str>, (Bytes, Instant)>,
     epochs: [AtomicU64; BUCKETS],
     /// Serialises "check epoch, insert" against "bump epoch, remove".
     write: Mutex<()>,
@@ -119,6 +124,7 @@ impl NearCache {
                 cfg.max_bytes,
                 ByBytes,
             ),
+            tags: quick_cache::sync::Cache::new(MAX_TAGS_HELD),
             epochs: std::array::from_fn(|_| AtomicU64::new(0)),
             write: Mutex::new(()),
             hasher: RandomState::new(),
@@ -170,6 +176,45 @@ impl NearCache {
         })
     }
 
+    /// The generation of each tag key if all are held and younger than
+    /// `max_age` (a partial answer is no answer: one round trip reads all).
+    pub fn tags(&self, tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+        let now = Instant::now();
+        let mut out = Vec::with_capacity(tag_keys.len());
+        for key in tag_keys {
+            let (object, _) = split_key(key)?;
+            let (value, read_at) = self.tags.get(object)?;
+            if now >= read_at + self.max_age {
+                return None;
+            }
+            out.push(Some(value));
+        }
+        Some(out)
+    }
+
+    /// The epoch to note before sending a read of `key` (any key with a
+    /// hash tag: an object's or a tag's).
+    pub fn key_epoch(&self, key: &str) -> u64 {
+        match split_key(key) {
+            Some((object, _)) => self.bucket(object).load(Ordering::Acquire),
+            None => u64::MAX,
+        }
+    }
+
+    /// Keeps a tag generation a tracked read returned, unless anything
+    /// invalidated its bucket since `epoch` was noted.
+    pub fn offer_tag(&self, key: &str, epoch: u64, value: &Bytes) {
+        let Some((object, _)) = split_key(key) else {
+            return;
+        };
+        let _guard = self.lock();
+        if self.bucket(object).load(Ordering::Acquire) != epoch {
+            return;
+        }
+        self.tags
+            .insert(object.into(), (value.clone(), Instant::now()));
+    }
+
     /// The tracked connection, if one is up.
     pub fn tracked(&self) -> Option<Arc<Tracked>> {
         self.tracked.load_full()
@@ -177,10 +222,7 @@ impl NearCache {
 
     /// The epoch to note before sending a read of `keys`.
     pub fn epoch(&self, keys: &ObjectKeys) -> u64 {
-        match split_key(&keys.entry) {
-            Some((object, _)) => self.bucket(object).load(Ordering::Acquire),
-            None => u64::MAX,
-        }
+        self.key_epoch(&keys.entry)
     }
 
     /// Keeps what a tracked read returned, unless anything invalidated the
@@ -237,6 +279,7 @@ impl NearCache {
         let _guard = self.lock();
         self.bucket(object).fetch_add(1, Ordering::AcqRel);
         self.objects.remove(object);
+        self.tags.remove(object);
         self.metrics.invalidations.inc();
     }
 
@@ -247,6 +290,7 @@ impl NearCache {
             epoch.fetch_add(1, Ordering::AcqRel);
         }
         self.objects.clear();
+        self.tags.clear();
         self.metrics.flushes.inc();
     }
 

@@ -21,7 +21,9 @@
 
 use super::near::{self, NearCache};
 use super::scripts;
-use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
+use super::{
+    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+};
 use crate::config::{RedisConfig, RedisTarget};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -280,6 +282,10 @@ impl Store for RedisStore {
         self.near.as_ref()?.get(keys)
     }
 
+    fn read_tags_near(&self, tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+        self.near.as_ref()?.tags(tag_keys)
+    }
+
     fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         self.near.as_ref()?.peek(keys)
     }
@@ -409,6 +415,172 @@ impl Store for RedisStore {
                     "publish.lua returned {other}"
                 ))),
             }
+        })
+    }
+
+    fn publish_checked<'a>(
+        &'a self,
+        keys: &'a ObjectKeys,
+        owner: &'a str,
+        ticket: &'a [u8],
+        entry: Bytes,
+        ttl: Duration,
+        checks: &'a PublishChecks,
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            // On a cluster, tag keys live in other slots: compare them just
+            // before (the hit check covers a change in between).
+            let in_script = matches!(conn, Conn::Single(_));
+            if !in_script {
+                let tag_keys: Vec<&str> = checks.tags.iter().map(|(k, _)| k.as_str()).collect();
+                let current = get_each(&conn, &tag_keys).await?;
+                let moved = current
+                    .iter()
+                    .zip(&checks.tags)
+                    .any(|(now, (_, t))| now.as_ref() != Some(t));
+                if moved {
+                    return Ok(PublishOutcome::TagChanged);
+                }
+            }
+            let mut call = scripts::PUBLISH_CHECKED.key(&keys.lease);
+            call.key(&keys.generation)
+                .key(&keys.entry)
+                // Any key of the object's slot when there is no floor.
+                .key(checks.floor_key.as_deref().unwrap_or(&keys.generation))
+                .arg(owner)
+                .arg(ticket)
+                .arg(entry.as_ref())
+                .arg(px(ttl))
+                .arg(checks.version.map(|v| v.to_string()).unwrap_or_default())
+                .arg(if checks.floor_key.is_some() { "1" } else { "0" });
+            if in_script {
+                for (key, tag_ticket) in &checks.tags {
+                    call.key(key).arg(tag_ticket.as_ref());
+                }
+            }
+            let code: i64 = call.invoke_async(&mut conn).await.map_err(map_error)?;
+            self.forget(&keys.entry);
+            match code {
+                1 => Ok(PublishOutcome::Published),
+                0 => Ok(PublishOutcome::LeaseLost),
+                -1 => Ok(PublishOutcome::GenerationChanged),
+                -2 => Ok(PublishOutcome::BelowFloor),
+                -3 => Ok(PublishOutcome::TagChanged),
+                other => Err(StoreError::Protocol(format!(
+                    "publish_checked.lua returned {other}"
+                ))),
+            }
+        })
+    }
+
+    fn tag_tickets<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+        Box::pin(async move {
+            if tag_keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut conn = self.conn.clone();
+            let run = |keys: &[String], mut conn: Conn| {
+                let mut call = scripts::TAG_TICKETS.prepare_invoke();
+                for k in keys {
+                    call.key(k);
+                }
+                call.arg(nonce).arg(px(gen_ttl));
+                async move { call.invoke_async::<Vec<Vec<u8>>>(&mut conn).await }
+            };
+            let generations = match &mut conn {
+                Conn::Single(_) => run(tag_keys, conn.clone()).await.map_err(map_error)?,
+                // One slot per call: concurrently, about one round trip.
+                Conn::Cluster(_) => {
+                    let calls = tag_keys.chunks(1).map(|one| run(one, conn.clone()));
+                    let mut out = Vec::with_capacity(tag_keys.len());
+                    for result in futures_util::future::join_all(calls).await {
+                        out.extend(result.map_err(map_error)?);
+                    }
+                    out
+                }
+            };
+            if generations.len() != tag_keys.len() {
+                return Err(StoreError::Protocol(
+                    "tag_tickets.lua: one value per key expected".into(),
+                ));
+            }
+            Ok(generations.into_iter().map(Bytes::from).collect())
+        })
+    }
+
+    fn read_tags<'a>(
+        &'a self,
+        tag_keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<Option<Bytes>>, StoreError>> {
+        Box::pin(async move {
+            if let Some(near) = &self.near {
+                if let Some(held) = near.tags(tag_keys) {
+                    return Ok(held);
+                }
+                let epochs: Vec<u64> = tag_keys.iter().map(|k| near.key_epoch(k)).collect();
+                if let Some(tracked) = near.tracked() {
+                    let values = mget_values(&mut tracked.conn.clone(), tag_keys).await?;
+                    for ((key, epoch), value) in tag_keys.iter().zip(epochs).zip(&values) {
+                        if let Some(value) = value {
+                            near.offer_tag(key, epoch, value);
+                        }
+                    }
+                    return Ok(values);
+                }
+            }
+            get_each(&self.conn, tag_keys).await
+        })
+    }
+
+    fn remember_tags<'a>(
+        &'a self,
+        list_key: &'a str,
+        tags: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            redis::cmd("SET")
+                .arg(list_key)
+                .arg(tags)
+                .arg("PX")
+                .arg(px(ttl))
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(map_error)?;
+            self.forget(list_key);
+            Ok(())
+        })
+    }
+
+    fn raise_floors<'a>(
+        &'a self,
+        floors: &'a [(String, i64)],
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let calls = floors.iter().map(|(key, revision)| {
+                let mut conn = self.conn.clone();
+                async move {
+                    scripts::FLOOR
+                        .key(key)
+                        .arg(*revision)
+                        .arg(px(gen_ttl))
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            });
+            // Multiplexed: concurrent calls share the connection's pipeline.
+            for result in futures_util::future::join_all(calls).await {
+                result.map_err(map_error)?;
+            }
+            Ok(())
         })
     }
 
@@ -587,6 +759,47 @@ async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snaps
         entry: entry.map(Bytes::from),
         generation: generation.map(Bytes::from),
     })
+}
+
+/// `MGET` of keys in one slot-free connection (single node).
+async fn mget_values<S: AsRef<str> + Sync>(
+    conn: &mut impl ConnectionLike,
+    keys: &[S],
+) -> Result<Vec<Option<Bytes>>, StoreError> {
+    let mut mget = redis::cmd("MGET");
+    for key in keys {
+        mget.arg(key.as_ref());
+    }
+    let values: Vec<Option<Vec<u8>>> = mget.query_async(conn).await.map_err(map_error)?;
+    Ok(values.into_iter().map(|v| v.map(Bytes::from)).collect())
+}
+
+/// The values of keys that may live in different slots: one `MGET` on a
+/// single node, concurrent `GET`s on a cluster (about one round trip).
+async fn get_each<S: AsRef<str> + Sync>(
+    conn: &Conn,
+    keys: &[S],
+) -> Result<Vec<Option<Bytes>>, StoreError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Conn::Single(_) = conn {
+        return mget_values(&mut conn.clone(), keys).await;
+    }
+    let calls = keys.iter().map(|key| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("GET")
+                .arg(key.as_ref())
+                .query_async::<Option<Vec<u8>>>(&mut conn)
+                .await
+        }
+    });
+    let mut out = Vec::with_capacity(keys.len());
+    for result in futures_util::future::join_all(calls).await {
+        out.push(result.map_err(map_error)?.map(Bytes::from));
+    }
+    Ok(out)
 }
 
 /// One pipeline of `EVALSHA invalidate` per key. A pipeline cannot fall back

@@ -24,6 +24,19 @@ pub static LEASE: LazyLock<Script> =
 pub static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/publish.lua")));
 
+/// `publish_checked.lua`: publish.lua plus version floor (-2) and tag
+/// generations (-3).
+pub static PUBLISH_CHECKED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/publish_checked.lua")));
+
+/// `floor.lua`: raises a version floor, returns the floor in force.
+pub static FLOOR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/floor.lua")));
+
+/// `tag_tickets.lua`: the tags' generations, created where missing.
+pub static TAG_TICKETS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/tag_tickets.lua")));
+
 /// `invalidate.lua`: replaces the generation, returns the new value.
 pub static INVALIDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/invalidate.lua")));
