@@ -527,8 +527,10 @@ async fn http_admin_create_event_adds_the_id_to_the_filter() {
         Some(1.0)
     );
     assert_eq!(
-        sc.metric("sidecache_invalidations_total{outcome=\"applied\",source=\"admin\"}")
-            .await,
+        sc.metric(
+            "sidecache_invalidations_total{kind=\"object\",outcome=\"applied\",source=\"admin\"}"
+        )
+        .await,
         Some(2.0)
     );
 }

@@ -15,6 +15,7 @@ mod cache_redis;
 mod check;
 mod client_cc;
 mod dashboards;
+mod depinv;
 mod example_postgres;
 mod fill_hardening;
 mod forwarding;
