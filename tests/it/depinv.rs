@@ -153,8 +153,18 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
             assert_eq!(admin(&sc, r#"{"tags": ["shared"]}"#).await, 200);
         }
         origin.reply(path, Reply::ok("new").header("surrogate-key", "t:1 shared"));
+        let rejected = || {
+            sc.metric_sum(
+                "sidecache_publish_total",
+                &[("route", "tagged"), ("outcome", "publish_rejected")],
+            )
+        };
+        let rejected_before = rejected().await;
         gate.release();
         assert_eq!(held.await.expect("held read").text(), "old");
+        // Refused by the publish script itself (single node), not only
+        // dead at the next hit check.
+        assert_eq!(rejected().await, rejected_before + 1.0);
         let (status, body) = read(&sc, path).await;
         assert_eq!(
             (status.as_str(), body.as_str()),
