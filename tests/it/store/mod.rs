@@ -14,6 +14,7 @@
 mod bloom;
 mod breaker;
 mod cluster;
+mod depends;
 mod generation;
 mod lease;
 mod near_cache;
@@ -192,6 +193,8 @@ suite!(
     publish::publish_rejected_when_lease_expired_and_taken,
     publish::delete_if_equals_only_deletes_the_value_seen,
     publish::entry_expires_after_its_ttl,
+    depends::publish_checked_refuses_below_the_floor,
+    depends::publish_checked_refuses_moved_or_lost_tags,
     bloom::bloom_is_unknown_until_activated_then_answers,
     bloom::bloom_signature_mismatch_short_bitmap_and_disable_are_unknown,
     bloom::bloom_build_lock_is_exclusive_and_activation_needs_the_owner,

@@ -1,0 +1,102 @@
+//! Version floors and cache tags (issue 13): `raise_floors` keeps the
+//! highest revision, `publish_checked` refuses an answer below the floor or
+//! whose tag generations moved since their tickets (invalidated or lost),
+//! and `tag_tickets` / `read_tags` read what the hit check compares.
+
+use super::{binary_entry, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
+use sidecache::store::{PublishChecks, PublishOutcome, Store};
+
+pub async fn publish_checked_refuses_below_the_floor(s: &dyn Store) {
+    let k = keys("floor");
+    let floor_key = "sc:o:{app:floor}:f".to_owned();
+    let checks = |version| PublishChecks {
+        floor_key: Some(floor_key.clone()),
+        version,
+        tags: vec![],
+    };
+    let (me, ticket) = lease(s, &k, "me", LEASE).await.expect("free");
+    let (k, me, ticket) = (&k, &me, &ticket);
+    let publish = |version| {
+        let checks = checks(version);
+        async move {
+            s.publish_checked(k, me, ticket, binary_entry(1), ENTRY_TTL, &checks)
+                .await
+                .unwrap()
+        }
+    };
+    // No floor yet: any version, even none, is published.
+    assert_eq!(publish(None).await, PublishOutcome::Published);
+    s.raise_floors(&[(floor_key.clone(), 7)], GEN_TTL)
+        .await
+        .unwrap();
+    // A lower revision arriving later does not lower it.
+    s.raise_floors(&[(floor_key.clone(), 3)], GEN_TTL)
+        .await
+        .unwrap();
+    assert_eq!(publish(Some(6)).await, PublishOutcome::BelowFloor);
+    assert_eq!(publish(None).await, PublishOutcome::BelowFloor);
+    assert_eq!(publish(Some(7)).await, PublishOutcome::Published);
+    assert_eq!(publish(Some(8)).await, PublishOutcome::Published);
+}
+
+pub async fn publish_checked_refuses_moved_or_lost_tags(s: &dyn Store) {
+    let tag_keys = vec!["sc:t:{a}:g".to_owned(), "sc:t:{b}:g".to_owned()];
+    let refs: Vec<&str> = tag_keys.iter().map(String::as_str).collect();
+    assert_eq!(s.read_tags(&refs).await.unwrap(), vec![None, None]);
+    let tickets = s.tag_tickets(&tag_keys, "n", GEN_TTL).await.unwrap();
+    assert_eq!(tickets.len(), 2);
+    // Stable until invalidated, and what `read_tags` reads.
+    assert_eq!(
+        s.tag_tickets(&tag_keys, "m", GEN_TTL).await.unwrap(),
+        tickets
+    );
+    let current = s.read_tags(&refs).await.unwrap();
+    assert_eq!(
+        current,
+        tickets.iter().cloned().map(Some).collect::<Vec<_>>()
+    );
+    let checks = PublishChecks {
+        floor_key: None,
+        version: None,
+        tags: tag_keys
+            .iter()
+            .cloned()
+            .zip(tickets.iter().cloned())
+            .collect(),
+    };
+    for (id, change) in [("tag-moved", 0), ("tag-lost", 1), ("tag-kept", 2)] {
+        let k = keys(id);
+        let (me, ticket) = lease(s, &k, "me", LEASE).await.expect("free");
+        let t = s.tag_tickets(&tag_keys, "n", GEN_TTL).await.unwrap();
+        let checks = PublishChecks {
+            tags: tag_keys.iter().cloned().zip(t).collect(),
+            ..checks.clone()
+        };
+        match change {
+            0 => {
+                s.invalidate(&tag_keys[1], "x", GEN_TTL).await.unwrap();
+            }
+            1 => {
+                // Lost (evicted, deleted): a missing tag counts as moved.
+                let held = checks.tags[0].1.clone();
+                assert!(s.delete_if_equals(&tag_keys[0], &held).await.unwrap());
+            }
+            _ => {}
+        }
+        let outcome = s
+            .publish_checked(&k, &me, &ticket, binary_entry(2), ENTRY_TTL, &checks)
+            .await
+            .unwrap();
+        let want = if change == 2 {
+            PublishOutcome::Published
+        } else {
+            PublishOutcome::TagChanged
+        };
+        assert_eq!(outcome, want, "{id}");
+        assert_eq!(
+            s.read(&k).await.unwrap().entry.is_some(),
+            change == 2,
+            "{id}"
+        );
+    }
+}
