@@ -260,4 +260,25 @@ fn print_routes(path: &Path, cfg: &Config) {
         );
     }
     println!("{} route(s)", cfg.routes.routes.len());
+    // Dependent invalidation (issue 13), for routes that use it.
+    for r in &cfg.routes.routes {
+        let mut deps = Vec::new();
+        if !r.also_invalidates.is_empty() {
+            let names: Vec<&str> = r
+                .also_invalidates
+                .iter()
+                .map(|x| x.route.as_str())
+                .collect();
+            deps.push(format!("also invalidates {}", names.join(", ")));
+        }
+        if let Some(h) = &r.tags_from {
+            deps.push(format!("tags from {h}"));
+        }
+        if let Some(h) = &r.version_from {
+            deps.push(format!("version from {h}"));
+        }
+        if !deps.is_empty() {
+            println!("{}: {}", r.name, deps.join("; "));
+        }
+    }
 }

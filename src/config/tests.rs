@@ -734,3 +734,90 @@ fn fill_queue_defaults_and_bounds() {
     let e = err(&format!("fill: {{ queue_timeout: -1s }}\n{APP}"));
     assert!(e.contains("fill.queue_timeout"), "{e}");
 }
+
+/// `also_invalidates`, `tags_from`, `version_from` (issue 13): errors name
+/// the YAML path.
+#[test]
+fn relations_are_validated_against_the_route_table() {
+    let routes = |relations: &str, list_relations: &str| {
+        format!(
+            r#"
+routes:
+  - name: app
+    path: /t/{{tenant}}/a/{{id}}
+    params: {{ tenant: "[a-z]+", id: "[0-9]+" }}
+    ttl: 60s
+    also_invalidates: {relations}
+  - name: list
+    path: /t/{{tenant}}/a
+    params: {{ tenant: "[a-z]+" }}
+    ttl: 60s
+    also_invalidates: {list_relations}
+  - name: summary
+    path: /t/{{tenant}}/summary
+    params: {{ tenant: "[a-z]+" }}
+    ttl: 60s
+"#
+        )
+    };
+    let ok = parse(&routes(
+        r#"[{ route: list, params: { tenant: "{tenant}" } }]"#,
+        r#"[{ route: summary, params: { tenant: "{tenant}" } }]"#,
+    ))
+    .expect("valid");
+    let app = cfg_route(&ok, "app");
+    assert_eq!(app.also_invalidates.len(), 1);
+    assert_eq!(
+        app.also_invalidates[0].render(&["acme".into(), "7".into()]),
+        ["acme"]
+    );
+    for (relations, list_relations, path, says) in [
+        (
+            r#"[{ route: nope }]"#,
+            "[]",
+            "routes[0].also_invalidates[0].route",
+            "unknown route",
+        ),
+        (
+            r#"[{ route: list }]"#,
+            "[]",
+            "routes[0].also_invalidates[0].params",
+            "needs param \"tenant\"",
+        ),
+        (
+            r#"[{ route: list, params: { tenant: "{who}" } }]"#,
+            "[]",
+            "routes[0].also_invalidates[0].params.tenant",
+            "{who} is not a param",
+        ),
+        (
+            r#"[{ route: list, params: { tenant: "{tenant}", id: "{id}" } }]"#,
+            "[]",
+            "routes[0].also_invalidates[0].params.id",
+            "has no param",
+        ),
+        (
+            r#"[{ route: list, params: { tenant: "{tenant}" } }]"#,
+            r#"[{ route: app, params: { tenant: "{tenant}", id: "1" } }]"#,
+            "routes[1].also_invalidates[0]",
+            "cycle: app -> list -> app",
+        ),
+        (
+            r#"[{ route: app, params: { tenant: "{tenant}", id: "{id}" } }]"#,
+            "[]",
+            "routes[0].also_invalidates[0]",
+            "cycle: app -> app",
+        ),
+    ] {
+        let e = err(&routes(relations, list_relations));
+        assert!(e.contains(path) && e.contains(says), "{relations}: {e}");
+    }
+    let e = err(&APP.replace("ttl: 60s", "ttl: 60s\n    tags_from: \"bad header\""));
+    assert!(e.contains("routes[0].tags_from"), "{e}");
+    let e = err(&APP.replace("ttl: 60s", "ttl: 60s\n    version_from: \"x y\""));
+    assert!(e.contains("routes[0].version_from"), "{e}");
+}
+
+fn cfg_route<'a>(cfg: &'a Config, name: &str) -> &'a Route {
+    cfg.routes.find(name).expect("route")
+}

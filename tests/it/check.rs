@@ -321,3 +321,24 @@ fn new_route_field_errors() {
         rejects(&template(path), "routes[2].path", words);
     }
 }
+
+#[test]
+fn dependent_invalidation_settings_are_listed() {
+    let yaml = VALID.replacen(
+        "    ttl: 60s\n",
+        "    ttl: 60s\n    tags_from: Surrogate-Key\n    version_from: X-Revision\n",
+        1,
+    );
+    let out = check(&yaml);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("tags from surrogate-key; version from x-revision"),
+        "{stdout}"
+    );
+}
