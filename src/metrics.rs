@@ -123,7 +123,9 @@ pub struct Metrics {
     pub lease_abandoned: IntCounterVec,
     pub lease_superseded: IntCounterVec,
     /// `{source, outcome, kind}`: one per generation replaced (`object`,
-    /// `related`, `tag`); a poison event once, as `kind="event"`.
+    /// `related`, `tag`); an event counted without its targets once, as
+    /// `kind="event"` (poison; a claimed outbox row this instance's fan-out
+    /// had applied already).
     pub invalidations: IntCounterVec,
     /// `{source}`: generation keys one applied event replaced (its object
     /// and related objects, or its tags).

@@ -380,7 +380,11 @@ impl OutboxWorker {
         let by_fan_out = ids.iter().filter(|id| seen.contains(id)).count();
         self.metrics
             .invalidations
-            .with_label_values(&[Source::Outbox.as_str(), ApplyOutcome::Applied.as_str()])
+            .with_label_values(&[
+                Source::Outbox.as_str(),
+                ApplyOutcome::Applied.as_str(),
+                "event",
+            ])
             .inc_by(by_fan_out as u64);
 
         let mut applied = Vec::new();

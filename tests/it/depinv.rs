@@ -305,3 +305,49 @@ async fn bad_tag_events_are_dead_lettered_and_the_queue_moves_on() {
         );
     }
 }
+
+/// The outbox before and after `outbox-ddl`'s migration: a table created
+/// without the `tags` column keeps working, and after the migration a row
+/// naming tags (and no route) invalidates them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_tag_rows_after_the_migration_and_old_tables_keep_working() {
+    let origin = Origin::start().await;
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    // The table as `outbox-ddl` created it before tags.
+    pg.execute(
+        "CREATE TABLE sidecache_outbox (id bigserial PRIMARY KEY, route text NOT NULL, \
+         params jsonb NOT NULL, kind text NOT NULL DEFAULT 'invalidate', revision bigint, \
+         created_at timestamptz NOT NULL DEFAULT now(), attempts int NOT NULL DEFAULT 0, \
+         next_at timestamptz NOT NULL DEFAULT now(), last_error text, dead_at timestamptz)",
+    )
+    .await;
+    let sc = builder(
+        &origin,
+        &redis,
+        &format!(
+            "invalidation:\n  outbox:\n    url: \"{}\"\n    poll_interval: 100ms\n",
+            pg.url()
+        ),
+    )
+    .start()
+    .await;
+    cache_list(&sc, &origin).await;
+    pg.execute("INSERT INTO sidecache_outbox (route, params) VALUES ('app_list', '{\"tenant\": \"acme\"}')")
+        .await;
+    assert_list_fresh(&sc, &origin, "old table: row applied").await;
+
+    pg.execute(&crate::invalidation_binary::ddl()).await;
+    let path = "/api/tagged/4";
+    origin.reply(path, Reply::ok("v1").header("surrogate-key", "row-tag"));
+    read(&sc, path).await;
+    read(&sc, path).await;
+    assert_eq!(read(&sc, path).await.0, "HIT");
+    origin.reply(path, Reply::ok("v2").header("surrogate-key", "row-tag"));
+    pg.execute("INSERT INTO sidecache_outbox (tags) VALUES (ARRAY['row-tag'])")
+        .await;
+    eventually("tag row applied", Duration::from_secs(5), || async {
+        client::get(&sc.url(path)).await.text() == "v2"
+    })
+    .await;
+}
