@@ -386,4 +386,85 @@ routes:
             assert_eq!(gen_key(t, p), Err(want), "{t} {p}");
         }
     }
+
+    #[test]
+    fn relations_are_walked_transitively_and_tags_checked() {
+        let yaml = r#"
+version: 1
+listen: 127.0.0.1:1
+admin: { listen: 127.0.0.1:2 }
+upstream: { url: "http://127.0.0.1:9" }
+routes:
+  - name: app
+    path: /t/{tenant}/a/{id}
+    params: { tenant: "[a-z]+", id: "[0-9]+" }
+    ttl: 60s
+    also_invalidates:
+      - { route: list, params: { tenant: "{tenant}" } }
+      - { route: summary, params: { tenant: "{tenant}" } }
+      - { route: byid, params: { id: "x{id}" } }
+  - name: list
+    path: /t/{tenant}/a
+    params: { tenant: "[a-z]+" }
+    ttl: 60s
+    also_invalidates: [{ route: summary, params: { tenant: "{tenant}" } }]
+  - name: summary
+    path: /t/{tenant}/s
+    params: { tenant: "[a-z]+" }
+    ttl: 60s
+  - name: byid
+    path: /i/{id}
+    params: { id: "[0-9]+" }
+    ttl: 60s
+"#;
+        let cfg = Config::parse(yaml, &|_| None).expect("config");
+        let event = Event {
+            route: "app".into(),
+            params: BTreeMap::from([("tenant".into(), "acme".into()), ("id".into(), "7".into())]),
+            kind: EventKind::Invalidate,
+            revision: Some(3),
+            tags: vec![],
+        };
+        let v = event.validate(&cfg).expect("valid");
+        let keys: Vec<(&str, TargetKind)> = v
+            .targets
+            .iter()
+            .map(|t| (t.gen_key.as_str(), t.kind))
+            .collect();
+        // The summary once (also reached through the list); `byid`'s value
+        // "x7" fails its pattern: no such object, skipped.
+        assert_eq!(
+            keys,
+            [
+                ("sc:o:{app:acme:7}:g", TargetKind::Object),
+                ("sc:o:{list:acme}:g", TargetKind::Related),
+                ("sc:o:{summary:acme}:g", TargetKind::Related),
+            ]
+        );
+        assert_eq!(v.floor, None, "no version_from: no floor");
+
+        let tags = |tags: &[&str], route: &str| Event {
+            route: route.into(),
+            params: BTreeMap::new(),
+            kind: EventKind::Invalidate,
+            revision: None,
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        };
+        let v = tags(&["b", "a:1", "b"], "").validate(&cfg).expect("tags");
+        let keys: Vec<&str> = v.targets.iter().map(|t| t.gen_key.as_str()).collect();
+        assert_eq!(keys, ["sc:t:{a%3A1}:g", "sc:t:{b}:g"]);
+        assert!(v.targets.iter().all(|t| t.kind == TargetKind::Tag));
+        assert_eq!(
+            tags(&["a"], "app").validate(&cfg).err(),
+            Some(Poison::TagsAndRoute)
+        );
+        assert!(matches!(
+            tags(&["a\u{1}"], "").validate(&cfg),
+            Err(Poison::BadTags(_))
+        ));
+        assert!(matches!(
+            tags(&[], "").validate(&cfg),
+            Err(Poison::Malformed(_))
+        ));
+    }
 }
