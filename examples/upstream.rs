@@ -20,6 +20,7 @@
 //! GET    /stats                           `{"api_requests":N}`: /api and /object requests served so far
 //! GET    /blob/{bytes}                    streams `bytes` bytes of `x` (memory benchmarks)
 //! GET    /object/{bytes}                  `bytes` (≤ 16 MiB) of `a..z` with a strong `ETag`
+//!                                         (`?tags=N`: N cache tags in `Surrogate-Key`)
 //!                                         (`"object-{bytes}"`) and a `Last-Modified`, like a
 //!                                         static file (conditional and range benchmarks)
 //! POST   /sink                            reads and drops the body; 200 `{"received":N}`
@@ -336,7 +337,17 @@ fn object_endpoint(state: &State, req: &Request<Incoming>) -> Option<Response<Fu
     }
     state.api_requests.fetch_add(1, Ordering::Relaxed);
     let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+    // `?tags=N`: N cache tags in `Surrogate-Key` (bench/callgrind.sh).
+    let tags: usize = req
+        .uri()
+        .query()
+        .and_then(|q| q.strip_prefix("tags="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+        .min(32);
+    let keys: Vec<String> = (0..tags).map(|i| format!("object:{len}:t{i}")).collect();
     Response::builder()
+        .header("surrogate-key", keys.join(" "))
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::ETAG, format!("\"object-{len}\""))
         .header(header::LAST_MODIFIED, "Mon, 01 Jan 2024 00:00:00 GMT")
