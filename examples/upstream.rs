@@ -20,7 +20,8 @@
 //! GET    /stats                           `{"api_requests":N}`: /api and /object requests served so far
 //! GET    /blob/{bytes}                    streams `bytes` bytes of `x` (memory benchmarks)
 //! GET    /object/{bytes}                  `bytes` (≤ 16 MiB) of `a..z` with a strong `ETag`
-//!                                         (`?tags=N`: N cache tags in `Surrogate-Key`)
+//!                                         (`?tags=N`: N cache tags in `Surrogate-Key`:
+//!                                         `object:{bytes}`, `shared:1`, ...)
 //!                                         (`"object-{bytes}"`) and a `Last-Modified`, like a
 //!                                         static file (conditional and range benchmarks)
 //! POST   /sink                            reads and drops the body; 200 `{"received":N}`
@@ -345,7 +346,14 @@ fn object_endpoint(state: &State, req: &Request<Incoming>) -> Option<Response<Fu
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
         .min(32);
-    let keys: Vec<String> = (0..tags).map(|i| format!("object:{len}:t{i}")).collect();
+    // The first is the object's own; the others are shared by every object
+    // (`shared:1` ...), so one tag event reaches all of them.
+    let keys: Vec<String> = (0..tags)
+        .map(|i| match i {
+            0 => format!("object:{len}"),
+            i => format!("shared:{i}"),
+        })
+        .collect();
     Response::builder()
         .header("surrogate-key", keys.join(" "))
         .header(header::CONTENT_TYPE, "application/octet-stream")
