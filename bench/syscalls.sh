@@ -8,9 +8,10 @@
 # For each system and path it runs wrk for SYSCALLS_DURATION seconds while
 # `strace -c -f` is attached to the server's processes, and prints per
 # request: system calls by name (a run under strace, which slows the
-# servers a lot: only its counts mean anything) and the server's voluntary
-# and involuntary context switches (/proc/PID/task/*/status, from a run
-# without strace).
+# servers a lot: only its counts mean anything), and from a run without
+# strace the server's user and system CPU time (/proc/PID/stat; noisy on a
+# busy machine, but per request) and its voluntary and involuntary context
+# switches (/proc/PID/task/*/status).
 #
 #   SYSCALLS_DURATION [5]    seconds per measurement
 #   SYSCALLS_CONNECTIONS [32]  wrk connections (one wrk thread)
@@ -97,6 +98,13 @@ pids_of() {
         *) echo "${pid_of[$1]}" ;;
     esac
 }
+# cpu PIDS: user and system CPU time in clock ticks, all threads.
+cpu() {
+    local p
+    for p in ${1//,/ }; do cat /proc/"$p"/stat; done |
+        awk '{ sub(/^.*\) /, ""); u += $12; s += $13 } END { print u + 0, s + 0 }'
+}
+hz=$(getconf CLK_TCK)
 # switches PIDS: voluntary and involuntary context switches, all threads.
 switches() {
     local p
@@ -113,8 +121,10 @@ for path in "${paths[@]}"; do
         # Context switches from a run without strace (ptrace stops are
         # switches of their own), syscalls from a second run under strace.
         read -r v0 n0 < <(switches "$pids")
+        read -r u0 s0 < <(cpu "$pids")
         wrk -t1 -c"$connections" -d"${duration}s" "$url" >"$work/wrk.txt"
         read -r v1 n1 < <(switches "$pids")
+        read -r u1 s1 < <(cpu "$pids")
         plain=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
         ((plain > 0)) || die "wrk completed no request against $system"
         strace -c -f -o "$work/strace.txt" -p "$pids" 2>/dev/null &
@@ -125,8 +135,10 @@ for path in "${paths[@]}"; do
         wait "$tracer" || true
         requests=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
         ((requests > 0)) || die "wrk completed no request against $system under strace"
-        printf '\n%s %s: context switches per request: %.2f voluntary, %.2f involuntary (%s requests); syscalls per request (%s requests):\n' \
-            "$system" "$path" "$(bc -l <<<"($v1 - $v0) / $plain")" "$(bc -l <<<"($n1 - $n0) / $plain")" "$plain" "$requests"
+        printf '\n%s %s (%s requests): CPU per request %.2f us user, %.2f us system; context switches per request %.2f voluntary, %.2f involuntary\n' \
+            "$system" "$path" "$plain" "$(bc -l <<<"($u1 - $u0) * 1000000 / $hz / $plain")" "$(bc -l <<<"($s1 - $s0) * 1000000 / $hz / $plain")" \
+            "$(bc -l <<<"($v1 - $v0) / $plain")" "$(bc -l <<<"($n1 - $n0) / $plain")"
+        printf '  syscalls per request (%s requests under strace):\n' "$requests"
         awk -v n="$requests" '
             /^------/ { table = !table; next }
             table && NF >= 5 { total += $4; rows[$NF] = $4 }  # $4: calls
