@@ -191,26 +191,7 @@ if has sidecache; then
 fi
 
 # ------------------------------------------------------------ processes ----
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-bench.XXXXXX")
-declare -A pid_of=()
-# shellcheck disable=SC2317 # invoked by the EXIT trap
-cleanup() {
-    local name
-    for name in "${!pid_of[@]}"; do
-        kill "${pid_of[$name]}" 2>/dev/null || true
-    done
-    for name in "${!pid_of[@]}"; do
-        wait "${pid_of[$name]}" 2>/dev/null || true
-    done
-    if [[ -n ${BENCH_KEEP:-} ]]; then
-        note "kept $work"
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+work_dir bench
 
 
 

@@ -40,16 +40,7 @@ if [[ -z ${BENCH_SKIP_BUILD:-} ]]; then
     cargo build --release --locked --bin sidecache --example upstream
 fi
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-syscalls.XXXXXX")
-declare -A pid_of=()
-# shellcheck disable=SC2317 # invoked by the EXIT trap
-cleanup() {
-    local name
-    for name in "${!pid_of[@]}"; do kill "${pid_of[$name]}" 2>/dev/null || true; done
-    for name in "${!pid_of[@]}"; do wait "${pid_of[$name]}" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+work_dir syscalls
 on_servers=()
 
 origin_port=$(free_port)
