@@ -16,8 +16,9 @@
 #   CALLGRIND_HEADER           one request header, e.g. 'If-None-Match: "object-1024"' with
 #                              CALLGRIND_PATH=/object/1024 (route `object`, the origin's
 #                              static-file-like objects), or 'Range: bytes=0-4095'
-#                              CALLGRIND_PATH='/object/1024?tags=5': an entry with 5 cache
-#                              tags (route `object` has tags_from; no tags: untagged)
+#   CALLGRIND_OBJECT_KEYS      more keys of route `object`, indented 4 spaces, e.g.
+#                              '    tags_from: Surrogate-Key' with
+#                              CALLGRIND_PATH='/object/1024?tags=5' (entries with 5 tags)
 #   CALLGRIND_STATUS [200]     the status every answer must have (304, 206, ...)
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
 #   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
@@ -92,7 +93,7 @@ routes:
     path: /object/{bytes}
     params: { bytes: "[0-9]{1,8}" }
     ttl: 1h
-    tags_from: Surrogate-Key
+${CALLGRIND_OBJECT_KEYS:-}
 fill: { max_body: 16MiB }
 YAML
 wait_http "http://127.0.0.1:$origin_port/healthz"

@@ -11,34 +11,20 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
+prog=tags
 entries=${TAGS_ENTRIES:-10000}
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-tags.XXXXXX")
-pids=()
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() {
-    local i
-    for ((i = 0; i < 600; i++)); do
-        curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "tags: $1 did not answer" >&2
-    exit 1
-}
-origin_port=$(port)
-"$root/target/release/examples/upstream" --listen "127.0.0.1:$origin_port" --apps 10 >"$work/origin.log" 2>&1 &
-pids+=($!)
-redis_port=$(port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
-pids+=($!)
-proxy_port=$(port)
-admin_port=$(port)
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+on_servers=()
+work_dir tags
+origin_port=$(free_port)
+start origin "$root/target/release/examples/upstream" --listen "127.0.0.1:$origin_port" --apps 10
+wait_until origin http_ok "http://127.0.0.1:$origin_port/healthz"
+redis_port=$(free_port)
+start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work"
+wait_until redis redis-cli -p "$redis_port" ping
+proxy_port=$(free_port)
+admin_port=$(free_port)
 mkdir -p "$work/config"
 cat >"$work/config/sidecache.yaml" <<YAML
 version: 1
@@ -53,10 +39,8 @@ routes:
     ttl: 1h
     tags_from: Surrogate-Key
 YAML
-wait_http "http://127.0.0.1:$origin_port/healthz"
-SIDECACHE_LOG=warn "$root/target/release/sidecache" run --config "$work/config/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$admin_port/readyz"
+start sidecache env SIDECACHE_LOG=warn "$root/target/release/sidecache" run --config "$work/config/sidecache.yaml"
+wait_until sidecache http_ok "http://127.0.0.1:$admin_port/readyz"
 python3 - "$proxy_port" "$admin_port" "$entries" <<'PY'
 import http.client, sys, time
 proxy, admin, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -49,7 +49,7 @@ pub struct Entry {
     pub body: Bytes,
     /// (tag generation key, the tag's generation when the fill began):
     /// served only while every one is still current.
-    pub tags: Vec<(String, Bytes)>,
+    pub tags: Vec<(Bytes, Bytes)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,7 +95,7 @@ impl Entry {
         if !self.tags.is_empty() {
             out.put_u8(u8::try_from(self.tags.len()).unwrap_or(u8::MAX));
             for (key, generation) in self.tags.iter().take(u8::MAX as usize) {
-                put_str16(&mut out, key.as_bytes());
+                put_str16(&mut out, key);
                 put_str16(&mut out, generation);
             }
         }
@@ -158,7 +158,8 @@ impl Entry {
             }
             tags.reserve(usize::from(count));
             for _ in 0..count {
-                let key = utf8(take_str16(&mut buf)?)?;
+                // Slices of the value read: no copy on a hit.
+                let key = take_str16(&mut buf)?;
                 tags.push((key, take_str16(&mut buf)?));
             }
         }
@@ -263,8 +264,14 @@ mod tests {
         assert_eq!(Entry::decode(&neg.encode()), Ok(neg));
         let tagged = Entry {
             tags: vec![
-                ("sc:t:{a}:g".into(), Bytes::from_static(b"1.000001-x")),
-                ("sc:t:{b}:g".into(), Bytes::from_static(b"2.000002-y")),
+                (
+                    Bytes::from_static(b"sc:t:{a}:g"),
+                    Bytes::from_static(b"1.000001-x"),
+                ),
+                (
+                    Bytes::from_static(b"sc:t:{b}:g"),
+                    Bytes::from_static(b"2.000002-y"),
+                ),
             ],
             ..sample()
         };

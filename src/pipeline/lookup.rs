@@ -107,16 +107,10 @@ pub async fn lookup(
 
 /// Stage 3 for a tagged entry: every tag generation it was stamped with
 /// is still the current one (a missing one is not: a lost tag record can
-/// only cause misses). Read from the near cache where it holds them, else
-/// in one more round trip.
+/// only cause misses). From the near cache where it holds them, else in
+/// one more round trip.
 async fn tags_current(store: &GuardedStore, entry: &Entry) -> Result<bool, StoreError> {
-    let keys: Vec<&str> = entry.tags.iter().map(|(k, _)| k.as_str()).collect();
-    let current = store.read_tags(&keys).await?;
-    Ok(current.len() == entry.tags.len()
-        && current
-            .iter()
-            .zip(&entry.tags)
-            .all(|(now, (_, stamped))| now.as_ref() == Some(stamped)))
+    store.tags_current(&entry.tags).await
 }
 
 #[cfg(test)]

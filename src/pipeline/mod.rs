@@ -51,6 +51,7 @@ use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
 use crate::store::{GuardedStore, PublishChecks, PublishOutcome};
 use answer::{ClientAsk, Shaped};
+use bytes::Bytes;
 use depends::{Stamp, TagTickets};
 use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
@@ -442,46 +443,22 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     };
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
-        let mut checks = PublishChecks::default();
-        if route.version_from.is_some() {
-            let ns = &fill.cfg.store.namespace;
-            checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
-            checks.version = deps.version;
-        }
-        if let Some(tag_tickets) = &tag_tickets {
-            match tag_tickets.stamp(&deps.tags) {
-                Stamp::Tags(stamps) => {
-                    entry.tags.clone_from(&stamps);
-                    checks.tags = stamps;
-                }
-                Stamp::Unticketed(tags) => {
-                    let list = tags.join(" ");
-                    let remembered = sh
-                        .store
-                        .remember_tags(&tag_tickets.list_key, &list, fill.cfg.gen_ttl)
-                        .await;
-                    if let Err(e) = remembered {
-                        tracing::debug!(route = %route.name, error = %e, "could not remember the answer's tags");
-                    }
-                    count_publish(fill, FillOutcome::TagsUnticketed);
-                    return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
-                }
+        let checks = match publish_checks(fill, tag_tickets.as_ref(), &mut entry, deps).await {
+            Some(checks) => checks,
+            None => {
+                count_publish(fill, FillOutcome::TagsUnticketed);
+                return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
             }
-        }
+        };
         let published = if checks == PublishChecks::default() {
             publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await
         } else {
+            let (object, owner) = (&fill.key.keys, lease.owner());
             let encoded = entry.encode();
-            sh.store
-                .publish_checked(
-                    &fill.key.keys,
-                    lease.owner(),
-                    &ticket,
-                    encoded,
-                    ttl,
-                    &checks,
-                )
-                .await
+            let call = sh
+                .store
+                .publish_checked(object, owner, &ticket, encoded, ttl, &checks);
+            call.await
         };
         let outcome = match published {
             Ok(PublishOutcome::Published) => FillOutcome::Published,
@@ -520,6 +497,47 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     };
     count_uncacheable(fill, reason);
     Answer::Shared(CacheStatus::Miss, Arc::new(entry))
+}
+
+/// What stage 8 checks besides generation and lease (`depends`): the
+/// object's floor (`version_from`), and the answer's tags (`tags_from`),
+/// stamped into `entry` with the tickets the fill took. `None`: the answer
+/// carries a tag the fill has no ticket for; it is not stored, and its tags
+/// are remembered so the next fill takes their tickets.
+async fn publish_checks(
+    fill: &Fill,
+    tag_tickets: Option<&TagTickets>,
+    entry: &mut Entry,
+    deps: Deps,
+) -> Option<PublishChecks> {
+    let ns = &fill.cfg.store.namespace;
+    let mut checks = PublishChecks::default();
+    if fill.route.version_from.is_some() {
+        checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
+        checks.version = deps.version;
+    }
+    let Some(tag_tickets) = tag_tickets else {
+        return Some(checks);
+    };
+    match tag_tickets.stamp(&deps.tags) {
+        Stamp::Tags(stamps) => {
+            entry.tags = stamps
+                .iter()
+                .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
+                .collect();
+            checks.tags = stamps;
+            Some(checks)
+        }
+        Stamp::Unticketed(tags) => {
+            let list = tags.join(" ");
+            let store = &fill.shared.store;
+            let remembered = store.remember_tags(&tag_tickets.list_key, &list, fill.cfg.gen_ttl);
+            if let Err(e) = remembered.await {
+                tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
+            }
+            None
+        }
+    }
 }
 
 /// Stage 7b (and the fallback for one-client answers): fetch under the

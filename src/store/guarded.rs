@@ -274,13 +274,33 @@ impl GuardedStore {
             .await
     }
 
-    /// The tags' current generations, for the hit check of a tagged entry.
+    /// The current value of each key (tag generations, an object's tag
+    /// list), from the near cache where it holds them all.
     pub async fn read_tags(&self, tag_keys: &[&str]) -> Result<Vec<Option<Bytes>>, StoreError> {
-        // As in `read`: a near-cache answer needs no admission or timeout.
-        if let Some(held) = self.inner.read_tags_near(tag_keys) {
-            return Ok(held);
-        }
         self.call(Op::Read, |s| s.read_tags(tag_keys)).await
+    }
+
+    /// Whether every `(tag generation key, stamped generation)` is still
+    /// current: the hit check of a tagged entry. Answered from the near
+    /// cache without allocating where it holds them (like `read`, no
+    /// admission or timeout needed), else with one `read_tags`.
+    pub async fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
+        if let Some(current) = self.inner.tags_current_near(stamped) {
+            return Ok(current);
+        }
+        let Some(keys) = stamped
+            .iter()
+            .map(|(k, _)| std::str::from_utf8(k).ok())
+            .collect::<Option<Vec<&str>>>()
+        else {
+            return Ok(false);
+        };
+        let current = self.read_tags(&keys).await?;
+        Ok(current.len() == stamped.len()
+            && current
+                .iter()
+                .zip(stamped)
+                .all(|(now, (_, then))| now.as_ref() == Some(then)))
     }
 
     pub async fn remember_tags(

@@ -113,6 +113,41 @@ impl Inner {
         ))
     }
 
+    /// `lua/publish.lua`, and `lua/publish_checked.lua` with `checks`.
+    fn publish(
+        &mut self,
+        keys: &ObjectKeys,
+        owner: &str,
+        ticket: &[u8],
+        entry: Bytes,
+        ttl: Duration,
+        checks: &PublishChecks,
+    ) -> PublishOutcome {
+        let now = Instant::now();
+        // A missing generation counts as changed: it was lost and any
+        // recreation would be a value this ticket never saw (ABA).
+        if self.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
+            return PublishOutcome::GenerationChanged;
+        }
+        if self.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+            return PublishOutcome::LeaseLost;
+        }
+        if let Some(floor_key) = &checks.floor_key {
+            if let Some(floor) = self.get(floor_key, now).and_then(|f| parse_i64(f)) {
+                if checks.version.is_none_or(|v| v < floor) {
+                    return PublishOutcome::BelowFloor;
+                }
+            }
+        }
+        for (key, tag_ticket) in &checks.tags {
+            if self.get(key, now) != Some(tag_ticket) {
+                return PublishOutcome::TagChanged;
+            }
+        }
+        self.set(&keys.entry, entry, ttl, now);
+        PublishOutcome::Published
+    }
+
     fn delete_if(&mut self, key: &str, expected: &[u8], now: Instant) -> bool {
         if self.get(key, now).is_some_and(|v| v.as_ref() == expected) {
             self.map.remove(key);
@@ -223,18 +258,10 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
         Box::pin(async move {
-            let now = Instant::now();
-            let mut inner = self.lock();
-            // A missing generation counts as changed: it was lost and any
-            // recreation would be a value this ticket never saw (ABA).
-            if inner.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
-                return Ok(PublishOutcome::GenerationChanged);
-            }
-            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
-                return Ok(PublishOutcome::LeaseLost);
-            }
-            inner.set(&keys.entry, entry, ttl, now);
-            Ok(PublishOutcome::Published)
+            let checks = PublishChecks::default();
+            Ok(self
+                .lock()
+                .publish(keys, owner, ticket, entry, ttl, &checks))
         })
     }
 
@@ -247,30 +274,7 @@ impl Store for MemoryStore {
         ttl: Duration,
         checks: &'a PublishChecks,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let mut inner = self.lock();
-            if inner.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
-                return Ok(PublishOutcome::GenerationChanged);
-            }
-            if inner.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
-                return Ok(PublishOutcome::LeaseLost);
-            }
-            if let Some(floor_key) = &checks.floor_key {
-                if let Some(floor) = inner.get(floor_key, now).and_then(|f| parse_i64(f)) {
-                    if checks.version.is_none_or(|v| v < floor) {
-                        return Ok(PublishOutcome::BelowFloor);
-                    }
-                }
-            }
-            for (key, tag_ticket) in &checks.tags {
-                if inner.get(key, now) != Some(tag_ticket) {
-                    return Ok(PublishOutcome::TagChanged);
-                }
-            }
-            inner.set(&keys.entry, entry, ttl, now);
-            Ok(PublishOutcome::Published)
-        })
+        Box::pin(async move { Ok(self.lock().publish(keys, owner, ticket, entry, ttl, checks)) })
     }
 
     fn tag_tickets<'a>(

@@ -276,9 +276,11 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
     }
 
-    /// The answer `read_tags` would give, if the backend holds all of it
-    /// in process (the near cache). Never blocks.
-    fn read_tags_near(&self, _tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+    /// Whether every `(tag generation key, stamped generation)` is still
+    /// current, if the backend can tell from process memory (the near
+    /// cache): `Some(false)` as soon as one it holds differs, `None` when
+    /// it does not hold them all ("ask with `read_tags`"). Never blocks.
+    fn tags_current_near(&self, _stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         None
     }
 

@@ -89,9 +89,11 @@ struct NearMetrics {
 
 pub struct NearCache {
     objects: quick_cache::sync::Cache<Box<str>, Arc<Object>, ByBytes>,
-    /// Tag generations (`<ns>t:{<tag>}` -> value, read at), for the hit
-    /// check of tagged entries; kept coherent exactly like objects.
-    tags: quick_cache::sync::Cache<Box<str>, (Bytes, Instant)>,
+    /// Single keys by their full name (tag generations `<ns>t:{<tag>}:g`,
+    /// objects' tag lists) -> (value, read at), for the hit check of tagged
+    /// entries; kept coherent exactly like objects (same epochs, dropped
+    /// by the key's push).
+    tags: quick_cache::sync::Cache<Bytes, (Bytes, Instant)>,
     epochs: [AtomicU64; BUCKETS],
     /// Serialises "check epoch, insert" against "bump epoch, remove".
     write: Mutex<()>,
@@ -176,20 +178,33 @@ impl NearCache {
         })
     }
 
-    /// The generation of each tag key if all are held and younger than
-    /// `max_age` (a partial answer is no answer: one round trip reads all).
-    pub fn tags(&self, tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+    /// The value of each key if all are held and younger than `max_age`
+    /// (a partial answer is no answer: one round trip reads all).
+    pub fn tags(&self, keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
         let now = Instant::now();
-        let mut out = Vec::with_capacity(tag_keys.len());
-        for key in tag_keys {
-            let (object, _) = split_key(key)?;
-            let (value, read_at) = self.tags.get(object)?;
+        keys.iter()
+            .map(|k| {
+                let (value, read_at) = self.tags.get(k.as_bytes())?;
+                (now < read_at + self.max_age).then_some(Some(value))
+            })
+            .collect()
+    }
+
+    /// Whether every stamped `(key, generation)` is current: `Some(false)`
+    /// as soon as a held value differs, `None` if one is not held (or too
+    /// old). Allocates nothing: this is a tagged hit's whole extra cost.
+    pub fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+        let now = Instant::now();
+        for (key, generation) in stamped {
+            let (value, read_at) = self.tags.get(key.as_ref())?;
             if now >= read_at + self.max_age {
                 return None;
             }
-            out.push(Some(value));
+            if value != *generation {
+                return Some(false);
+            }
         }
-        Some(out)
+        Some(true)
     }
 
     /// The epoch to note before sending a read of `key` (any key with a
@@ -211,8 +226,8 @@ impl NearCache {
         if self.bucket(object).load(Ordering::Acquire) != epoch {
             return;
         }
-        self.tags
-            .insert(object.into(), (value.clone(), Instant::now()));
+        let key = Bytes::copy_from_slice(key.as_bytes());
+        self.tags.insert(key, (value.clone(), Instant::now()));
     }
 
     /// The tracked connection, if one is up.
@@ -279,7 +294,7 @@ impl NearCache {
         let _guard = self.lock();
         self.bucket(object).fetch_add(1, Ordering::AcqRel);
         self.objects.remove(object);
-        self.tags.remove(object);
+        self.tags.remove(key.as_bytes());
         self.metrics.invalidations.inc();
     }
 

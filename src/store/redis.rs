@@ -282,8 +282,8 @@ impl Store for RedisStore {
         self.near.as_ref()?.get(keys)
     }
 
-    fn read_tags_near(&self, tag_keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
-        self.near.as_ref()?.tags(tag_keys)
+    fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+        self.near.as_ref()?.tags_current(stamped)
     }
 
     fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
