@@ -578,4 +578,36 @@ mod tests {
         c.offer(&k, e, &snap("E", "g1"));
         assert_eq!(c.get(&k), None);
     }
+
+    #[test]
+    fn tag_generations_are_checked_in_place_and_dropped_by_pushes() {
+        let c = cache(Duration::from_secs(60));
+        let key = "sc:t:{a}:g";
+        let stamped = |g: &'static str| {
+            vec![(
+                Bytes::from_static(key.as_bytes()),
+                Bytes::from_static(g.as_bytes()),
+            )]
+        };
+        assert_eq!(c.tags_current(&stamped("g1")), None, "not held: ask Redis");
+        let e = c.key_epoch(key);
+        c.offer_tag(key, e, &Bytes::from_static(b"g1"));
+        assert_eq!(c.tags_current(&stamped("g1")), Some(true));
+        assert_eq!(c.tags_current(&stamped("g0")), Some(false));
+        assert_eq!(c.tags(&[key]), Some(vec![Some(Bytes::from_static(b"g1"))]));
+        // The tag's push drops it; a read noted before the push is refused.
+        let e = c.key_epoch(key);
+        c.forget(key.as_bytes());
+        assert_eq!(c.tags_current(&stamped("g1")), None);
+        c.offer_tag(key, e, &Bytes::from_static(b"g1"));
+        assert_eq!(
+            c.tags_current(&stamped("g1")),
+            None,
+            "overtaken by its push"
+        );
+        c.offer_tag(key, c.key_epoch(key), &Bytes::from_static(b"g2"));
+        assert_eq!(c.tags_current(&stamped("g1")), Some(false));
+        c.flush();
+        assert_eq!(c.tags(&[key]), None);
+    }
 }
