@@ -18,6 +18,7 @@ mod dashboards;
 mod example_postgres;
 mod fill_hardening;
 mod forwarding;
+mod history;
 mod invalidation_binary;
 mod join_current;
 mod limits;

@@ -58,10 +58,12 @@
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
 
 pub mod client;
+pub mod history;
 pub mod origin;
 pub mod postgres;
 pub mod redis;
 pub mod sidecache;
+pub mod upstream;
 
 pub use origin::{Gate, Origin, Reply};
 pub use sidecache::{app_routes, Sidecache, SidecacheBuilder};
