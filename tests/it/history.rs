@@ -56,6 +56,8 @@ const READ_EVERY: Duration = Duration::from_millis(10);
 const WRITE_EVERY: Duration = Duration::from_millis(25);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const PHASE: Duration = Duration::from_secs(2);
+/// A phase lasts at least this long after its nemesis healed.
+const HEALED_FOR: Duration = Duration::from_millis(1500);
 /// The slow origin's latency (issue 19).
 const SLOW_MS: &str = "200";
 /// The instance the sidecache nemesis kills, and the one it stops.
@@ -286,7 +288,7 @@ async fn run(feed: Feed) {
         .clone();
     let reports = history::check(&h, PHASES.len());
     print_figures(feed, &reports);
-    assert_holds(feed, &reports);
+    assert_holds(feed, &h, &reports);
 }
 
 fn all_invalidated(history: &Recorder) -> bool {
@@ -353,12 +355,18 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
 
     let start = Instant::now();
     let at = |ms: u64| tokio::time::sleep_until(start + Duration::from_millis(ms));
+    let note = |what: &str| {
+        let what = what.to_owned();
+        record(&env.history, |h| h.notes.push((now_us(), what)));
+    };
     match phase.nemesis {
         Nemesis::None => {}
         Nemesis::RedisKill => {
             at(500).await;
             let wiped = now_us();
+            note("redis kill -9");
             tokio::task::block_in_place(|| env.redis.restart());
+            note("redis up");
             record(&env.history, |h| {
                 h.wipes.push(Wipe {
                     at: wiped,
@@ -368,19 +376,25 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
         }
         Nemesis::SidecacheKill => {
             at(500).await;
+            note("sidecache kill -9");
             let builder = env.fleet[KILLED].builder();
             env.fleet[KILLED].kill();
             env.fleet[KILLED] = builder.start().await;
+            note("sidecache ready");
         }
         Nemesis::Stop => {
             at(300).await;
+            note("SIGSTOP");
             env.fleet[STOPPED].signal("STOP");
             at(300 + STOP_FOR.as_millis() as u64).await;
             env.fleet[STOPPED].signal("CONT");
+            note("SIGCONT");
         }
         Nemesis::PostgresRestart => {
             at(500).await;
+            note("postgres kill -9");
             tokio::task::block_in_place(|| env.pg.restart());
+            note("postgres up");
         }
         Nemesis::DelGenerations => {
             let mut redis = RedisConn::new(env.redis.url());
@@ -404,7 +418,10 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
             }
         }
     }
-    tokio::time::sleep_until(start + PHASE).await;
+    // The phase runs on for a while after its nemesis healed, so what the
+    // healing takes shows in this phase's figures.
+    let healed = Instant::now() + HEALED_FOR;
+    tokio::time::sleep_until(healed.max(start + PHASE)).await;
     let _ = stop.send(true);
     for task in tasks {
         task.await.expect("load task");
@@ -717,7 +734,7 @@ fn print_figures(feed: Feed, reports: &[PhaseReport]) {
     }
 }
 
-fn assert_holds(feed: Feed, reports: &[PhaseReport]) {
+fn assert_holds(feed: Feed, h: &History, reports: &[PhaseReport]) {
     let mut failures = Vec::new();
     for (phase, r) in PHASES.iter().zip(reports) {
         let ok_reads = r.reads - r.failed_reads;
@@ -730,13 +747,16 @@ fn assert_holds(feed: Feed, reports: &[PhaseReport]) {
             ));
         }
         if let Some(s) = r.stale.iter().max_by_key(|s| s.age_us) {
+            let around = s.read.invoked - s.age_us - 100_000;
             failures.push(format!(
-                "{}: {} stale reads (>1 s: {}), the oldest {} ms: {:?}",
+                "{}: {} stale reads (>1 s: {}), the oldest {} ms: {:?}; object {} from {around} us:\n{}",
                 phase.name,
                 r.stale.len(),
                 r.stale_beyond(1_000_000),
                 s.age_us / 1000,
-                s.read
+                s.read,
+                s.read.object,
+                history::timeline(h, s.read.object, around, s.read.completed + 100_000)
             ));
         }
         if let Some((a, b)) = r.non_monotonic.first() {

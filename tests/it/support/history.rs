@@ -92,6 +92,8 @@ pub struct History {
     pub writes: Vec<Write>,
     pub generations: Vec<Generation>,
     pub wipes: Vec<Wipe>,
+    /// What the nemesis did when (shown in timelines).
+    pub notes: Vec<(i64, String)>,
 }
 
 /// The creation time embedded in a generation value (`lua/ticket.lua`,
@@ -292,6 +294,67 @@ fn invalidation(h: &History, w: &Write) -> Option<Cover> {
         (None, Some(_)) => Some(Cover::Wipe),
         (None, None) => None,
     }
+}
+
+/// Everything recorded about `object` between `from` and `to` (plus the
+/// generations created then), one event per line in time order, times in
+/// ms relative to `from`: the example printed with a violation.
+pub fn timeline(h: &History, object: u64, from: i64, to: i64) -> String {
+    let mut lines: Vec<(i64, String)> = Vec::new();
+    let ms = |t: i64| (t - from) as f64 / 1e3;
+    for w in h.writes.iter().filter(|w| w.object == object) {
+        if w.completed >= from && w.invoked <= to {
+            lines.push((
+                w.invoked,
+                format!(
+                    "write  [{:>8.1} .. {:>8.1}] v{:?} committed at {:?}",
+                    ms(w.invoked),
+                    ms(w.completed),
+                    w.version,
+                    w.committed.map(ms)
+                ),
+            ));
+        }
+    }
+    for r in h.reads.iter().filter(|r| r.object == object) {
+        if r.completed >= from && r.invoked <= to {
+            lines.push((
+                r.invoked,
+                format!(
+                    "read   [{:>8.1} .. {:>8.1}] instance {} v{:?} {}",
+                    ms(r.invoked),
+                    ms(r.completed),
+                    r.instance,
+                    r.version,
+                    r.cache
+                ),
+            ));
+        }
+    }
+    for g in h.generations.iter().filter(|g| g.object == object) {
+        if (from..=to).contains(&g.created) {
+            lines.push((
+                g.created,
+                format!("generation created at {:>8.1}", ms(g.created)),
+            ));
+        }
+    }
+    for x in h
+        .wipes
+        .iter()
+        .filter(|x| x.object.is_none_or(|o| o == object))
+    {
+        if (from..=to).contains(&x.at) {
+            lines.push((x.at, format!("wipe ({:?}) at {:>8.1}", x.object, ms(x.at))));
+        }
+    }
+    for (at, note) in &h.notes {
+        if (from..=to).contains(at) {
+            lines.push((*at, format!("nemesis at {:>8.1}: {note}", ms(*at))));
+        }
+    }
+    lines.sort_by_key(|l| l.0);
+    lines.into_iter().map(|l| l.1 + "\n").collect()
 }
 
 #[cfg(test)]

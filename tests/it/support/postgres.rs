@@ -221,6 +221,9 @@ impl PostgresServer {
 
     fn spawn_and_wait(&self) -> Result<(), String> {
         use std::os::unix::process::CommandExt;
+        // After a kill the old postmaster's pid file still says `ready`:
+        // only a file the new postmaster wrote counts.
+        let stale = self.postmaster_pid();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -264,7 +267,10 @@ impl PostgresServer {
                     tail(&self.log_path())
                 ));
             }
-            if self.is_ready() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if self.is_ready()
+                && self.postmaster_pid() != stale
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
                 return Ok(());
             }
             if Instant::now() >= deadline {
