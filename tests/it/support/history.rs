@@ -4,8 +4,8 @@
 //!
 //! A history holds every read and write with its invocation and completion
 //! times, every generation value seen in the store (its creation time is
-//! the Redis `TIME` embedded in the value), and every wipe (a Redis restart
-//! lost all generations; a nemesis `DEL`eted one). All times are
+//! the Redis `TIME` embedded in the value), and every wipe (Redis killed
+//! and restarted without persistence: all generations lost). All times are
 //! microseconds since the Unix epoch on the one machine's real-time clock,
 //! which Redis `TIME` and Postgres commit timestamps share.
 //!
@@ -21,15 +21,21 @@
 //!   before another was invoked, and the later one returned an older
 //!   version (no slack).
 //! - **write not invalidated**: an acknowledged write whose object got no
-//!   generation created at or after the write's commit, and no wipe after
-//!   it. Commit → invalidation latency is measured to the first such
-//!   generation, for writes whose commit timestamp is known.
+//!   generation created at or after the write's commit. A wipe up to
+//!   [`WIPE_COVERS_US`] after the commit excuses it (its generation may
+//!   have been created and lost before anyone read it); an older write
+//!   must have been invalidated before. Commit → invalidation latency is
+//!   measured to the first such generation, for writes whose commit
+//!   timestamp is known.
 
 use std::collections::{BTreeMap, HashMap};
 
 /// A read returning an older version is stale once the newer one has been
 /// committed this long before the read was invoked (issue 19).
 pub const STALE_AFTER_US: i64 = 50_000;
+
+/// A wipe excuses the writes committed this long before it.
+pub const WIPE_COVERS_US: i64 = 1_000_000;
 
 #[derive(Clone, Debug)]
 pub struct Read {
@@ -78,20 +84,13 @@ pub struct Generation {
     pub created: i64,
 }
 
-/// Generations lost at `at`: of one object (`DEL`) or of all (`None`, a
-/// Redis restart without persistence).
-#[derive(Clone, Debug)]
-pub struct Wipe {
-    pub at: i64,
-    pub object: Option<u64>,
-}
-
 #[derive(Clone, Debug, Default)]
 pub struct History {
     pub reads: Vec<Read>,
     pub writes: Vec<Write>,
     pub generations: Vec<Generation>,
-    pub wipes: Vec<Wipe>,
+    /// When Redis lost every generation (killed, restarted empty).
+    pub wipes: Vec<i64>,
     /// What the nemesis did when (shown in timelines).
     pub notes: Vec<(i64, String)>,
 }
@@ -285,8 +284,8 @@ fn invalidation(h: &History, w: &Write) -> Option<Cover> {
     let wipe = h
         .wipes
         .iter()
-        .filter(|x| x.object.is_none_or(|o| o == w.object) && x.at >= from)
-        .map(|x| x.at)
+        .copied()
+        .filter(|&at| at >= from && at - w.commit_by() <= WIPE_COVERS_US)
         .min();
     match (generation, wipe) {
         (Some(g), Some(x)) if x < g => Some(Cover::Wipe),
@@ -339,13 +338,9 @@ pub fn timeline(h: &History, object: u64, from: i64, to: i64) -> String {
             ));
         }
     }
-    for x in h
-        .wipes
-        .iter()
-        .filter(|x| x.object.is_none_or(|o| o == object))
-    {
-        if (from..=to).contains(&x.at) {
-            lines.push((x.at, format!("wipe ({:?}) at {:>8.1}", x.object, ms(x.at))));
+    for &at in &h.wipes {
+        if (from..=to).contains(&at) {
+            lines.push((at, format!("wipe at {:>8.1}", ms(at))));
         }
     }
     for (at, note) in &h.notes {
@@ -516,28 +511,22 @@ mod tests {
     }
 
     #[test]
-    fn a_wipe_after_the_commit_covers_the_write() {
+    fn a_wipe_soon_after_the_commit_covers_the_write() {
         let h = History {
             writes: vec![write(1000, 1002, 1003, 2)],
-            wipes: vec![Wipe {
-                at: 1005 * MS,
-                object: None,
-            }],
+            wipes: vec![1005 * MS],
             ..History::default()
         };
         let r = one(&h);
         assert!(r.not_invalidated.is_empty());
         assert_eq!(r.wiped, 1);
         assert!(r.latencies_us.is_empty());
-        // A wipe of another object does not.
-        let other = History {
-            wipes: vec![Wipe {
-                at: 1005 * MS,
-                object: Some(2),
-            }],
+        // A write left uninvalidated for longer is not excused by a wipe.
+        let late = History {
+            wipes: vec![(1002 + 1001) * MS],
             ..h
         };
-        assert_eq!(one(&other).not_invalidated.len(), 1);
+        assert_eq!(one(&late).not_invalidated.len(), 1);
     }
 
     #[test]
