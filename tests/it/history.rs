@@ -21,8 +21,9 @@
 //!   write (docs/invalidation.md: it only shortens the window), so killing
 //!   or stopping that process mid-write loses or delays it by design.
 //!
-//! Readers are pinned to instances (reader `i` on instance `i % 3`), so a
-//! stopped instance stalls only its own readers. Commit times are Postgres
+//! Readers are pinned to instances (reader `i` on instance `i % 3`) and
+//! read in an open loop, so a stopped instance stalls only its own
+//! readers, and a slow one still gets the reads that race its fills. Commit times are Postgres
 //! commit timestamps (`track_commit_timestamp`); generation creation times
 //! are the Redis `TIME` inside each value; both share the machine's clock.
 //! Timed steps below are the nemesis schedule, not synchronisation:
@@ -48,8 +49,9 @@ const OBJECTS: u64 = 20;
 const READERS: usize = 8;
 const WRITERS: u64 = 2;
 const INSTANCES: usize = 3;
-/// Each reader reads once per this, each writer writes once per that: a
-/// load the shared 2-core test machine carries without starving anyone.
+/// Each reader reads once per this, each writer writes once per that (after
+/// its previous write answered): a load the shared 2-core test machine
+/// carries without starving anyone.
 const READ_EVERY: Duration = Duration::from_millis(15);
 const WRITE_EVERY: Duration = Duration::from_millis(25);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -72,61 +74,42 @@ enum Feed {
     WriteThrough,
 }
 
+/// One phase each, in this order. The slow origin comes last: it replaces
+/// the fleet (the upstream is start-up config).
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Nemesis {
-    None,
+enum Case {
+    FastOrigin,
     RedisKill,
     SidecacheKill,
     Stop,
     PostgresRestart,
     DelGenerations,
+    SlowOrigin,
 }
 
-struct Phase {
-    name: &'static str,
-    slow_origin: bool,
-    nemesis: Nemesis,
-}
-
-/// The slow phase comes last: it replaces the fleet (the upstream is
-/// start-up config).
-const PHASES: [Phase; 7] = [
-    Phase {
-        name: "fast origin",
-        slow_origin: false,
-        nemesis: Nemesis::None,
-    },
-    Phase {
-        name: "redis kill -9",
-        slow_origin: false,
-        nemesis: Nemesis::RedisKill,
-    },
-    Phase {
-        name: "sidecache kill -9",
-        slow_origin: false,
-        nemesis: Nemesis::SidecacheKill,
-    },
-    Phase {
-        name: "SIGSTOP 1.5 s",
-        slow_origin: false,
-        nemesis: Nemesis::Stop,
-    },
-    Phase {
-        name: "postgres restart",
-        slow_origin: false,
-        nemesis: Nemesis::PostgresRestart,
-    },
-    Phase {
-        name: "DEL generations",
-        slow_origin: false,
-        nemesis: Nemesis::DelGenerations,
-    },
-    Phase {
-        name: "200 ms origin",
-        slow_origin: true,
-        nemesis: Nemesis::None,
-    },
+const CASES: [Case; 7] = [
+    Case::FastOrigin,
+    Case::RedisKill,
+    Case::SidecacheKill,
+    Case::Stop,
+    Case::PostgresRestart,
+    Case::DelGenerations,
+    Case::SlowOrigin,
 ];
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::FastOrigin => "fast origin",
+            Case::RedisKill => "redis kill -9",
+            Case::SidecacheKill => "sidecache kill -9",
+            Case::Stop => "SIGSTOP 1.5 s",
+            Case::PostgresRestart => "postgres restart",
+            Case::DelGenerations => "DEL generations",
+            Case::SlowOrigin => "200 ms origin",
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_history_is_consistent_under_nemeses() {
@@ -271,11 +254,11 @@ async fn run(feed: Feed) {
     ));
     warm_up(&env).await;
 
-    for (i, phase) in PHASES.iter().enumerate() {
-        if phase.slow_origin {
+    for (i, case) in CASES.into_iter().enumerate() {
+        if case == Case::SlowOrigin {
             env.start_fleet(true).await;
         }
-        run_phase(&mut env, i, phase).await;
+        run_phase(&mut env, i, case).await;
     }
 
     // The last writes' invalidations: polled (bounded) until all are seen;
@@ -292,14 +275,14 @@ async fn run(feed: Feed) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let reports = history::check(&h, PHASES.len());
+    let reports = history::check(&h, CASES.len());
     print_figures(feed, &reports);
     assert_holds(feed, &h, &reports);
 }
 
 fn all_invalidated(history: &Recorder) -> bool {
     let h = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    history::check(&h, PHASES.len())
+    history::check(&h, CASES.len())
         .iter()
         .all(|p| p.not_invalidated.is_empty())
 }
@@ -332,7 +315,7 @@ async fn warm_up(env: &Env) {
     .await;
 }
 
-async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
+async fn run_phase(env: &mut Env, index: usize, case: Case) {
     let (stop, stopped) = watch::channel(false);
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     for reader in 0..READERS {
@@ -365,9 +348,9 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
         let what = what.to_owned();
         record(&env.history, |h| h.notes.push((now_us(), what)));
     };
-    match phase.nemesis {
-        Nemesis::None => {}
-        Nemesis::RedisKill => {
+    match case {
+        Case::FastOrigin | Case::SlowOrigin => {}
+        Case::RedisKill => {
             at(500).await;
             let wiped = now_us();
             note("redis kill -9");
@@ -375,7 +358,7 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
             note("redis up");
             record(&env.history, |h| h.wipes.push(wiped));
         }
-        Nemesis::SidecacheKill => {
+        Case::SidecacheKill => {
             at(500).await;
             note("sidecache kill -9");
             let builder = env.fleet[KILLED].builder();
@@ -383,7 +366,7 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
             env.fleet[KILLED] = builder.start().await;
             note("sidecache ready");
         }
-        Nemesis::Stop => {
+        Case::Stop => {
             at(300).await;
             note("SIGSTOP");
             env.fleet[STOPPED].signal("STOP");
@@ -391,13 +374,13 @@ async fn run_phase(env: &mut Env, index: usize, phase: &Phase) {
             env.fleet[STOPPED].signal("CONT");
             note("SIGCONT");
         }
-        Nemesis::PostgresRestart => {
+        Case::PostgresRestart => {
             at(500).await;
             note("postgres kill -9");
             tokio::task::block_in_place(|| env.pg.restart());
             note("postgres up");
         }
-        Nemesis::DelGenerations => {
+        Case::DelGenerations => {
             let mut redis = RedisConn::new(env.redis.url());
             for step in 0..16 {
                 at(200 + step * 100).await;
@@ -723,7 +706,7 @@ async fn watch_generations(url: String, history: Recorder, mut stopped: watch::R
 
 fn print_figures(feed: Feed, reports: &[PhaseReport]) {
     println!("history, {feed:?} feed (stale = invoked > 50 ms after a newer version committed):");
-    for (phase, r) in PHASES.iter().zip(reports) {
+    for (case, r) in CASES.iter().zip(reports) {
         let latency = match r.latency_ms() {
             Some((p50, p99, max)) => format!("{p50:.1}/{p99:.1}/{max:.1}"),
             None => "-".into(),
@@ -733,7 +716,7 @@ fn print_figures(feed: Feed, reports: &[PhaseReport]) {
             "  {:<18} reads {:>5} (failed {:>4}, {:?}) stale {} (>1 s {}, max {max_stale:.0} ms) \
              non-monotonic {} | writes {:>4} (failed {:>3}) not invalidated {} wiped {} \
              commit->generation p50/p99/max {latency} ms",
-            phase.name,
+            case.name(),
             r.reads,
             r.failed_reads,
             r.cache,
@@ -750,21 +733,21 @@ fn print_figures(feed: Feed, reports: &[PhaseReport]) {
 
 fn assert_holds(feed: Feed, h: &History, reports: &[PhaseReport]) {
     let mut failures = Vec::new();
-    for (phase, r) in PHASES.iter().zip(reports) {
+    for (case, r) in CASES.iter().zip(reports) {
         let ok_reads = r.reads - r.failed_reads;
         let ok_writes = r.writes - r.failed_writes;
         // Not vacuous: the phase read and wrote, and the cache answered.
         if ok_reads < 50 || ok_writes < 5 {
             failures.push(format!(
                 "{}: too little load to judge ({ok_reads} reads, {ok_writes} writes succeeded)",
-                phase.name
+                case.name()
             ));
         }
         if let Some(s) = r.stale.iter().max_by_key(|s| s.age_us) {
             let around = s.read.invoked - s.age_us - 100_000;
             failures.push(format!(
                 "{}: {} stale reads (>1 s: {}), the oldest {} ms: {:?}; object {} from {around} us:\n{}",
-                phase.name,
+                case.name(),
                 r.stale.len(),
                 r.stale_beyond(1_000_000),
                 s.age_us / 1000,
@@ -776,14 +759,14 @@ fn assert_holds(feed: Feed, h: &History, reports: &[PhaseReport]) {
         if let Some((a, b)) = r.non_monotonic.first() {
             failures.push(format!(
                 "{}: {} non-monotonic reads, e.g. {a:?} then {b:?}",
-                phase.name,
+                case.name(),
                 r.non_monotonic.len()
             ));
         }
         if let Some(w) = r.not_invalidated.first() {
             failures.push(format!(
                 "{}: {} writes without a later generation, e.g. {w:?}",
-                phase.name,
+                case.name(),
                 r.not_invalidated.len()
             ));
         }
