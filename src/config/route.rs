@@ -58,6 +58,10 @@ pub struct Route {
     /// After expiry, how long an entry (still of the current generation)
     /// answers instead of a failed refill.
     pub stale_if_error: Duration,
+    /// After expiry, how long an entry with validators (`ETag`,
+    /// `Last-Modified`) stays in the store so that a fill can revalidate it
+    /// with a conditional request instead of fetching the whole body.
+    pub keep: Duration,
     pub cache_status: Vec<u16>,
     pub negative_status: Vec<u16>,
     pub lease: Duration,
@@ -157,9 +161,10 @@ impl std::fmt::Display for ClientCacheControl {
 }
 
 impl Route {
-    /// How long an entry is kept after it expires: the wider stale window.
+    /// How long an entry may be kept after it expires: the widest of the
+    /// stale windows and `keep`.
     pub fn stale_keep(&self) -> Duration {
-        self.grace.max(self.stale_if_error)
+        self.grace.max(self.stale_if_error).max(self.keep)
     }
 
     /// The longest an entry of this route can be fresh.

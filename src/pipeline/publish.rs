@@ -153,17 +153,23 @@ pub fn cacheability(
     if route.origin_cache_control == OriginCacheControl::Ignore {
         return kind;
     }
-    if cc.no_cache {
+    // An answer that may not be reused without asking the origin is worth
+    // storing only if it can be asked about: it has validators and the
+    // route keeps expired entries for that (`keep`). It is then stored
+    // expired ([`lifetime`]) and every use revalidates it.
+    let revalidatable = !route.keep.is_zero() && super::revalidate::has_validators(headers);
+    if cc.no_cache && !revalidatable {
         return No(Uncacheable::NoCache);
     }
     match cc.zero_lifetime() {
+        _ if revalidatable => {}
         Some(ZeroLifetime::SMaxAge) => return No(Uncacheable::SMaxAgeZero),
         Some(ZeroLifetime::MaxAge) => return No(Uncacheable::MaxAgeZero),
         None => {}
     }
     if let Ttl::Origin { default, .. } = route.ttl {
         match cc.freshness(headers, SystemTime::now()) {
-            OriginFreshness::Spent => return No(Uncacheable::Expired),
+            OriginFreshness::Spent if !revalidatable => return No(Uncacheable::Expired),
             OriginFreshness::Unspecified if kind == Cacheability::Positive && default.is_zero() => {
                 return No(Uncacheable::NoLifetime)
             }
@@ -177,23 +183,29 @@ pub fn cacheability(
     }
 }
 
-/// How long one entry is fresh and how long it may be served stale after.
+/// How long one entry is fresh and how long it may be served stale or
+/// revalidated after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifetime {
     pub fresh: Duration,
     pub grace: Duration,
     pub stale_if_error: Duration,
+    /// The route's `keep` if the answer has validators, else zero.
+    pub keep: Duration,
 }
 
 impl Lifetime {
-    /// What the store keeps it for: its fresh life plus the wider stale window.
+    /// What the store keeps it for: its fresh life plus the widest of the
+    /// stale windows and `keep`.
     pub fn store_ttl(&self) -> Duration {
-        self.fresh + self.grace.max(self.stale_if_error)
+        self.fresh + self.grace.max(self.stale_if_error).max(self.keep)
     }
 }
 
-/// The entry's lifetime: [`entry_ttl`] fresh, then the route's stale
-/// windows as narrowed (never widened) by the origin's `Cache-Control`.
+/// The entry's lifetime: [`entry_ttl`] fresh (zero for an answer that must
+/// be revalidated before each use: `no-cache`, a zero shared lifetime),
+/// then the route's stale windows as narrowed (never widened) by the
+/// origin's `Cache-Control`, and `keep` for an answer with validators.
 /// The store keeps the entry for [`Lifetime::store_ttl`], so a short
 /// per-answer freshness (`ttl: origin`) also shortens its stay.
 pub fn lifetime(
@@ -206,10 +218,22 @@ pub fn lifetime(
         Ttl::Fixed(_) => OriginFreshness::Unspecified,
         Ttl::Origin { .. } => cc.freshness(headers, SystemTime::now()),
     };
+    let honor = route.origin_cache_control == OriginCacheControl::Honor;
+    let revalidate_always = honor && (cc.no_cache || cc.zero_lifetime().is_some());
+    let has_validators = super::revalidate::has_validators(headers);
     Lifetime {
-        fresh: entry_ttl(route, kind, origin),
+        fresh: if revalidate_always {
+            Duration::ZERO
+        } else {
+            entry_ttl(route, kind, origin)
+        },
         grace: cc.narrow(route.grace, cc.stale_while_revalidate),
         stale_if_error: cc.narrow(route.stale_if_error, cc.stale_if_error),
+        keep: if has_validators {
+            route.keep
+        } else {
+            Duration::ZERO
+        },
     }
 }
 
