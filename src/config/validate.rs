@@ -859,9 +859,19 @@ fn stale_windows(
     stale_if_error: Duration,
     keep: Duration,
 ) -> Result<()> {
-    let (field, widest) = [("grace", grace), ("stale_if_error", stale_if_error), ("keep", keep)]
-        .into_iter()
-        .fold(("grace", Duration::ZERO), |best, w| if w.1 > best.1 { w } else { best });
+    let (field, widest) = [
+        ("grace", grace),
+        ("stale_if_error", stale_if_error),
+        ("keep", keep),
+    ]
+    .into_iter()
+    .fold(("grace", Duration::ZERO), |best, w| {
+        if w.1 > best.1 {
+            w
+        } else {
+            best
+        }
+    });
     let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
         return err(

@@ -157,24 +157,29 @@ pub fn cacheability(
     // storing only if it can be asked about: it has validators and the
     // route keeps expired entries for that (`keep`). It is then stored
     // expired ([`lifetime`]) and every use revalidates it.
-    let revalidatable = !route.keep.is_zero() && super::revalidate::has_validators(headers);
-    if cc.no_cache && !revalidatable {
-        return No(Uncacheable::NoCache);
-    }
-    match cc.zero_lifetime() {
-        _ if revalidatable => {}
-        Some(ZeroLifetime::SMaxAge) => return No(Uncacheable::SMaxAgeZero),
-        Some(ZeroLifetime::MaxAge) => return No(Uncacheable::MaxAgeZero),
-        None => {}
-    }
-    if let Ttl::Origin { default, .. } = route.ttl {
-        match cc.freshness(headers, SystemTime::now()) {
-            OriginFreshness::Spent if !revalidatable => return No(Uncacheable::Expired),
-            OriginFreshness::Unspecified if kind == Cacheability::Positive && default.is_zero() => {
-                return No(Uncacheable::NoLifetime)
-            }
-            _ => {}
+    let origin = match route.ttl {
+        Ttl::Origin { default, .. } => Some((cc.freshness(headers, SystemTime::now()), default)),
+        Ttl::Fixed(_) => None,
+    };
+    let refusal = match (cc.no_cache, cc.zero_lifetime(), origin) {
+        (true, ..) => Some(Uncacheable::NoCache),
+        (_, Some(ZeroLifetime::SMaxAge), _) => Some(Uncacheable::SMaxAgeZero),
+        (_, Some(ZeroLifetime::MaxAge), _) => Some(Uncacheable::MaxAgeZero),
+        (_, _, Some((OriginFreshness::Spent, _))) => Some(Uncacheable::Expired),
+        (_, _, Some((OriginFreshness::Unspecified, default)))
+            if kind == Cacheability::Positive && default.is_zero() =>
+        {
+            Some(Uncacheable::NoLifetime)
         }
+        _ => None,
+    };
+    // Each of these leaves nothing to reuse without asking the origin: the
+    // answer is worth storing only if it can be asked about (validators,
+    // and the route keeps expired entries). It is then stored expired
+    // ([`lifetime`]) and every use revalidates it.
+    let revalidatable = !route.keep.is_zero() && super::revalidate::has_validators(headers);
+    if let Some(reason) = refusal.filter(|_| !revalidatable) {
+        return No(reason);
     }
     match judge_vary(headers, &route.vary) {
         VaryVerdict::Keyed => kind,
@@ -432,6 +437,70 @@ mod tests {
         ] {
             assert!(!No(refused).is_shareable(), "{refused:?}");
         }
+    }
+
+    #[test]
+    fn answers_to_revalidate_on_every_use_are_stored_expired_with_validators() {
+        use Cacheability::Uncacheable as No;
+        let s = Duration::from_secs;
+        let r = route();
+        let origin = origin_route("");
+        let no_keep = origin_route(", keep: 0s");
+        let etag = ("etag", "\"v1\"");
+        let lm = ("last-modified", "Wed, 01 Jan 2020 00:00:00 GMT");
+        for (route, pairs, without) in [
+            (
+                &r,
+                [("cache-control", "no-cache"), etag],
+                Uncacheable::NoCache,
+            ),
+            (
+                &r,
+                [("cache-control", "max-age=0"), lm],
+                Uncacheable::MaxAgeZero,
+            ),
+            (
+                &origin,
+                [("cache-control", "s-maxage=0"), etag],
+                Uncacheable::SMaxAgeZero,
+            ),
+            (&origin, [("expires", "0"), etag], Uncacheable::Expired),
+            (&origin, [("x-other", "1"), lm], Uncacheable::NoLifetime),
+        ] {
+            assert_eq!(
+                judged(route, 200, &pairs),
+                Cacheability::Positive,
+                "{pairs:?}"
+            );
+            let h = headers(&pairs);
+            let cc = CacheControl::parse(&h);
+            let life = lifetime(route, Cacheability::Positive, &h, &cc);
+            assert_eq!(
+                (life.fresh, life.store_ttl()),
+                (Duration::ZERO, s(60)),
+                "{pairs:?}"
+            );
+            // Without validators, or without `keep`, nothing to revalidate.
+            assert_eq!(judged(route, 200, &pairs[..1]), No(without), "{pairs:?}");
+            assert_eq!(judged(&no_keep, 200, &pairs), No(without), "{pairs:?}");
+        }
+        // A fresh answer with validators is kept `keep` past its freshness.
+        let h = headers(&[("cache-control", "max-age=5"), etag]);
+        let life = lifetime(
+            &origin,
+            Cacheability::Positive,
+            &h,
+            &CacheControl::parse(&h),
+        );
+        assert_eq!(life.store_ttl(), life.fresh + s(60));
+        let h = headers(&[("cache-control", "max-age=5")]);
+        let life = lifetime(
+            &origin,
+            Cacheability::Positive,
+            &h,
+            &CacheControl::parse(&h),
+        );
+        assert_eq!(life.store_ttl(), life.fresh);
     }
 
     #[test]

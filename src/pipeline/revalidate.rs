@@ -69,9 +69,8 @@ impl Validators {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| v.clone())
         };
-        let etag = stored(header::ETAG).filter(|tag| {
-            route.etag != EtagMode::Auto || *tag != super::etag::derive(&entry.body)
-        });
+        let etag = stored(header::ETAG)
+            .filter(|tag| route.etag != EtagMode::Auto || *tag != super::etag::derive(&entry.body));
         let last_modified = stored(header::LAST_MODIFIED);
         (etag.is_some() || last_modified.is_some()).then_some(Validators {
             etag,
