@@ -339,6 +339,9 @@ pub struct FileRoute {
     pub fill_headers: Option<Vec<String>>,
     #[serde(default)]
     pub origin_cache_control: FileOriginCacheControl,
+    /// Read RFC 9213 `CDN-Cache-Control` in place of `Cache-Control`.
+    #[serde(default)]
+    pub cdn_cache_control: bool,
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,

@@ -76,6 +76,9 @@ pub struct Route {
     /// Whether the origin's `Cache-Control` freshness and `Vary` may refuse
     /// storing an answer.
     pub origin_cache_control: OriginCacheControl,
+    /// Stage 8 reads the answer's `CDN-Cache-Control` (RFC 9213), when it
+    /// is present and valid, in place of its `Cache-Control`.
+    pub cdn_cache_control: bool,
     /// Upstream fetches for fills this route may run at once, within
     /// `fill.max_concurrency`.
     pub fill_budget: usize,

@@ -617,6 +617,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         host,
         fill_headers,
         origin_cache_control,
+        cdn_cache_control: r.cdn_cache_control,
         fill_budget,
         client_cache_control: client_cache_control(at, r.client_cache_control)?,
         etag: match r.etag {

@@ -133,6 +133,55 @@ impl CacheControl {
     }
 }
 
+/// The field a cache may be targeted with instead of `Cache-Control`
+/// (RFC 9213).
+pub const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+
+/// RFC 9213: the answer's `CDN-Cache-Control` as directives, if it has one
+/// that is a valid Dictionary (RFC 9651; several lines are one field).
+/// `None` when it is absent or invalid, including a known directive with
+/// a value of the wrong type: then `Cache-Control` decides.
+pub fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
+    let mut lines = headers.get_all(CDN_CACHE_CONTROL).iter().peekable();
+    lines.peek()?;
+    let mut field = Vec::new();
+    for (i, line) in lines.enumerate() {
+        if i > 0 {
+            field.extend_from_slice(b", ");
+        }
+        field.extend_from_slice(line.as_bytes());
+    }
+    let dict: sfv::Dictionary = sfv::Parser::new(&field).parse().ok()?;
+    let mut cc = CacheControl::default();
+    for (name, member) in &dict {
+        let sfv::ListEntry::Item(item) = member else {
+            continue;
+        };
+        let seconds = match &item.bare_item {
+            sfv::BareItem::Integer(n) => u64::try_from(i64::from(*n)).ok(),
+            _ => None,
+        };
+        let set = |slot: &mut Option<u64>| -> Option<()> {
+            *slot = Some(seconds?);
+            Some(())
+        };
+        match name.as_str() {
+            "max-age" => set(&mut cc.max_age)?,
+            "s-maxage" => set(&mut cc.s_maxage)?,
+            "stale-while-revalidate" => set(&mut cc.stale_while_revalidate)?,
+            "stale-if-error" => set(&mut cc.stale_if_error)?,
+            // A qualified form (a string of field names) counts as the
+            // whole directive, as in `Cache-Control`.
+            "no-store" => cc.no_store = true,
+            "no-cache" => cc.no_cache = true,
+            "private" => cc.private = true,
+            "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
+            _ => {}
+        }
+    }
+    Some(cc)
+}
+
 /// What an answer's headers say about its freshness (`ttl: origin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OriginFreshness {
@@ -462,5 +511,32 @@ mod tests {
             VaryVerdict::Unkeyed
         );
         assert_eq!(judge(&[("vary", "bad header")]), VaryVerdict::Unkeyed);
+    }
+
+    #[test]
+    fn cdn_cache_control_is_read_only_when_valid() {
+        let cdn = |lines: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            for l in lines {
+                h.append(CDN_CACHE_CONTROL, HeaderValue::from_static(l));
+            }
+            targeted(&h)
+        };
+        assert_eq!(cdn(&[]), None, "absent: Cache-Control decides");
+        let long = cdn(&["foobar, max-age=3600"]).expect("valid");
+        assert_eq!((long.max_age, long.no_store), (Some(3600), false));
+        let two = cdn(&["private", "s-maxage=5"]).expect("two lines, one field");
+        assert_eq!((two.private, two.s_maxage), (true, Some(5)));
+        let flags = cdn(&["no-cache=\"x-a\", no-store, must-revalidate"]).expect("valid");
+        assert!(flags.no_cache && flags.no_store && flags.must_revalidate);
+        for invalid in [
+            "max-age=10000, &&&&&",
+            "max-age=\"10000\"",
+            "max-age=-1",
+            "MaX-aGe=3600",
+        ] {
+            assert_eq!(cdn(&[invalid]), None, "{invalid}");
+        }
     }
 }

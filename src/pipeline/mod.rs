@@ -516,7 +516,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
             body,
         } => (status, headers, body),
     };
-    let cc = cache_control::CacheControl::parse(&headers);
+    let cc = publish::directives(&fill.route, &headers);
     let kind = publish::cacheability(&fill.route, code, &headers, &cc);
     if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
         return Judged::OneClient(one_client(code, headers, body), reason);

@@ -188,6 +188,17 @@ pub fn cacheability(
     }
 }
 
+/// The directives stage 8 decides by: the answer's `CDN-Cache-Control`
+/// where the route reads it (`cdn_cache_control: true`) and it is valid,
+/// else its `Cache-Control`. Parsed once per answer.
+pub fn directives(route: &Route, headers: &HeaderMap) -> CacheControl {
+    route
+        .cdn_cache_control
+        .then(|| super::cache_control::targeted(headers))
+        .flatten()
+        .unwrap_or_else(|| CacheControl::parse(headers))
+}
+
 /// How long one entry is fresh and how long it may be served stale or
 /// revalidated after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
