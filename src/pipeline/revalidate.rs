@@ -96,27 +96,28 @@ impl Validators {
 /// `304` becomes that entry's status and body with its headers updated
 /// from the `304`, anything else stays as it came.
 pub fn resolve(stored: &Entry, fetched: Fetched) -> (Fetched, Revalidation) {
-    match fetched {
+    let (status, headers) = match &fetched {
         Fetched::Buffered {
-            status: StatusCode::NOT_MODIFIED,
-            headers,
-            ..
-        } => {
-            let refreshed = Fetched::Buffered {
-                status: StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK),
-                headers: updated_headers(stored, &headers),
-                body: stored.body.clone(),
-            };
-            (refreshed, Revalidation::NotModified)
-        }
-        Fetched::Buffered { status, .. } if status.is_server_error() => {
-            (fetched, Revalidation::Error)
-        }
-        Fetched::Streamed(ref resp) if resp.status().is_server_error() => {
-            (fetched, Revalidation::Error)
-        }
-        other => (other, Revalidation::Modified),
+            status, headers, ..
+        } => (*status, headers),
+        // A 304 may declare the full representation's length, which can
+        // exceed `max_body` (then it arrives as streamed): still a 304.
+        Fetched::Streamed(resp) => (resp.status(), resp.headers()),
+    };
+    if status == StatusCode::NOT_MODIFIED {
+        let refreshed = Fetched::Buffered {
+            status: StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK),
+            headers: updated_headers(stored, headers),
+            body: stored.body.clone(),
+        };
+        return (refreshed, Revalidation::NotModified);
     }
+    let outcome = if status.is_server_error() {
+        Revalidation::Error
+    } else {
+        Revalidation::Modified
+    };
+    (fetched, outcome)
 }
 
 /// RFC 9111 §3.2 (applied by §4.3.4): every field of the `304` replaces
@@ -254,5 +255,16 @@ mod tests {
             body: Bytes::new(),
         };
         assert_eq!(resolve(&stored, failed).1, Revalidation::Error);
+        let mut streamed = http::Response::new(crate::body::empty());
+        *streamed.status_mut() = StatusCode::NOT_MODIFIED;
+        let (refreshed, outcome) = resolve(&stored, Fetched::Streamed(streamed));
+        assert_eq!(outcome, Revalidation::NotModified);
+        assert!(matches!(
+            refreshed,
+            Fetched::Buffered {
+                status: StatusCode::OK,
+                ..
+            }
+        ));
     }
 }
