@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheControl {
     pub no_store: bool,
-    /// `no-cache`, qualified (`no-cache="field"`) or not: a shared cache
-    /// that never revalidates treats both as "do not reuse".
+    /// `no-cache`, qualified (`no-cache="field"`) or not: both mean
+    /// "revalidate before every reuse" here (the field list is not kept).
     pub no_cache: bool,
     /// `private`, qualified or not (same reasoning).
     pub private: bool,

@@ -35,11 +35,12 @@ pub enum Uncacheable {
     Private,
     /// `Cache-Control: no-store`.
     NoStore,
-    /// `Cache-Control: no-cache` (we never revalidate, so never reuse).
+    /// `Cache-Control: no-cache` without validators to revalidate it with.
     NoCache,
-    /// `max-age=0` without `s-maxage`.
+    /// `max-age=0` without `s-maxage` (and no validators).
     MaxAgeZero,
-    /// `s-maxage=0` (wins over any `max-age` in a shared cache).
+    /// `s-maxage=0` (wins over any `max-age` in a shared cache; and no
+    /// validators).
     SMaxAgeZero,
     /// `Vary: *`.
     VaryStar,
