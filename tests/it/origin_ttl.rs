@@ -72,13 +72,11 @@ async fn expires_after(sc: &Sidecache, path: &str, at_least: Duration) {
 }
 
 async fn start(redis: Option<&RedisServer>, origin: &Origin) -> Sidecache {
-    let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
-    match redis {
-        Some(r) => b.store(&r.store_yaml()),
-        None => b,
-    }
-    .start()
-    .await
+    SidecacheBuilder::new(origin.url())
+        .routes(ROUTES)
+        .store_on(redis)
+        .start()
+        .await
 }
 
 async fn lifetimes_come_from_the_origin(redis: Option<RedisServer>) {

@@ -26,13 +26,11 @@ const ROUTES: &str = r#"routes:
 "#;
 
 async fn start(redis: Option<&RedisServer>, origin: &Origin) -> Sidecache {
-    let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
-    match redis {
-        Some(r) => b.store(&r.store_yaml()),
-        None => b,
-    }
-    .start()
-    .await
+    SidecacheBuilder::new(origin.url())
+        .routes(ROUTES)
+        .store_on(redis)
+        .start()
+        .await
 }
 
 /// What the origin's last request for `P` carried as `name`.
