@@ -860,19 +860,16 @@ fn stale_windows(
     stale_if_error: Duration,
     keep: Duration,
 ) -> Result<()> {
+    // The widest names the field (the first listed on a tie).
     let (field, widest) = [
         ("grace", grace),
         ("stale_if_error", stale_if_error),
         ("keep", keep),
     ]
     .into_iter()
-    .fold(("grace", Duration::ZERO), |best, w| {
-        if w.1 > best.1 {
-            w
-        } else {
-            best
-        }
-    });
+    .rev()
+    .max_by_key(|&(_, window)| window)
+    .unwrap_or(("grace", grace));
     let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
         return err(

@@ -142,34 +142,31 @@ pub const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
 /// `None` when it is absent or invalid, including a known directive with
 /// a value of the wrong type: then `Cache-Control` decides.
 pub fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
-    let mut lines = headers.get_all(CDN_CACHE_CONTROL).iter().peekable();
-    lines.peek()?;
-    let mut field = Vec::new();
-    for (i, line) in lines.enumerate() {
-        if i > 0 {
-            field.extend_from_slice(b", ");
-        }
-        field.extend_from_slice(line.as_bytes());
+    let lines: Vec<&[u8]> = headers
+        .get_all(CDN_CACHE_CONTROL)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if lines.is_empty() {
+        return None;
     }
+    let field = lines.join(&b", "[..]);
     let dict: sfv::Dictionary = sfv::Parser::new(&field).parse().ok()?;
     let mut cc = CacheControl::default();
     for (name, member) in &dict {
         let sfv::ListEntry::Item(item) = member else {
             continue;
         };
-        let seconds = match &item.bare_item {
+        // A lifetime must be a non-negative integer, or the field is invalid.
+        let seconds = || match &item.bare_item {
             sfv::BareItem::Integer(n) => u64::try_from(i64::from(*n)).ok(),
             _ => None,
         };
-        let set = |slot: &mut Option<u64>| -> Option<()> {
-            *slot = Some(seconds?);
-            Some(())
-        };
         match name.as_str() {
-            "max-age" => set(&mut cc.max_age)?,
-            "s-maxage" => set(&mut cc.s_maxage)?,
-            "stale-while-revalidate" => set(&mut cc.stale_while_revalidate)?,
-            "stale-if-error" => set(&mut cc.stale_if_error)?,
+            "max-age" => cc.max_age = Some(seconds()?),
+            "s-maxage" => cc.s_maxage = Some(seconds()?),
+            "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+            "stale-if-error" => cc.stale_if_error = Some(seconds()?),
             // A qualified form (a string of field names) counts as the
             // whole directive, as in `Cache-Control`.
             "no-store" => cc.no_store = true,

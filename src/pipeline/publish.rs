@@ -154,10 +154,6 @@ pub fn cacheability(
     if route.origin_cache_control == OriginCacheControl::Ignore {
         return kind;
     }
-    // An answer that may not be reused without asking the origin is worth
-    // storing only if it can be asked about: it has validators and the
-    // route keeps expired entries for that (`keep`). It is then stored
-    // expired ([`lifetime`]) and every use revalidates it.
     let origin = match route.ttl {
         Ttl::Origin { default, .. } => Some((cc.freshness(headers, SystemTime::now()), default)),
         Ttl::Fixed(_) => None,
