@@ -28,6 +28,7 @@ mod outbox;
 mod paused_instance;
 mod prefix;
 mod reload;
+mod revalidate;
 mod stale;
 mod status_page;
 mod store;
