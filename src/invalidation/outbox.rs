@@ -33,7 +33,7 @@
 //! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
 //! to Postgres is not supported yet.
 
-use super::backoff::{self, Backoff};
+use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::OutboxConfig;
@@ -50,11 +50,22 @@ use tracing::{debug, info, warn};
 /// Retry schedule of a failed row: 1 s doubling to 60 s, jittered.
 const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
-/// Reconnect schedule after losing Postgres.
-const RECONNECT_BASE: Duration = Duration::from_millis(100);
-/// Capped low (issue 20): after a Postgres restart the first commits wait
-/// for the reconnect, and LISTEN + the catch-up poll follow it at once.
+/// Reconnect schedule after losing Postgres: 25 ms doubling to 1 s,
+/// jittered. Capped low (issue 20): after a Postgres restart the first
+/// commits wait for the reconnect, and LISTEN + the catch-up poll follow it
+/// at once.
+const RECONNECT_BASE: Duration = Duration::from_millis(25);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// While nothing listens on Postgres's port (it is restarting), a connect
+/// is refused by the kernel at no cost to the database, so the worker
+/// retries at this pace instead of backing off (issue 19: the history
+/// checker saw reads stale for up to ~0.6 s after a restart, the backoff's
+/// wait) ...
+const RECONNECT_REFUSED: Duration = Duration::from_millis(25);
+/// ... for this long into an outage; a longer one falls back to the
+/// backoff, so a fleet does not keep knocking at a host that is down
+/// ([`Reconnect`]).
+const FAST_RECONNECT_FOR: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
@@ -75,6 +86,23 @@ pub enum OutboxError {
     CycleTimeout(Duration),
     #[error("connection closed")]
     Closed,
+}
+
+impl OutboxError {
+    /// The connect was refused: nothing listens on Postgres's port.
+    fn is_refused(&self) -> bool {
+        let OutboxError::Postgres(e) = self else {
+            return false;
+        };
+        let mut source = std::error::Error::source(e);
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                return io.kind() == std::io::ErrorKind::ConnectionRefused;
+            }
+            source = err.source();
+        }
+        false
+    }
 }
 
 /// What one cycle did, for draining decisions and tests.
@@ -180,7 +208,12 @@ impl OutboxWorker {
     /// fails. A cycle in progress when shutdown arrives is finished or, if
     /// it cannot finish, rolled back by Postgres (rows stay, nothing lost).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        let mut reconnect = Reconnect::new(
+            RECONNECT_BASE,
+            RECONNECT_MAX,
+            RECONNECT_REFUSED,
+            FAST_RECONNECT_FOR,
+        );
         info!(
             table = %self.cfg.table,
             channel = %self.cfg.notify_channel,
@@ -190,11 +223,14 @@ impl OutboxWorker {
             if *shutdown.borrow() {
                 break;
             }
-            match self.session(&mut shutdown, &mut reconnect).await {
+            let refused = match self.session(&mut shutdown, &mut reconnect).await {
                 Ok(()) => break,
-                Err(e) => warn!(error = %e, "outbox worker lost Postgres; reconnecting"),
-            }
-            let delay = reconnect.next_delay();
+                Err(e) => {
+                    warn!(error = %e, "outbox worker lost Postgres; reconnecting");
+                    e.is_refused()
+                }
+            };
+            let delay = reconnect.next_delay(refused);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.changed() => break,
@@ -208,7 +244,7 @@ impl OutboxWorker {
     async fn session(
         &self,
         shutdown: &mut watch::Receiver<bool>,
-        reconnect: &mut Backoff,
+        reconnect: &mut Reconnect,
     ) -> Result<(), OutboxError> {
         let mut pg: tokio_postgres::Config = self.cfg.url.parse()?;
         pg.connect_timeout(CONNECT_TIMEOUT)
