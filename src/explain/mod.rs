@@ -247,7 +247,25 @@ pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
         None => json!({"held": false}),
     };
     let now = now_ms();
-    let (entry_json, verdict, why) = judge(&route, &key, &inspection, now);
+    let (mut entry_json, mut verdict, mut why) = judge(&route, &key, &inspection, now);
+    // A servable tagged entry is served only while its tags are current.
+    let stamped = inspection
+        .entry
+        .as_ref()
+        .and_then(|(raw, _)| Entry::decode(raw).ok())
+        .map(|e| e.tags)
+        .unwrap_or_default();
+    if !stamped.is_empty() {
+        let current = src.store.tags_current(&stamped).await;
+        entry_json["tags"] = json!(stamped.iter().map(|(k, _)| text(k)).collect::<Vec<_>>());
+        entry_json["tags_current"] = json!(current.as_ref().ok());
+        if matches!(verdict.as_str(), "HIT" | "NEGATIVE" | "STALE") && !matches!(current, Ok(true))
+        {
+            verdict = "MISS".into();
+            why = "a tag the entry carries was invalidated since it was stored (or cannot be read): never served".into();
+            entry_json["servable"] = json!(false);
+        }
+    }
     out["entry"] = entry_json;
     let (verdict, why) = match bypass {
         Some(reason) => ("BYPASS".to_owned(), reason),

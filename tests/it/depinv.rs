@@ -140,6 +140,21 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
     read(&sc, path).await;
     read(&sc, path).await;
     assert_eq!(read(&sc, path).await.0, "HIT");
+    // Explained (`/admin/lookup`) as never served once its tag moved.
+    assert_eq!(admin(&sc, r#"{"tags": ["t:1"]}"#).await, 200);
+    let url: String = sc
+        .url(path)
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let explained = client::get(&sc.admin_url(&format!("/admin/lookup?url={url}")))
+        .await
+        .json();
+    assert_eq!(explained["verdict"], "MISS", "{explained}");
+    assert_eq!(explained["entry"]["tags_current"], false, "{explained}");
 
     for lose_tag in [false, true] {
         // The entry dies with its tag; the next fill is held at the origin

@@ -232,15 +232,7 @@ async fn store_failure_leaves_entries_pending_until_they_apply() {
     eventually(
         "entries delivered but not acked",
         Duration::from_secs(10),
-        || async {
-            pending(&stream_redis) == 3
-                && consumer
-                    .metrics
-                    .invalidations
-                    .with_label_values(&["stream", "failed"])
-                    .get()
-                    >= 3
-        },
+        || async { pending(&stream_redis) == 3 && consumer.count("failed") >= 3 },
     )
     .await;
     eventually("pending gauge", Duration::from_secs(15), || async {
@@ -281,7 +273,7 @@ async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
         consumer
             .metrics
             .invalidations
-            .with_label_values(&[source, "applied"])
+            .with_label_values(&[source, "applied", "object"])
             .get()
     };
     // Running on both paths: an entry applied by each (the fan-out sees

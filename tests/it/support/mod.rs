@@ -186,12 +186,24 @@ impl Background {
         }
     }
 
-    /// Events this source applied so far.
+    /// Events this source applied so far (the `app` route's: one object
+    /// each; `event`: outbox rows its fan-out had applied).
     pub fn applied(&self) -> u64 {
-        self.metrics
-            .invalidations
-            .with_label_values(&[self.source.as_str(), "applied"])
-            .get()
+        self.count("applied")
+    }
+
+    /// `sidecache_invalidations_total` of this source with `outcome`, over
+    /// the kinds an `app` event is counted as.
+    pub fn count(&self, outcome: &str) -> u64 {
+        ["object", "event"]
+            .iter()
+            .map(|kind| {
+                self.metrics
+                    .invalidations
+                    .with_label_values(&[self.source.as_str(), outcome, kind])
+                    .get()
+            })
+            .sum()
     }
 
     /// Aborts the task mid-work, as a crash would (no shutdown path runs).
