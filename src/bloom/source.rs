@@ -87,10 +87,12 @@ impl IdSource for PgSource {
         scope: &'a str,
     ) -> BoxFuture<'a, Result<IdStream, SourceError>> {
         Box::pin(async move {
-            let (client, connection) =
-                tokio_postgres::connect(&self.conninfo, tokio_postgres::NoTls)
-                    .await
-                    .map_err(query_error)?;
+            let connector = crate::pg::PgConnector::parse(&self.conninfo)
+                .map_err(|e| SourceError::Query(e.to_string()))?;
+            let (client, connection) = connector
+                .connect()
+                .await
+                .map_err(|e| SourceError::Query(e.to_string()))?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "bloom source connection ended");

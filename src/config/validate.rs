@@ -270,12 +270,11 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     "must not be empty (is the variable set?)",
                 );
             }
-            if let Err(e) = o.url.parse::<tokio_postgres::Config>() {
-                // The URL may hold a password: name the problem, not the text.
-                return err(
-                    format!("{at}.url"),
-                    format!("not a Postgres connection string: {e}"),
-                );
+            // Parses sslmode and loads sslrootcert, so `check` refuses what
+            // could not connect. The URL may hold a password: the error
+            // names the problem, not the text.
+            if let Err(e) = crate::pg::PgConnector::parse(&o.url) {
+                return err(format!("{at}.url"), e.to_string());
             }
             check_identifier(&o.table).or_else(|m| err(format!("{at}.table"), m))?;
             check_identifier(&o.notify_channel)

@@ -30,8 +30,8 @@
 //! (`poll_message`), so the worker drives it and forwards notifications over
 //! a channel. Polling every `poll_interval` stays as the fallback, and the
 //! table is always polled after (re)connecting, because notifications sent
-//! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
-//! to Postgres is not supported yet.
+//! while disconnected are lost. The connection (TLS per the URL's
+//! `sslmode`) is made by [`crate::pg`].
 
 use super::backoff::{self, Backoff};
 use super::event::{Event, Poison};
@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Statement};
 use tracing::{debug, info, warn};
 
 /// Retry schedule of a failed row: 1 s doubling to 60 s, jittered.
@@ -69,6 +69,8 @@ const MAX_ERROR_TEXT: usize = 500;
 pub enum OutboxError {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] crate::pg::PgError),
     #[error("cannot connect within {0:?}")]
     ConnectTimeout(Duration),
     #[error("a claim cycle took longer than {0:?}")]
@@ -207,14 +209,15 @@ impl OutboxWorker {
         shutdown: &mut watch::Receiver<bool>,
         reconnect: &mut Backoff,
     ) -> Result<(), OutboxError> {
-        let mut pg: tokio_postgres::Config = self.cfg.url.parse()?;
-        pg.connect_timeout(CONNECT_TIMEOUT)
+        let mut pg = crate::pg::PgConnector::parse(&self.cfg.url)?;
+        pg.config
+            .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15))
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .application_name("sidecache-outbox");
-        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect())
             .await
             .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
