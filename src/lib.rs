@@ -28,7 +28,8 @@
 //!   templates and their matching on the normal form of request paths, the
 //!   reload watcher.
 //! - [`pg`]: connecting to Postgres (outbox worker, Bloom source): the
-//!   connection string's `sslmode`/`sslrootcert` and TLS over rustls.
+//!   connection string's `sslmode`/`sslrootcert` and TLS over rustls;
+//!   [`tls`]: what the Postgres and Redis connections share about TLS.
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 
@@ -49,3 +50,4 @@ pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod status;
 pub mod store;
+pub(crate) mod tls;

@@ -53,9 +53,11 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(PgError::Config(format!(
+            other => {
+                return Err(PgError::Config(format!(
                 "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            ))),
+            )))
+            }
         })
     }
 
@@ -161,7 +163,7 @@ impl PgConnector {
     }
 
     fn classify(&self, e: tokio_postgres::Error) -> PgError {
-        match certificate_error(&e) {
+        match crate::tls::rustls_failure(&e) {
             Some(detail) => PgError::Certificate {
                 mode: self.mode.as_str(),
                 rootcert: self.rootcert.clone().unwrap_or_else(|| "system".into()),
@@ -173,25 +175,6 @@ impl PgConnector {
             },
         }
     }
-}
-
-/// The rustls certificate error somewhere in `e`'s source chain.
-fn certificate_error(e: &tokio_postgres::Error) -> Option<String> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(err) = source {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
-        }
-        if let Some(tls) = err
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls.to_string());
-        }
-        source = err.source();
-    }
-    None
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -187,6 +187,22 @@ pub struct FileRedis {
     pub command_timeout: HumanDuration,
     #[serde(default)]
     pub near_cache: Option<FileNearCache>,
+    #[serde(default)]
+    pub tls: Option<FileRedisTls>,
+}
+
+/// `store.redis.tls`: certificates for `rediss://` (files in PEM).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedisTls {
+    /// CA bundle that signs the server's certificate; absent: system roots.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// Client certificate (chain) and key, for servers that require mTLS.
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    #[serde(default)]
+    pub key_file: Option<String>,
 }
 
 /// `store.redis.near_cache`; absent = defaults (on for `url`, off for `cluster`).

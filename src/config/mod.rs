@@ -116,6 +116,29 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
     /// `None`: every read goes to Redis.
     pub near_cache: Option<NearCacheConfig>,
+    /// Certificates for `rediss://` URLs; `None`: the system's roots and
+    /// no client certificate.
+    pub tls: Option<RedisTls>,
+}
+
+/// `store.redis.tls`, read and parsed at validation (so `check` refuses a
+/// file that could not be used); a changed file needs a restart.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM of the CA bundle; `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM of the client certificate chain and of its key (mTLS).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    // The key is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// The in-process copy of hot entries in front of a single-node Redis,

@@ -5,7 +5,7 @@
 use super::file::FileStreamStart;
 use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
-    FileQuery, FileQueryMode, FileRoute, FileTtl,
+    FileQuery, FileQueryMode, FileRedisTls, FileRoute, FileTtl,
 };
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
@@ -15,10 +15,12 @@ use super::units::HumanDuration;
 use super::{
     AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
     InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
-    StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    RedisTls, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,10 +210,12 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
                 return err("store.redis.command_timeout", "must be greater than zero");
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
+            let tls = redis_tls(r.tls.as_ref(), &target)?;
             Some(RedisConfig {
                 target,
                 command_timeout: r.command_timeout.0,
                 near_cache,
+                tls,
             })
         }
     };
@@ -425,11 +429,81 @@ fn open_files_limit() -> u64 {
 }
 
 fn redis_url(path: &str, url: &str) -> Result<()> {
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        Ok(())
-    } else {
-        err(path, format!("{url:?} is not a redis:// URL"))
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return err(path, format!("{url:?} is not a redis:// URL"));
     }
+    // redis-rs would refuse it at the first connect, after `check` passed.
+    if url.ends_with("#insecure") {
+        return err(
+            path,
+            "`#insecure` (no certificate check) is not supported: give store.redis.tls.ca_file",
+        );
+    }
+    Ok(())
+}
+
+/// `store.redis.tls`: only with `rediss://` URLs; every file is read and
+/// its PEM parsed now, so a config that could not connect fails `check`.
+fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<RedisTls>> {
+    let Some(t) = raw else {
+        return Ok(None);
+    };
+    let at = "store.redis.tls";
+    let urls = match target {
+        RedisTarget::Single(url) => std::slice::from_ref(url),
+        RedisTarget::Cluster(urls) => urls.as_slice(),
+    };
+    if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+        return err(
+            at,
+            format!("needs rediss:// URLs; {plain:?} would connect in plain text"),
+        );
+    }
+    let read = |field: &str, path: &str| {
+        std::fs::read(path).or_else(|e| {
+            err(
+                format!("{at}.{field}"),
+                format!("cannot read {path:?}: {e}"),
+            )
+        })
+    };
+    let certs = |field: &str, path: &str| {
+        let pem = read(field, path)?;
+        let count = CertificateDer::pem_slice_iter(&pem)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .or_else(|e| err(format!("{at}.{field}"), format!("{path:?}: bad PEM: {e}")))?
+            .len();
+        if count == 0 {
+            return err(
+                format!("{at}.{field}"),
+                format!("{path:?} holds no certificate"),
+            );
+        }
+        Ok(pem)
+    };
+    let ca = t
+        .ca_file
+        .as_deref()
+        .map(|p| certs("ca_file", p))
+        .transpose()?;
+    let client = match (&t.cert_file, &t.key_file) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let cert = certs("cert_file", cert)?;
+            let key_path = key;
+            let key = read("key_file", key_path)?;
+            if let Err(e) = PrivateKeyDer::from_pem_slice(&key) {
+                return err(
+                    format!("{at}.key_file"),
+                    format!("{key_path:?} holds no usable private key: {e}"),
+                );
+            }
+            Some((cert, key))
+        }
+        (Some(_), None) => return err(format!("{at}.key_file"), "needed with cert_file"),
+        (None, Some(_)) => return err(format!("{at}.cert_file"), "needed with key_file"),
+    };
+    Ok(Some(RedisTls { ca, client }))
 }
 
 fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Result<Route> {

@@ -20,6 +20,7 @@
 //!   so it is set in both places. The cluster test fails without them.
 
 use super::near::{self, NearCache};
+use super::redis_client;
 use super::scripts;
 use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget};
@@ -113,6 +114,7 @@ impl RedisStore {
         let tcp = TcpSettings::default().set_nodelay(true);
         let mut tasks = Vec::new();
         let mut near = None;
+        let mut diagnose = None;
         let (conn, kind) = match &cfg.target {
             RedisTarget::Single(url) => {
                 let info = url
@@ -126,9 +128,11 @@ impl RedisStore {
                         .redis_settings()
                         .clone()
                         .set_protocol(ProtocolVersion::RESP3);
-                    let tracked_client =
-                        redis::Client::open(info.clone().set_redis_settings(settings))
-                            .map_err(config_error)?;
+                    let tracked_client = redis_client::client(
+                        info.clone().set_redis_settings(settings),
+                        cfg.tls.as_ref(),
+                    )
+                    .map_err(config_error)?;
                     let cache = Arc::new(NearCache::new(near_cfg, metrics));
                     let keeper = near::keep_tracked(
                         cache.clone(),
@@ -139,7 +143,8 @@ impl RedisStore {
                     tasks.push(tokio::spawn(keeper).abort_handle());
                     near = Some(cache);
                 }
-                let client = redis::Client::open(info).map_err(config_error)?;
+                let client = redis_client::client(info, cfg.tls.as_ref()).map_err(config_error)?;
+                diagnose = Some(client.clone());
                 let manager_cfg = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(command_timeout))
                     .set_connection_timeout(Some(connect_timeout))
@@ -151,7 +156,11 @@ impl RedisStore {
                 (Conn::Single(manager), "redis")
             }
             RedisTarget::Cluster(urls) => {
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+                if let Some(tls) = &cfg.tls {
+                    builder = builder.certs(redis_client::certificates(tls));
+                }
+                let client = builder
                     .tcp_settings(tcp)
                     .connection_timeout(connect_timeout)
                     .response_timeout(command_timeout)
@@ -171,7 +180,13 @@ impl RedisStore {
             }
         };
         tasks.push(
-            tokio::spawn(keep_alive(conn.clone(), heartbeat, command_timeout)).abort_handle(),
+            tokio::spawn(keep_alive(
+                conn.clone(),
+                heartbeat,
+                command_timeout,
+                diagnose,
+            ))
+            .abort_handle(),
         );
         Ok(RedisStore {
             conn,
@@ -220,7 +235,15 @@ impl Drop for RedisStore {
 
 /// Pings every `every` so the client reconnects in the background while the
 /// breaker keeps requests away, and logs reachability changes once each.
-async fn keep_alive(mut conn: Conn, every: Duration, timeout: Duration) {
+/// The connection manager retries a failed connect until the call times
+/// out, hiding why; on becoming unreachable one direct connect with
+/// `diagnose` finds the reason (a failed TLS handshake names its setting).
+async fn keep_alive(
+    mut conn: Conn,
+    every: Duration,
+    timeout: Duration,
+    diagnose: Option<redis::Client>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable: Option<bool> = None;
@@ -228,11 +251,21 @@ async fn keep_alive(mut conn: Conn, every: Duration, timeout: Duration) {
     loop {
         tick.tick().await;
         let ping = ping_cmd.query_async::<()>(&mut conn);
-        let outcome = match tokio::time::timeout(timeout, ping).await {
+        let mut outcome = match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(map_error(e)),
             Err(_) => Err(StoreError::Timeout),
         };
+        if let (Err(StoreError::Timeout), Some(client), false) =
+            (&outcome, &diagnose, reachable == Some(false))
+        {
+            let connect = client.get_multiplexed_async_connection();
+            if let Ok(Err(e)) =
+                tokio::time::timeout(timeout.max(MIN_CONNECT_TIMEOUT), connect).await
+            {
+                outcome = Err(map_error(e));
+            }
+        }
         match (&outcome, reachable) {
             (Ok(()), Some(true)) | (Err(_), Some(false)) => {}
             (Ok(()), _) => tracing::info!("redis reachable"),
@@ -247,6 +280,9 @@ fn config_error(e: RedisError) -> StoreError {
 }
 
 fn map_error(e: RedisError) -> StoreError {
+    if let Some(message) = redis_client::tls_failure(&e) {
+        return StoreError::Unavailable(message);
+    }
     if e.is_timeout() {
         return StoreError::Timeout;
     }
@@ -642,6 +678,7 @@ mod tests {
             target: RedisTarget::Single("redis://127.0.0.1:1/0".into()),
             command_timeout: Duration::from_millis(200),
             near_cache: None,
+            tls: None,
         };
         let store = RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).unwrap();
         let keys = ObjectKeys {
@@ -666,6 +703,7 @@ mod tests {
             target: RedisTarget::Single("not a url".into()),
             command_timeout: Duration::from_millis(200),
             near_cache: None,
+            tls: None,
         };
         assert!(RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).is_err());
     }

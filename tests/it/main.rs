@@ -32,3 +32,4 @@ mod status_page;
 mod store;
 mod store_refusals;
 mod stream;
+mod tls;

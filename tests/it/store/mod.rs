@@ -98,6 +98,7 @@ fn redis_config(server: &RedisServer, command_timeout: Duration) -> RedisConfig 
         target: RedisTarget::Single(server.url()),
         command_timeout,
         near_cache: None,
+        tls: None,
     }
 }
 

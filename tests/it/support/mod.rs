@@ -57,6 +57,7 @@
 //! # Here
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
 
+pub mod certs;
 pub mod client;
 pub mod origin;
 pub mod postgres;
