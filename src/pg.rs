@@ -87,9 +87,11 @@ pub enum PgError {
         detail: String,
     },
     /// Anything else (refused, authentication, pg_hba, network).
-    #[error("postgres (sslmode={mode}): {source}")]
+    #[error("postgres (sslmode={mode}): {detail}")]
     Postgres {
         mode: &'static str,
+        /// The server's message where there is one ("db error" says nothing).
+        detail: String,
         #[source]
         source: tokio_postgres::Error,
     },
@@ -171,6 +173,10 @@ impl PgConnector {
             },
             None => PgError::Postgres {
                 mode: self.mode.as_str(),
+                detail: match e.as_db_error() {
+                    Some(db) => db.message().to_owned(),
+                    None => e.to_string(),
+                },
                 source: e,
             },
         }

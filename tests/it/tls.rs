@@ -112,3 +112,139 @@ async fn redis_requiring_client_certificates_refuses_one_without() {
     let sc = start(&origin, &tls_store(&redis, &ca(&certs, "ca"))).await;
     degrades_naming(&sc, &origin, "store.redis.tls.cert_file").await;
 }
+
+mod postgres {
+    use crate::support::certs::Certs;
+    use crate::support::postgres::PostgresServer;
+    use crate::support::redis::RedisServer;
+    use crate::support::{eventually, library_config, Background};
+    use futures_util::StreamExt;
+    use sidecache::bloom::source::{IdSource, PgSource};
+    use sidecache::invalidation::ddl::outbox_ddl;
+    use sidecache::invalidation::outbox::OutboxWorker;
+    use sidecache::invalidation::Source;
+    use sidecache::keys;
+    use sidecache::pg::{PgConnector, PgError};
+    use std::time::Duration;
+
+    fn query(certs: &Certs, mode: &str, ca: &str) -> String {
+        format!("sslmode={mode}&sslrootcert={}", certs.cert(ca).display())
+    }
+
+    async fn connect(url: &str) -> Result<(), PgError> {
+        let connector = PgConnector::parse(url)?;
+        let (client, connection) = connector.connect().await?;
+        tokio::spawn(connection);
+        client
+            .simple_query("SELECT 1")
+            .await
+            .expect("query over TLS");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_worker_drains_over_verified_tls() {
+        let certs = Certs::generate();
+        let pg = PostgresServer::start_tls(&certs);
+        pg.execute(&outbox_ddl("sidecache_outbox", "sidecache_outbox").unwrap())
+            .await;
+        let redis = RedisServer::start();
+        let url = pg.url_with("127.0.0.1", &query(&certs, "verify-full", "ca"));
+        let cfg = library_config(&redis.url(), &format!(r#"outbox: {{ url: "{url}" }}"#));
+        let _worker = Background::start(cfg, Source::Outbox, |cfg, invalidator, stopped| {
+            let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
+            tokio::spawn(OutboxWorker::new(outbox, invalidator).run(stopped))
+        })
+        .await;
+        pg.execute(
+            "INSERT INTO sidecache_outbox (route, params) VALUES ('app', '{\"tenant\":\"t\",\"id\":7}')",
+        )
+        .await;
+        let gen = keys::generation_key("sc:", &keys::identity("app", &["t", "7"]));
+        let pg_client = pg.client().await;
+        eventually(
+            "the row is applied and deleted",
+            Duration::from_secs(10),
+            || async {
+                let applied = matches!(redis.cli(&["EXISTS", &gen]), Ok(redis::Value::Int(1)));
+                let left: i64 = pg_client
+                    .query_one("SELECT count(*) FROM sidecache_outbox", &[])
+                    .await
+                    .expect("count")
+                    .get(0);
+                applied && left == 0
+            },
+        )
+        .await;
+        // The worker's connection really is encrypted.
+        let ssl: i64 = pg_client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+                 WHERE ssl AND application_name = 'sidecache-outbox'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_ssl")
+            .get(0);
+        assert_eq!(ssl, 1);
+    }
+
+    #[tokio::test]
+    async fn bloom_source_reads_over_tls() {
+        let certs = Certs::generate();
+        let pg = PostgresServer::start_tls(&certs);
+        let source = PgSource::new(pg.url_with("127.0.0.1", &query(&certs, "verify-ca", "ca")));
+        let ids: Vec<_> = source
+            .ids("SELECT x::text FROM generate_series(1, 3) x", "")
+            .await
+            .expect("source over TLS")
+            .collect()
+            .await;
+        let ids: Vec<String> = ids.into_iter().map(|r| r.expect("an id")).collect();
+        assert_eq!(ids, ["1", "2", "3"]);
+    }
+
+    #[tokio::test]
+    async fn unprovable_certificates_and_plain_text_fail_clearly() {
+        let certs = Certs::generate();
+        let pg = PostgresServer::start_tls(&certs);
+
+        // The right CA and name; verify-ca ignores the name, verify-full not.
+        connect(&pg.url_with("127.0.0.1", &query(&certs, "verify-full", "ca")))
+            .await
+            .expect("verify-full to the certificate's address");
+        connect(&pg.url_with("localhost", &query(&certs, "verify-ca", "ca")))
+            .await
+            .expect("verify-ca to another name");
+
+        let wrong_name = connect(&pg.url_with("localhost", &query(&certs, "verify-full", "ca")))
+            .await
+            .expect_err("verify-full to a name the certificate lacks");
+        let text = wrong_name.to_string();
+        assert!(matches!(wrong_name, PgError::Certificate { .. }), "{text}");
+        assert!(
+            text.contains("sslmode=verify-full") && text.contains("not valid for name"),
+            "{text}"
+        );
+
+        let wrong_ca = connect(&pg.url_with("127.0.0.1", &query(&certs, "require", "other-ca")))
+            .await
+            .expect_err("a root file makes require check the chain");
+        let text = wrong_ca.to_string();
+        assert!(matches!(wrong_ca, PgError::Certificate { .. }), "{text}");
+        assert!(
+            text.contains("sslrootcert=") && text.contains("UnknownIssuer"),
+            "{text}"
+        );
+
+        let plain = connect(&pg.url_with("127.0.0.1", "sslmode=disable"))
+            .await
+            .expect_err("hostssl only: plain text is refused");
+        let text = plain.to_string();
+        assert!(matches!(plain, PgError::Postgres { .. }), "{text}");
+        assert!(
+            text.contains("sslmode=disable") && text.contains("no encryption"),
+            "{text}"
+        );
+    }
+}
