@@ -20,6 +20,7 @@ mod fill_hardening;
 mod forwarding;
 mod invalidation_binary;
 mod join_current;
+mod kubernetes;
 mod limits;
 mod lookup;
 mod origin_ttl;
