@@ -189,6 +189,12 @@ pub struct FileRedis {
     pub near_cache: Option<FileNearCache>,
     #[serde(default)]
     pub tls: Option<FileRedisTls>,
+    /// Replicas that must hold an invalidation before its event is
+    /// acknowledged (`WAIT`); 0: do not wait.
+    #[serde(default)]
+    pub replicas_ack: u32,
+    #[serde(default = "defaults::replicas_timeout")]
+    pub replicas_timeout: HumanDuration,
 }
 
 /// `store.redis.tls`: certificates for `rediss://` (files in PEM).
@@ -474,6 +480,9 @@ pub(super) mod defaults {
     }
     pub fn near_max_age() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
+    }
+    pub fn replicas_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_millis(500))
     }
     pub fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))

@@ -119,6 +119,17 @@ pub struct RedisConfig {
     /// Certificates for `rediss://` URLs; `None`: the system's roots and
     /// no client certificate.
     pub tls: Option<RedisTls>,
+    /// `None`: invalidations are acknowledged once the primary applied them.
+    pub replicas_ack: Option<ReplicasAck>,
+}
+
+/// `store.redis.replicas_ack` and `replicas_timeout`: an invalidation counts
+/// as applied (outbox row deleted, stream entry acked) only once `replicas`
+/// replicas hold it (`WAIT replicas timeout`); fewer is a failure, retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicasAck {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 /// `store.redis.tls`, read and parsed at validation (so `check` refuses a

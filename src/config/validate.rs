@@ -5,7 +5,7 @@
 use super::file::FileStreamStart;
 use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
-    FileQuery, FileQueryMode, FileRedisTls, FileRoute, FileTtl,
+    FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileTtl,
 };
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
@@ -15,7 +15,7 @@ use super::units::HumanDuration;
 use super::{
     AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
     InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
-    RedisTls, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    RedisTls, ReplicasAck, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -211,11 +211,13 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
             let tls = redis_tls(r.tls.as_ref(), &target)?;
+            let replicas_ack = replicas_ack(r, &target)?;
             Some(RedisConfig {
                 target,
                 command_timeout: r.command_timeout.0,
                 near_cache,
                 tls,
+                replicas_ack,
             })
         }
     };
@@ -440,6 +442,29 @@ fn redis_url(path: &str, url: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAck>> {
+    if r.replicas_ack == 0 {
+        return Ok(None);
+    }
+    if matches!(target, RedisTarget::Cluster(_)) {
+        return err(
+            "store.redis.replicas_ack",
+            "not supported with store.redis.cluster yet (needs store.redis.url)",
+        );
+    }
+    let timeout = r.replicas_timeout.0;
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return err(
+            "store.redis.replicas_timeout",
+            "must be between 1ms and 60s",
+        );
+    }
+    Ok(Some(ReplicasAck {
+        replicas: r.replicas_ack,
+        timeout,
+    }))
 }
 
 /// `store.redis.tls`: only with `rediss://` URLs; every file is read and

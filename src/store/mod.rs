@@ -63,6 +63,14 @@ pub enum StoreError {
     /// being served, and misses go to the origin without caching.
     #[error("store refuses writes: {0}")]
     WriteRefused(String),
+    /// An invalidation was applied by the primary but fewer replicas than
+    /// `store.redis.replicas_ack` confirmed it in time: a failover now could
+    /// lose it, so its event stays pending and is retried. Not a store
+    /// failure: the breaker stays closed.
+    #[error(
+        "invalidation reached {acked} of {wanted} replicas within store.redis.replicas_timeout"
+    )]
+    ReplicaShortfall { acked: i64, wanted: u32 },
 }
 
 /// Everything stored for one object variant, with remaining TTLs (`None`:

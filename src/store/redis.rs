@@ -23,7 +23,7 @@ use super::near::{self, NearCache};
 use super::redis_client;
 use super::scripts;
 use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
@@ -56,6 +56,10 @@ pub struct RedisStore {
     conn: Conn,
     kind: &'static str,
     near: Option<Arc<NearCache>>,
+    /// `store.redis.replicas_ack`: invalidations go over this connection of
+    /// their own, then `WAIT`. WAIT blocks the connection it is sent on and
+    /// counts only that connection's writes, so it cannot share `conn`.
+    replicated: Option<(Conn, ReplicasAck)>,
     /// Background tasks (heartbeat, near-cache keeper), aborted on drop so
     /// they do not outlive the store.
     tasks: Vec<tokio::task::AbortHandle>,
@@ -115,6 +119,7 @@ impl RedisStore {
         let mut tasks = Vec::new();
         let mut near = None;
         let mut diagnose = None;
+        let mut replicated = None;
         let (conn, kind) = match &cfg.target {
             RedisTarget::Single(url) => {
                 let info = url
@@ -151,6 +156,14 @@ impl RedisStore {
                     .set_number_of_retries(RECONNECT_RETRIES)
                     .set_min_delay(RECONNECT_MIN_DELAY)
                     .set_max_delay(RECONNECT_MAX_DELAY);
+                if let Some(ack) = cfg.replicas_ack {
+                    let wait_cfg = manager_cfg
+                        .clone()
+                        .set_response_timeout(Some(command_timeout + ack.timeout));
+                    let manager = ConnectionManager::new_lazy_with_config(client.clone(), wait_cfg)
+                        .map_err(config_error)?;
+                    replicated = Some((Conn::Single(manager), ack));
+                }
                 let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
                     .map_err(config_error)?;
                 (Conn::Single(manager), "redis")
@@ -192,20 +205,54 @@ impl RedisStore {
             conn,
             kind,
             near,
+            replicated,
             tasks,
         })
+    }
+
+    /// The connection invalidations are written on.
+    fn invalidation_conn(&self) -> Conn {
+        match &self.replicated {
+            Some((conn, _)) => conn.clone(),
+            None => self.conn.clone(),
+        }
+    }
+
+    /// With `replicas_ack`: waits until that many replicas hold every write
+    /// made so far on the invalidation connection.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let Some((conn, ack)) = &self.replicated else {
+            return Ok(());
+        };
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(ack.replicas)
+            .arg(
+                u64::try_from(ack.timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            )
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(map_error)?;
+        if acked < i64::from(ack.replicas) {
+            return Err(StoreError::ReplicaShortfall {
+                acked,
+                wanted: ack.replicas,
+            });
+        }
+        Ok(())
     }
 
     /// Runs the ticket or invalidate script: both take the generation key,
     /// a nonce and the generation TTL, and return the generation.
     async fn generation_script(
         &self,
+        mut conn: Conn,
         script: &Script,
         gen_key: &str,
         nonce: &str,
         gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        let mut conn = self.conn.clone();
         let generation: Vec<u8> = script
             .key(gen_key)
             .arg(nonce)
@@ -412,7 +459,13 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(self.generation_script(&scripts::TICKET, gen_key, nonce, gen_ttl))
+        Box::pin(self.generation_script(
+            self.conn.clone(),
+            &scripts::TICKET,
+            gen_key,
+            nonce,
+            gen_ttl,
+        ))
     }
 
     fn publish<'a>(
@@ -510,9 +563,16 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
         Box::pin(async move {
             let generation = self
-                .generation_script(&scripts::INVALIDATE, gen_key, nonce, gen_ttl)
+                .generation_script(
+                    self.invalidation_conn(),
+                    &scripts::INVALIDATE,
+                    gen_key,
+                    nonce,
+                    gen_ttl,
+                )
                 .await?;
             self.forget(gen_key);
+            self.replicated().await?;
             Ok(generation)
         })
     }
@@ -528,7 +588,7 @@ impl Store for RedisStore {
             if gen_keys.is_empty() {
                 return Ok(());
             }
-            let mut conn = self.conn.clone();
+            let mut conn = self.invalidation_conn();
             match &mut conn {
                 Conn::Single(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, None, nonce, px(gen_ttl))
@@ -537,7 +597,7 @@ impl Store for RedisStore {
                     for key in gen_keys {
                         self.forget(key);
                     }
-                    Ok(())
+                    self.replicated().await
                 }
                 // A cluster pipeline is routed by its first key: keys of
                 // other slots would be refused. Concurrent single calls keep
@@ -577,7 +637,7 @@ impl Store for RedisStore {
             if marks.len() != gen_keys.len() {
                 return Err(StoreError::Protocol("one mark per key expected".into()));
             }
-            let mut conn = self.conn.clone();
+            let mut conn = self.invalidation_conn();
             match &mut conn {
                 Conn::Single(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, Some(marks), nonce, px(gen_ttl))
@@ -606,7 +666,7 @@ impl Store for RedisStore {
             for key in gen_keys {
                 self.forget(key);
             }
-            Ok(())
+            self.replicated().await
         })
     }
 }
@@ -679,6 +739,7 @@ mod tests {
             command_timeout: Duration::from_millis(200),
             near_cache: None,
             tls: None,
+            replicas_ack: None,
         };
         let store = RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).unwrap();
         let keys = ObjectKeys {
@@ -704,6 +765,7 @@ mod tests {
             command_timeout: Duration::from_millis(200),
             near_cache: None,
             tls: None,
+            replicas_ack: None,
         };
         assert!(RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).is_err());
     }

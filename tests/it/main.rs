@@ -28,6 +28,7 @@ mod outbox;
 mod paused_instance;
 mod prefix;
 mod reload;
+mod replicas_ack;
 mod stale;
 mod status_page;
 mod store;

@@ -16,6 +16,7 @@ fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStor
         command_timeout,
         near_cache: None,
         tls: None,
+        replicas_ack: None,
     };
     RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("cluster store")
 }

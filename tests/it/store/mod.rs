@@ -99,6 +99,7 @@ fn redis_config(server: &RedisServer, command_timeout: Duration) -> RedisConfig 
         command_timeout,
         near_cache: None,
         tls: None,
+        replicas_ack: None,
     }
 }
 

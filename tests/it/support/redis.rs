@@ -85,6 +85,36 @@ impl RedisServer {
         panic!("could not start redis-server: {last_error}");
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A replica of `primary` (`--replicaof`), once its link is up.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_info("the replica's link to its primary", "master_link_status:up");
+        replica
+    }
+
+    /// Polls `INFO replication` until it contains `needle` (10 s at most).
+    pub fn wait_info(&self, what: &str, needle: &str) {
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            let info = self.cli(&["INFO", "replication"]);
+            if matches!(&info, Ok(redis::Value::VerbatimString { text, .. }) if text.contains(needle))
+                || matches!(&info, Ok(redis::Value::BulkString(b)) if String::from_utf8_lossy(b).contains(needle))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no {needle:?} in {info:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `redis://127.0.0.1:<port>/0` (`rediss://` for a TLS server)
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() {
