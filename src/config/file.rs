@@ -183,6 +183,8 @@ pub struct FileRedis {
     pub url: Option<String>,
     #[serde(default)]
     pub cluster: Option<Vec<String>>,
+    #[serde(default)]
+    pub sentinel: Option<FileSentinel>,
     #[serde(default = "defaults::command_timeout")]
     pub command_timeout: HumanDuration,
     #[serde(default)]
@@ -195,6 +197,22 @@ pub struct FileRedis {
     pub replicas_ack: u32,
     #[serde(default = "defaults::replicas_timeout")]
     pub replicas_timeout: HumanDuration,
+}
+
+/// `store.redis.sentinel`: follow the primary Redis Sentinel names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSentinel {
+    pub master: String,
+    /// Sentinel URLs (`redis://host:26379`).
+    pub nodes: Vec<String>,
+    /// For the primary (not the sentinels: those go in their URLs).
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub db: i64,
 }
 
 /// `store.redis.tls`: certificates for `rediss://` (files in PEM).

@@ -108,6 +108,32 @@ pub struct LimitsConfig {
 pub enum RedisTarget {
     Single(String),
     Cluster(Vec<String>),
+    /// The primary that Redis Sentinel names, followed across failovers.
+    Sentinel(SentinelTarget),
+}
+
+/// `store.redis.sentinel`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// The monitored master's name (`sentinel monitor <name> ...`).
+    pub master: String,
+    /// `redis://` URLs of the sentinels (their own credentials in the URL).
+    pub nodes: Vec<String>,
+    /// Credentials and database of the primary and replicas.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    // The password is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("master", &self.master)
+            .field("nodes", &self.nodes.len())
+            .field("db", &self.db)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use super::file::FileStreamStart;
 use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
-    FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileTtl,
+    FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
@@ -15,7 +15,7 @@ use super::units::HumanDuration;
 use super::{
     AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
     InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
-    RedisTls, ReplicasAck, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    RedisTls, ReplicasAck, SentinelTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -190,21 +190,30 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
     let redis = match &s.redis {
         None => None,
         Some(r) => {
-            let target = match (&r.url, &r.cluster) {
-                (Some(url), None) => {
+            let target = match (&r.url, &r.cluster, &r.sentinel) {
+                (Some(url), None, None) => {
                     redis_url("store.redis.url", url)?;
                     RedisTarget::Single(url.clone())
                 }
-                (None, Some(nodes)) if !nodes.is_empty() => {
+                (None, Some(nodes), None) if !nodes.is_empty() => {
                     for (i, n) in nodes.iter().enumerate() {
                         redis_url(&format!("store.redis.cluster[{i}]"), n)?;
                     }
                     RedisTarget::Cluster(nodes.clone())
                 }
-                (Some(_), Some(_)) => {
-                    return err("store.redis", "give either `url` or `cluster`, not both")
+                (None, None, Some(s)) => RedisTarget::Sentinel(sentinel(s)?),
+                (None, None, None) | (None, Some(_), None) => {
+                    return err(
+                        "store.redis",
+                        "needs `url`, a non-empty `cluster` list or `sentinel`",
+                    )
                 }
-                _ => return err("store.redis", "needs `url` or a non-empty `cluster` list"),
+                _ => {
+                    return err(
+                        "store.redis",
+                        "give one of `url`, `cluster` and `sentinel`, not several",
+                    )
+                }
             };
             if r.command_timeout.0.is_zero() {
                 return err("store.redis.command_timeout", "must be greater than zero");
@@ -236,7 +245,7 @@ fn near_cache(
     target: &RedisTarget,
 ) -> Result<Option<NearCacheConfig>> {
     let at = "store.redis.near_cache";
-    let cluster = matches!(target, RedisTarget::Cluster(_));
+    let cluster = !matches!(target, RedisTarget::Single(_));
     let Some(n) = raw else {
         // On by default where it is supported.
         return Ok((!cluster).then_some(NearCacheConfig {
@@ -250,7 +259,7 @@ fn near_cache(
     if cluster {
         return err(
             at,
-            "not supported with store.redis.cluster yet (set `enabled: false` or use `url`)",
+            "not supported with store.redis.cluster or sentinel yet (set `enabled: false` or use `url`)",
         );
     }
     if n.max_bytes.0 < 1 << 20 {
@@ -312,7 +321,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                 Some(_) => {
                     return err(
                         at,
-                        "not supported with store.redis.cluster yet (needs store.redis.url)",
+                        "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
                     )
                 }
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
@@ -444,14 +453,42 @@ fn redis_url(path: &str, url: &str) -> Result<()> {
     Ok(())
 }
 
+fn sentinel(s: &FileSentinel) -> Result<SentinelTarget> {
+    let at = "store.redis.sentinel";
+    if s.master.is_empty() || s.master.chars().any(char::is_whitespace) {
+        return err(format!("{at}.master"), "must be a name without whitespace");
+    }
+    if s.nodes.is_empty() {
+        return err(format!("{at}.nodes"), "needs at least one sentinel URL");
+    }
+    for (i, n) in s.nodes.iter().enumerate() {
+        if !n.starts_with("redis://") {
+            return err(
+                format!("{at}.nodes[{i}]"),
+                format!("{n:?} is not a redis:// URL"),
+            );
+        }
+    }
+    if !(0..=15).contains(&s.db) {
+        return err(format!("{at}.db"), "must be between 0 and 15");
+    }
+    Ok(SentinelTarget {
+        master: s.master.clone(),
+        nodes: s.nodes.clone(),
+        username: s.username.clone(),
+        password: s.password.clone(),
+        db: s.db,
+    })
+}
+
 fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAck>> {
     if r.replicas_ack == 0 {
         return Ok(None);
     }
-    if matches!(target, RedisTarget::Cluster(_)) {
+    if !matches!(target, RedisTarget::Single(_)) {
         return err(
             "store.redis.replicas_ack",
-            "not supported with store.redis.cluster yet (needs store.redis.url)",
+            "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
         );
     }
     let timeout = r.replicas_timeout.0;
@@ -477,6 +514,9 @@ fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<
     let urls = match target {
         RedisTarget::Single(url) => std::slice::from_ref(url),
         RedisTarget::Cluster(urls) => urls.as_slice(),
+        RedisTarget::Sentinel(_) => {
+            return err(at, "not supported with store.redis.sentinel yet");
+        }
     };
     if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
         return err(

@@ -1,7 +1,7 @@
 //! The cache store: the [`Store`] trait that the read pipeline and the
 //! invalidation sources talk to, its two backends ([`redis::RedisStore`],
 //! [`memory::MemoryStore`]), how redis-rs clients are built from the config
-//! (TLS: [`redis_client`]), the Lua scripts ([`scripts`]), and the
+//! (TLS: [`redis_client`]; Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
 //! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
 //! breaker ([`breaker`]) around every call.
 //!
@@ -34,6 +34,7 @@ pub mod memory;
 pub mod near;
 pub mod redis;
 pub mod redis_client;
+pub mod redis_sentinel;
 pub mod scripts;
 
 use crate::keys::ObjectKeys;

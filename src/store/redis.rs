@@ -21,6 +21,7 @@
 
 use super::near::{self, NearCache};
 use super::redis_client;
+use super::redis_sentinel;
 use super::scripts;
 use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
@@ -71,6 +72,27 @@ pub struct RedisStore {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The primary Sentinel names (see [`redis_sentinel`]); resolved to
+    /// `Single` by [`Conn::current`] at the start of every call.
+    Sentinel(redis_sentinel::Primary),
+}
+
+impl Conn {
+    /// The connection to use now: for Sentinel, the current primary's.
+    fn current(&self) -> Conn {
+        match self {
+            Conn::Sentinel(primary) => match primary.load_full() {
+                Some(manager) => Conn::Single((*manager).clone()),
+                None => self.clone(),
+            },
+            other => other.clone(),
+        }
+    }
+}
+
+/// A call before the sentinels named a primary.
+fn no_primary_yet() -> RedisError {
+    RedisError::from((ErrorKind::Io, "redis sentinel: no primary known yet"))
 }
 
 impl ConnectionLike for Conn {
@@ -78,6 +100,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
     }
 
@@ -90,6 +113,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
     }
 
@@ -97,6 +121,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(_) => 0,
         }
     }
 }
@@ -150,12 +175,7 @@ impl RedisStore {
                 }
                 let client = redis_client::client(info, cfg.tls.as_ref()).map_err(config_error)?;
                 diagnose = Some(client.clone());
-                let manager_cfg = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(command_timeout))
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_number_of_retries(RECONNECT_RETRIES)
-                    .set_min_delay(RECONNECT_MIN_DELAY)
-                    .set_max_delay(RECONNECT_MAX_DELAY);
+                let manager_cfg = single_manager_config(command_timeout, connect_timeout);
                 if let Some(ack) = cfg.replicas_ack {
                     let wait_cfg = manager_cfg
                         .clone()
@@ -167,6 +187,18 @@ impl RedisStore {
                 let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
                     .map_err(config_error)?;
                 (Conn::Single(manager), "redis")
+            }
+            RedisTarget::Sentinel(target) => {
+                let primary = redis_sentinel::Primary::default();
+                let follow = redis_sentinel::follow(
+                    target.clone(),
+                    primary.clone(),
+                    heartbeat,
+                    single_manager_config(command_timeout, connect_timeout),
+                    tcp.clone(),
+                );
+                tasks.push(tokio::spawn(follow).abort_handle());
+                (Conn::Sentinel(primary), "redis-sentinel")
             }
             RedisTarget::Cluster(urls) => {
                 let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
@@ -214,7 +246,7 @@ impl RedisStore {
     fn invalidation_conn(&self) -> Conn {
         match &self.replicated {
             Some((conn, _)) => conn.clone(),
-            None => self.conn.clone(),
+            None => self.conn.current(),
         }
     }
 
@@ -286,7 +318,7 @@ impl Drop for RedisStore {
 /// out, hiding why; on becoming unreachable one direct connect with
 /// `diagnose` finds the reason (a failed TLS handshake names its setting).
 async fn keep_alive(
-    mut conn: Conn,
+    conn: Conn,
     every: Duration,
     timeout: Duration,
     diagnose: Option<redis::Client>,
@@ -297,6 +329,7 @@ async fn keep_alive(
     let ping_cmd = redis::cmd("PING");
     loop {
         tick.tick().await;
+        let mut conn = conn.current();
         let ping = ping_cmd.query_async::<()>(&mut conn);
         let mut outcome = match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(())) => Ok(()),
@@ -320,6 +353,19 @@ async fn keep_alive(
         }
         reachable = Some(outcome.is_ok());
     }
+}
+
+/// Capped reconnects and a response timeout (module doc).
+fn single_manager_config(
+    command_timeout: Duration,
+    connect_timeout: Duration,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(command_timeout))
+        .set_connection_timeout(Some(connect_timeout))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(RECONNECT_MAX_DELAY)
 }
 
 fn config_error(e: RedisError) -> StoreError {
@@ -372,7 +418,7 @@ impl Store for RedisStore {
         keys: &'a ObjectKeys,
     ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             type Pair = (Option<Vec<u8>>, i64);
             type Reply = (
                 Option<Vec<u8>>,
@@ -421,7 +467,7 @@ impl Store for RedisStore {
                     return Ok(snapshot);
                 }
             }
-            mget(&mut self.conn.clone(), keys).await
+            mget(&mut self.conn.current(), keys).await
         })
     }
 
@@ -434,7 +480,7 @@ impl Store for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
                 .key(&keys.lease)
                 .key(&keys.generation)
@@ -460,7 +506,7 @@ impl Store for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
         Box::pin(self.generation_script(
-            self.conn.clone(),
+            self.conn.current(),
             &scripts::TICKET,
             gen_key,
             nonce,
@@ -477,7 +523,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let code: i64 = scripts::PUBLISH
                 .key(&keys.lease)
                 .key(&keys.generation)
@@ -508,7 +554,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let renewed: i64 = scripts::LEASE_RENEW
                 .key(lease_key)
                 .arg(owner)
@@ -526,7 +572,7 @@ impl Store for RedisStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let deleted: i64 = scripts::UNLOCK
                 .key(lease_key)
                 .arg(owner)
@@ -543,7 +589,7 @@ impl Store for RedisStore {
         expected: &'a [u8],
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let deleted: i64 = scripts::COMPARE_DELETE
                 .key(key)
                 .arg(expected)
@@ -590,7 +636,8 @@ impl Store for RedisStore {
             }
             let mut conn = self.invalidation_conn();
             match &mut conn {
-                Conn::Single(_) => {
+                // An unresolved Sentinel primary fails the call.
+                Conn::Single(_) | Conn::Sentinel(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, None, nonce, px(gen_ttl))
                         .await
                         .map_err(map_error)?;
@@ -639,7 +686,8 @@ impl Store for RedisStore {
             }
             let mut conn = self.invalidation_conn();
             match &mut conn {
-                Conn::Single(_) => {
+                // An unresolved Sentinel primary fails the call.
+                Conn::Single(_) | Conn::Sentinel(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, Some(marks), nonce, px(gen_ttl))
                         .await
                         .map_err(map_error)?;

@@ -62,6 +62,7 @@ pub mod client;
 pub mod origin;
 pub mod postgres;
 pub mod redis;
+pub mod sentinel;
 pub mod sidecache;
 
 pub use origin::{Gate, Origin, Reply};
