@@ -397,3 +397,29 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         "cluster",
     );
 }
+
+#[test]
+fn sentinel_settings_are_checked() {
+    let sentinel = "store:\n  redis:\n    sentinel:\n      master: mymaster\n      nodes: [\"redis://127.0.0.1:26379\"]\n";
+    let out = check(&with_section(sentinel));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rejects(
+        &with_section(&sentinel.replace("[\"redis://127.0.0.1:26379\"]", "[]")),
+        "store.redis.sentinel.nodes",
+        "at least one",
+    );
+    rejects(
+        &with_section(&format!("{sentinel}    url: redis://h:6379\n")),
+        "store.redis",
+        "not several",
+    );
+    rejects(
+        &with_section(&format!("{sentinel}    near_cache: {{ enabled: true }}\n")),
+        "store.redis.near_cache",
+        "sentinel",
+    );
+}
