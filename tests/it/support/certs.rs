@@ -35,10 +35,6 @@ impl Certs {
         self.dir.path().join(format!("{name}.key"))
     }
 
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     fn ca(&self, name: &str) {
         openssl(&[
             "req",

@@ -27,7 +27,8 @@ pub struct RedisServer {
     /// Extra `redis-server` arguments (e.g. cluster mode), kept for restarts.
     extra_args: Vec<String>,
     /// `Some`: the server listens with TLS only (`--port 0 --tls-port`).
-    tls: Option<ServerTls>,
+    /// Boxed: keeps `RedisServer` small in enums of backends.
+    tls: Option<Box<ServerTls>>,
     /// `None` after `kill()`.
     child: Mutex<Option<Child>>,
 }
@@ -56,10 +57,10 @@ impl RedisServer {
             client_key: certs.key("client"),
             require_client_cert,
         };
-        RedisServer::start_inner(&[], Some(tls))
+        RedisServer::start_inner(&[], Some(Box::new(tls)))
     }
 
-    fn start_inner(extra_args: &[&str], tls: Option<ServerTls>) -> RedisServer {
+    fn start_inner(extra_args: &[&str], tls: Option<Box<ServerTls>>) -> RedisServer {
         let cluster = extra_args.contains(&"--cluster-enabled");
         // A port found free can be taken by another process before the
         // server binds it: try a few ports.
