@@ -1,6 +1,8 @@
 //! The Redis backend: the generation protocol over one multiplexed
-//! connection (single node, via `ConnectionManager`) or a cluster connection
-//! (`cluster_async`). Every multi-key operation is a script from
+//! connection (single node, via `ConnectionManager`; with Sentinel, the one
+//! to the current primary, [`super::redis_sentinel`]) or a cluster
+//! connection (`cluster_async`). Clients are built (TLS) by
+//! [`super::redis_client`]. Every multi-key operation is a script from
 //! [`super::scripts`]; all keys of one object share a hash slot (SPEC §5.2),
 //! so `MGET` and the scripts work on Cluster too.
 //!

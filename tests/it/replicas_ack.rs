@@ -16,8 +16,6 @@ use crate::support::redis::RedisServer;
 use crate::support::{eventually, library_config, Background};
 use sidecache::config::{Config, ReplicasAck};
 use sidecache::invalidation::ddl::outbox_ddl;
-use sidecache::invalidation::outbox::OutboxWorker;
-use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;
 
@@ -33,14 +31,6 @@ fn config(redis: &RedisServer, pg: &PostgresServer, replicas: u32) -> Config {
         });
     }
     cfg
-}
-
-async fn worker(cfg: Config) -> Background {
-    Background::start(cfg, Source::Outbox, |cfg, invalidator, stopped| {
-        let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
-        tokio::spawn(OutboxWorker::new(outbox, invalidator).run(stopped))
-    })
-    .await
 }
 
 fn get(redis: &RedisServer, key: &str) -> Option<String> {
@@ -78,7 +68,7 @@ async fn failover(replicas: u32) -> Option<String> {
         .expect("REPLICAOF NO ONE");
     primary.wait_info("the primary sees no replica", "connected_slaves:0");
 
-    let old = worker(config(&primary, &pg, replicas)).await;
+    let old = Background::outbox(config(&primary, &pg, replicas)).await;
     db.batch_execute(&format!(
         "INSERT INTO {TABLE} (route, params) VALUES ('app', '{{\"tenant\":\"t\",\"id\":7}}')"
     ))
@@ -112,7 +102,7 @@ async fn failover(replicas: u32) -> Option<String> {
     primary.kill();
 
     // sidecache now follows the promoted primary (no replica yet: no wait).
-    let new = worker(config(&replica, &pg, 0)).await;
+    let new = Background::outbox(config(&replica, &pg, 0)).await;
     eventually("the outbox is empty", Duration::from_secs(10), || async {
         rows(&db, "true").await == 0
     })

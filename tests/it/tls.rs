@@ -121,8 +121,6 @@ mod postgres {
     use futures_util::StreamExt;
     use sidecache::bloom::source::{IdSource, PgSource};
     use sidecache::invalidation::ddl::outbox_ddl;
-    use sidecache::invalidation::outbox::OutboxWorker;
-    use sidecache::invalidation::Source;
     use sidecache::keys;
     use sidecache::pg::{PgConnector, PgError};
     use std::time::Duration;
@@ -151,11 +149,7 @@ mod postgres {
         let redis = RedisServer::start();
         let url = pg.url_with("127.0.0.1", &query(&certs, "verify-full", "ca"));
         let cfg = library_config(&redis.url(), &format!(r#"outbox: {{ url: "{url}" }}"#));
-        let _worker = Background::start(cfg, Source::Outbox, |cfg, invalidator, stopped| {
-            let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
-            tokio::spawn(OutboxWorker::new(outbox, invalidator).run(stopped))
-        })
-        .await;
+        let _worker = Background::outbox(cfg).await;
         pg.execute(
             "INSERT INTO sidecache_outbox (route, params) VALUES ('app', '{\"tenant\":\"t\",\"id\":7}')",
         )

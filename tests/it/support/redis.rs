@@ -140,13 +140,7 @@ impl RedisServer {
             None => redis::Client::open(self.url())?,
             Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates())?,
         };
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
-        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut cmd = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            cmd.arg(*arg);
-        }
-        cmd.query(&mut conn)
+        command(&client, args)
     }
 
     /// `CLIENT PAUSE <ms> ALL`: every client's commands block for `ms`.
@@ -244,6 +238,17 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs one raw command on a fresh connection of `client`.
+pub fn command(client: &redis::Client, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut conn)
 }
 
 /// Certificates of a TLS-only server and of the harness as its client.

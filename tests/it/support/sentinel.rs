@@ -64,13 +64,7 @@ impl Sentinels {
 
     fn cli(&self, i: usize, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.nodes[i].port))?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
-        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-        let mut cmd = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            cmd.arg(*arg);
-        }
-        cmd.query(&mut conn)
+        super::redis::command(&client, args)
     }
 }
 
