@@ -87,12 +87,9 @@ impl IdSource for PgSource {
         scope: &'a str,
     ) -> BoxFuture<'a, Result<IdStream, SourceError>> {
         Box::pin(async move {
-            let connector = crate::pg::PgConnector::parse(&self.conninfo)
-                .map_err(|e| SourceError::Query(e.to_string()))?;
-            let (client, connection) = connector
-                .connect()
-                .await
-                .map_err(|e| SourceError::Query(e.to_string()))?;
+            let connect_error = |e: crate::pg::PgError| SourceError::Query(e.to_string());
+            let connector = crate::pg::PgConnector::parse(&self.conninfo).map_err(connect_error)?;
+            let (client, connection) = connector.connect().await.map_err(connect_error)?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "bloom source connection ended");
