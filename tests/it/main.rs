@@ -29,6 +29,7 @@ mod paused_instance;
 mod prefix;
 mod reload;
 mod replicas_ack;
+mod revalidate;
 mod sentinel;
 mod stale;
 mod status_page;
