@@ -30,8 +30,8 @@
 //! (`poll_message`), so the worker drives it and forwards notifications over
 //! a channel. Polling every `poll_interval` stays as the fallback, and the
 //! table is always polled after (re)connecting, because notifications sent
-//! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
-//! to Postgres is not supported yet.
+//! while disconnected are lost. The connection (TLS per the URL's
+//! `sslmode`) is made by [`crate::pg`].
 
 use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Statement};
 use tracing::{debug, info, warn};
 
 /// Retry schedule of a failed row: 1 s doubling to 60 s, jittered.
@@ -80,6 +80,8 @@ const MAX_ERROR_TEXT: usize = 500;
 pub enum OutboxError {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] crate::pg::PgError),
     #[error("cannot connect within {0:?}")]
     ConnectTimeout(Duration),
     #[error("a claim cycle took longer than {0:?}")]
@@ -91,10 +93,7 @@ pub enum OutboxError {
 impl OutboxError {
     /// The connect was refused: nothing listens on Postgres's port.
     fn is_refused(&self) -> bool {
-        let OutboxError::Postgres(e) = self else {
-            return false;
-        };
-        let mut source = std::error::Error::source(e);
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(err) = source {
             if let Some(io) = err.downcast_ref::<std::io::Error>() {
                 return io.kind() == std::io::ErrorKind::ConnectionRefused;
@@ -246,14 +245,15 @@ impl OutboxWorker {
         shutdown: &mut watch::Receiver<bool>,
         reconnect: &mut Reconnect,
     ) -> Result<(), OutboxError> {
-        let mut pg: tokio_postgres::Config = self.cfg.url.parse()?;
-        pg.connect_timeout(CONNECT_TIMEOUT)
+        let mut pg = crate::pg::PgConnector::parse(&self.cfg.url)?;
+        pg.config
+            .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15))
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .application_name("sidecache-outbox");
-        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect())
             .await
             .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
@@ -527,4 +527,27 @@ fn truncate(mut s: String) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connect_is_told_apart_from_other_failures() {
+        // A port nobody listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let url = format!("postgres://u@127.0.0.1:{port}/db");
+        let refused = crate::pg::PgConnector::parse(&url)
+            .expect("url")
+            .connect()
+            .await
+            .map(|_| ())
+            .expect_err("nothing listens");
+        assert!(OutboxError::from(refused).is_refused());
+        assert!(!OutboxError::ConnectTimeout(CONNECT_TIMEOUT).is_refused());
+    }
 }
