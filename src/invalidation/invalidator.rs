@@ -108,6 +108,13 @@ impl Invalidator {
         &self.metrics
     }
 
+    /// `None` while the feeds' store calls go through; else when the feeds'
+    /// breaker lets the next one probe. A feed takes no events before then
+    /// (issue 20): instances whose store works take them meanwhile.
+    pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
+        self.store.feeds_ready_at()
+    }
+
     /// Applies a batch; the result has one outcome per input, in order.
     /// Inputs that already failed to parse are passed in as poison so that
     /// the outcome list lines up with the source's entries.

@@ -5,9 +5,17 @@
 //! One cycle is one transaction: claim due rows `ORDER BY id LIMIT batch FOR
 //! UPDATE SKIP LOCKED` (several sidecars can share a table; a row is in at
 //! most one claim at a time), apply them to the store in one batch, delete
-//! the applied rows, give failed rows `attempts+1`, a backoff (`next_at`,
-//! 1 s doubling to 60 s, jittered) and `last_error`, mark poison rows
-//! `dead_at`, then commit. A crash anywhere before the commit leaves every
+//! the applied rows, give failed rows `attempts+1` and `last_error`, mark
+//! poison rows `dead_at`, then commit. A failed row is released due, with a
+//! NOTIFY, when the store is unavailable to this instance (its feeds'
+//! breaker opened: another instance's store may work); it backs off
+//! (`next_at`, 1 s doubling to 60 s, jittered) when the store answered but
+//! refused it.
+//!
+//! Store health (issue 20): the worker takes no rows while the feeds'
+//! breaker is open (`Invalidator::feeds_ready_at`), neither in the fan-out
+//! nor in a claim; it looks again when the breaker lets a probe through.
+//! That breaker is the feeds' own: the request path's does not stop it. A crash anywhere before the commit leaves every
 //! claimed row in place to be applied again (harmless: idempotent).
 //!
 //! Fan-out (issue 19): a worker stopped between its claim and its commit
@@ -103,6 +111,8 @@ struct Statements {
     delete: Statement,
     retry: Statement,
     dead: Statement,
+    /// `pg_notify($1, '')`: wakes the workers when rows are released.
+    notify: Statement,
     gauges: Statement,
 }
 
@@ -141,6 +151,7 @@ impl Statements {
                      FROM unnest($1::bigint[], $2::text[]) AS u(id, err) WHERE o.id = u.id"
                 ))
                 .await?,
+            notify: client.prepare("SELECT pg_notify($1, '')").await?,
             gauges: client
                 .prepare(&format!(
                     "SELECT count(*) FILTER (WHERE dead_at IS NULL), \
@@ -250,30 +261,18 @@ impl OutboxWorker {
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
         loop {
-            tokio::time::timeout(CYCLE_TIMEOUT, self.fan_out(&client, &statements, &mut seen))
-                .await
-                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-            // Drain: keep claiming while full batches come back. A batch
-            // whose rows failed against the store stops the drain; those
-            // rows now wait for their backoff.
-            loop {
-                let cycle = self.cycle(&mut client, &statements, &seen);
-                let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
-                    .await
-                    .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-                // Reset only once a whole cycle worked: a session that
-                // connects but fails every cycle (permissions, a dropped
-                // table) keeps backing off instead of reconnecting in a loop.
-                reconnect.reset();
-                let full = report.claimed >= self.cfg.batch as usize;
-                if !full || report.failed > 0 || *shutdown.borrow() {
-                    break;
-                }
-            }
+            let store_back_at = self
+                .wake_up(&mut client, &statements, &mut seen, shutdown, reconnect)
+                .await?;
             if Instant::now() >= gauges_at {
                 self.refresh_gauges(&client, &statements).await?;
                 gauges_at = Instant::now() + GAUGE_EVERY;
             }
+            // Unavailable store: look again when the feeds' breaker lets a
+            // probe through (a NOTIFY does not wait for the poll).
+            let next_poll = store_back_at
+                .unwrap_or(Instant::now() + self.cfg.poll_interval)
+                .min(Instant::now() + self.cfg.poll_interval);
             tokio::select! {
                 biased;
                 changed = shutdown.changed() => {
@@ -288,7 +287,45 @@ impl OutboxWorker {
                     // Many inserts, one cycle.
                     while wake_rx.try_recv().is_ok() {}
                 }
-                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
+                _ = tokio::time::sleep_until(next_poll) => {}
+            }
+        }
+    }
+
+    /// One wake-up: the fan-out, then claim cycles while full batches come
+    /// back. Takes no rows while the store is unavailable to this instance
+    /// (issue 20): `Some(when)` it may be again.
+    async fn wake_up(
+        &self,
+        client: &mut Client,
+        statements: &Statements,
+        seen: &mut HashSet<i64>,
+        shutdown: &watch::Receiver<bool>,
+        reconnect: &mut Backoff,
+    ) -> Result<Option<Instant>, OutboxError> {
+        if let Some(at) = self.invalidator.feeds_ready_at() {
+            return Ok(Some(at));
+        }
+        tokio::time::timeout(CYCLE_TIMEOUT, self.fan_out(client, statements, seen))
+            .await
+            .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+        // Drain: keep claiming while full batches come back and the store
+        // takes them.
+        loop {
+            if let Some(at) = self.invalidator.feeds_ready_at() {
+                return Ok(Some(at));
+            }
+            let cycle = self.cycle(client, statements, seen);
+            let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
+                .await
+                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+            // Reset only once a whole cycle worked: a session that
+            // connects but fails every cycle (permissions, a dropped
+            // table) keeps backing off instead of reconnecting in a loop.
+            reconnect.reset();
+            let full = report.claimed >= self.cfg.batch as usize;
+            if !full || report.failed > 0 || *shutdown.borrow() {
+                return Ok(self.invalidator.feeds_ready_at());
             }
         }
     }
@@ -384,14 +421,24 @@ impl OutboxWorker {
         let (mut retry_ids, mut retry_delays, mut retry_errors) =
             (Vec::new(), Vec::new(), Vec::new());
         let (mut dead_ids, mut dead_reasons) = (Vec::new(), Vec::new());
+        // Failed because the store is unavailable to this instance (its
+        // feeds' breaker opened): release the rows at once, due, and wake
+        // the other workers, whose store may work. Failed while the store
+        // answers (a refused write): back off, or every worker would retry
+        // the row on every wake-up.
+        let release = self.invalidator.feeds_ready_at().is_some();
         for ((id, tries), outcome) in ids.iter().zip(&attempts).zip(&outcomes) {
             match outcome {
                 ApplyOutcome::Applied => applied.push(*id),
                 ApplyOutcome::Failed(e) => {
                     let attempt = u32::try_from(*tries).unwrap_or(0);
-                    let delay =
-                        backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
-                            .max(Duration::from_millis(500));
+                    let delay = match release {
+                        true => Duration::ZERO,
+                        false => {
+                            backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
+                                .max(Duration::from_millis(500))
+                        }
+                    };
                     retry_ids.push(*id);
                     retry_delays.push(delay.as_secs_f64());
                     retry_errors.push(truncate(e.to_string()));
@@ -408,6 +455,10 @@ impl OutboxWorker {
         if !retry_ids.is_empty() {
             tx.execute(&st.retry, &[&retry_ids, &retry_delays, &retry_errors])
                 .await?;
+            if release {
+                // Delivered at the commit, when the rows are unlocked.
+                tx.execute(&st.notify, &[&self.cfg.notify_channel]).await?;
+            }
         }
         if !dead_ids.is_empty() {
             tx.execute(&st.dead, &[&dead_ids, &dead_reasons]).await?;
@@ -421,8 +472,14 @@ impl OutboxWorker {
             .dead_letters
             .with_label_values(&[Source::Outbox.as_str()])
             .inc_by(dead_ids.len() as u64);
-        if let Some(e) = retry_errors.first() {
-            warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");
+        match retry_errors.first() {
+            Some(e) if release => {
+                warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied: store unavailable here; released to the other workers");
+            }
+            Some(e) => {
+                warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");
+            }
+            None => {}
         }
         Ok(CycleReport {
             claimed: rows.len(),
