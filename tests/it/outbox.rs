@@ -217,7 +217,11 @@ async fn redis_down_rows_are_left_untouched_and_drain_when_back() {
     )
     .await;
     assert_eq!(
-        count(&client, "attempts = 0 AND next_at <= now() AND dead_at IS NULL").await,
+        count(
+            &client,
+            "attempts = 0 AND next_at <= now() AND dead_at IS NULL"
+        )
+        .await,
         5,
         "rows not claimed while the store is down: untouched and due"
     );

@@ -61,6 +61,10 @@ impl RedisServer {
         panic!("could not start redis-server: {last_error}");
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `redis://127.0.0.1:<port>/0`
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
