@@ -177,7 +177,10 @@ async fn stream_entries_are_applied_while_one_instance_is_stopped() {
             after_w += 1;
         }
     }
-    report("stream, one instance stopped: commit -> applied", &latencies);
+    report(
+        "stream, one instance stopped: commit -> applied",
+        &latencies,
+    );
     let held = consumer_of(&redis, &w).map(|c| c.1);
     assert_eq!(held, Some(1), "the stopped instance holds one entry");
 
@@ -272,7 +275,10 @@ async fn outbox_rows_are_applied_while_one_instance_is_stopped() {
         let at = Instant::now();
         latencies.push(applied_within(&mut conn, id as u64, at).await);
     }
-    report("outbox, one instance stopped: commit -> applied", &latencies);
+    report(
+        "outbox, one instance stopped: commit -> applied",
+        &latencies,
+    );
     stalled.cli(&["CLIENT", "UNPAUSE"]).expect("unpause");
     w.signal("CONT");
 }
@@ -418,7 +424,10 @@ async fn outbox_events_are_applied_while_one_instance_blips() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
-    report("outbox, one instance blipping: commit -> applied", &latencies);
+    report(
+        "outbox, one instance blipping: commit -> applied",
+        &latencies,
+    );
     report("outbox, one instance blipping: commit -> deleted", &deleted);
     blipper.finish(&fleet[0]).await;
 }
@@ -462,6 +471,9 @@ async fn stream_entries_are_applied_while_one_instance_blips() {
         let at = Instant::now();
         latencies.push(applied_within_bound(&mut conn, id, at, BLIP_BOUND).await);
     }
-    report("stream, one instance blipping: commit -> applied", &latencies);
+    report(
+        "stream, one instance blipping: commit -> applied",
+        &latencies,
+    );
     blipper.finish(&fleet[0]).await;
 }
