@@ -65,7 +65,9 @@ const MAX_BLOCK: Duration = Duration::from_secs(5);
 const BLOCK_MARGIN: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RECONNECT_BASE: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Capped low like the outbox's (issue 20): after a Redis restart, events
+/// wait for the reconnect.
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Own pending entries that failed are retried after this long.
 const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
 /// A fan-out batch that failed against the store is retried after this

@@ -336,7 +336,12 @@ async fn near_cache_lag_after_another_writer_invalidates() {
             .await
             .expect("invalidate");
         let replaced = Instant::now();
-        eventually("A answers the new body", Duration::from_secs(5), latest(new)).await;
+        eventually(
+            "A answers the new body",
+            Duration::from_secs(5),
+            latest(new),
+        )
+        .await;
         let after: Vec<Duration> = answers
             .lock()
             .expect("answers")

@@ -326,3 +326,64 @@ async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
     .await;
     consumer.stop().await;
 }
+
+/// Issue 20, point 5: Redis killed and restarted empty (no persistence),
+/// entries appended at once, before the consumers could reconnect and
+/// re-create their group. Every entry is applied within the reconnect cap
+/// (1 s, jittered) plus a round trip, by both paths, and acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_appended_right_after_a_redis_restart_are_applied_within_a_bound() {
+    const BOUND: Duration = Duration::from_millis(2500);
+    let redis = RedisServer::start();
+    let cfg = crate::support::library_config(
+        &redis.url(),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: latest, claim_idle: 30s }}"#
+        ),
+    );
+    let consumer = start_consumer(cfg, &redis).await;
+    let applied = |source: &str| {
+        consumer
+            .metrics
+            .invalidations
+            .with_label_values(&[source, "applied"])
+            .get()
+    };
+    eventually("consumer running", Duration::from_secs(10), || async {
+        add_event(&redis, "warm", 1);
+        applied("stream") >= 1 && applied("stream_fanout") >= 1
+    })
+    .await;
+    let (group_before, fanout_before) = (applied("stream"), applied("stream_fanout"));
+
+    redis.restart();
+    for id in 1..=5 {
+        add_event(&redis, "restart", id);
+    }
+    let appended = Instant::now();
+    loop {
+        if (1..=5).all(|id| has_generation(&redis, "restart", id)) {
+            break;
+        }
+        assert!(
+            appended.elapsed() < BOUND,
+            "entries appended after the restart not applied within {BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    println!(
+        "redis restart: append -> all 5 applied {:.1} ms",
+        appended.elapsed().as_secs_f64() * 1e3
+    );
+    eventually(
+        "both paths applied every entry; all acked",
+        Duration::from_secs(10),
+        || async {
+            applied("stream") >= group_before + 5
+                && applied("stream_fanout") >= fanout_before + 5
+                && pending(&redis) == 0
+        },
+    )
+    .await;
+    consumer.stop().await;
+}
