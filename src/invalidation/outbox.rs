@@ -36,9 +36,15 @@
 //! `outbox-ddl` trigger notifies per inserting statement). Notifications
 //! only arrive on a connection whose `Connection` future we poll ourselves
 //! (`poll_message`), so the worker drives it and forwards notifications over
-//! a channel. Polling every `poll_interval` stays as the fallback, and the
-//! table is always polled after (re)connecting, because notifications sent
-//! while disconnected are lost. The connection is plain TCP (`NoTls`): TLS
+//! a channel. The table is always polled after (re)connecting, because
+//! notifications sent while disconnected are lost; then every
+//! `poll_interval` while rows are pending, and every `idle_poll_interval`
+//! once none is (issue 21: LISTEN is up on this same connection, so that
+//! poll is a safety net, and idle instances cost Postgres almost nothing).
+//!
+//! Gauges (`pending`, `oldest`, `dead`): one aggregate query by one worker
+//! at a time, the session holding an advisory lock (tried with the fan-out
+//! read at connect and every `idle_poll_interval`); the others report 0. The connection is plain TCP (`NoTls`): TLS
 //! to Postgres is not supported yet.
 
 use super::backoff::{self, Backoff};
@@ -67,7 +73,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the pending/oldest gauges are refreshed (one aggregate query).
+/// How often the gauge leader refreshes the pending/oldest/dead gauges (one
+/// aggregate query); the other instances report 0.
 const GAUGE_EVERY: Duration = Duration::from_secs(2);
 /// `last_error` is for humans; keep rows small.
 const MAX_ERROR_TEXT: usize = 500;
@@ -83,6 +90,17 @@ pub enum OutboxError {
     CycleTimeout(Duration),
     #[error("connection closed")]
     Closed,
+}
+
+/// What one wake-up found.
+#[derive(Debug, Default)]
+struct WokeUp {
+    /// Nothing pending: poll at `idle_poll_interval`.
+    idle: bool,
+    /// Whether a leadership attempt took the gauge lock.
+    won_lead: Option<bool>,
+    /// The store is unavailable to this instance until then.
+    store_back_at: Option<Instant>,
 }
 
 /// What one cycle did, for draining decisions and tests.
@@ -107,6 +125,8 @@ struct Statements {
     /// The rows not dead-lettered, unlocked, also those in backoff (the
     /// fan-out).
     pending: Statement,
+    /// `pending`, also trying to become the gauge leader.
+    pending_lead: Statement,
     claim: Statement,
     delete: Statement,
     retry: Statement,
@@ -120,11 +140,19 @@ impl Statements {
     async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
         // `table` is a validated identifier (config), safe to splice.
         let columns = "id, route, params::text, kind, revision, attempts, \
-                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint";
+                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint AS created_us";
+        let pending =
+            format!("SELECT {columns} FROM {table} WHERE dead_at IS NULL ORDER BY id LIMIT $1");
         Ok(Statements {
-            pending: client
+            pending: client.prepare(&pending).await?,
+            // One row at least (NULL id: nothing pending), with whether
+            // this session took the gauge lock (session-level: held until
+            // the connection ends).
+            pending_lead: client
                 .prepare(&format!(
-                    "SELECT {columns} FROM {table} WHERE dead_at IS NULL ORDER BY id LIMIT $1"
+                    "SELECT p.*, l.leader FROM \
+                     (SELECT pg_try_advisory_lock(hashtext('sidecache gauges ' || $2)) AS leader) l \
+                     LEFT JOIN LATERAL ({pending}) p ON true"
                 ))
                 .await?,
             claim: client
@@ -260,19 +288,51 @@ impl OutboxWorker {
         let mut gauges_at = Instant::now();
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
+        let (mut leader, mut lead_at) = (false, Instant::now());
+        // The leader's gauges miss what the last wake-up changed.
+        let mut gauges_stale = false;
         loop {
-            let store_back_at = self
-                .wake_up(&mut client, &statements, &mut seen, shutdown, reconnect)
+            let try_lead = !leader && Instant::now() >= lead_at;
+            let woke = self
+                .wake_up(
+                    &mut client,
+                    &statements,
+                    &mut seen,
+                    try_lead,
+                    shutdown,
+                    reconnect,
+                )
                 .await?;
-            if Instant::now() >= gauges_at {
+            if let Some(won) = woke.won_lead {
+                leader = won;
+                lead_at = Instant::now() + self.cfg.idle_poll_interval;
+                if !won {
+                    self.clear_gauges();
+                }
+            }
+            if leader && Instant::now() >= gauges_at {
                 self.refresh_gauges(&client, &statements).await?;
                 gauges_at = Instant::now() + GAUGE_EVERY;
+                gauges_stale = false;
+            } else {
+                gauges_stale = leader;
             }
+            // Idle (nothing pending, LISTEN up on this very connection):
+            // the poll is only a safety net for a lost NOTIFY (issue 21).
             // Unavailable store: look again when the feeds' breaker lets a
-            // probe through (a NOTIFY does not wait for the poll).
-            let next_poll = store_back_at
-                .unwrap_or(Instant::now() + self.cfg.poll_interval)
-                .min(Instant::now() + self.cfg.poll_interval);
+            // probe through.
+            let now = Instant::now();
+            let mut next_poll = now
+                + match woke.idle {
+                    true => self.cfg.idle_poll_interval,
+                    false => self.cfg.poll_interval,
+                };
+            if let Some(at) = woke.store_back_at {
+                next_poll = next_poll.min(at);
+            }
+            if gauges_stale {
+                next_poll = next_poll.min(gauges_at);
+            }
             tokio::select! {
                 biased;
                 changed = shutdown.changed() => {
@@ -292,28 +352,39 @@ impl OutboxWorker {
         }
     }
 
-    /// One wake-up: the fan-out, then claim cycles while full batches come
-    /// back. Takes no rows while the store is unavailable to this instance
-    /// (issue 20): `Some(when)` it may be again.
+    /// One wake-up: the fan-out, then, if rows are pending, claim cycles
+    /// while full batches come back. Takes no rows while the store is
+    /// unavailable to this instance (issue 20).
     async fn wake_up(
         &self,
         client: &mut Client,
         statements: &Statements,
         seen: &mut HashSet<i64>,
+        try_lead: bool,
         shutdown: &watch::Receiver<bool>,
         reconnect: &mut Backoff,
-    ) -> Result<Option<Instant>, OutboxError> {
+    ) -> Result<WokeUp, OutboxError> {
+        let mut woke = WokeUp::default();
         if let Some(at) = self.invalidator.feeds_ready_at() {
-            return Ok(Some(at));
+            woke.store_back_at = Some(at);
+            return Ok(woke);
         }
-        tokio::time::timeout(CYCLE_TIMEOUT, self.fan_out(client, statements, seen))
+        let fan_out = self.fan_out(client, statements, seen, try_lead);
+        let (pending, won_lead) = tokio::time::timeout(CYCLE_TIMEOUT, fan_out)
             .await
             .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+        woke.won_lead = won_lead;
+        if pending == 0 {
+            // Nothing to claim: a row inserted since comes with a NOTIFY.
+            woke.idle = true;
+            return Ok(woke);
+        }
         // Drain: keep claiming while full batches come back and the store
         // takes them.
         loop {
             if let Some(at) = self.invalidator.feeds_ready_at() {
-                return Ok(Some(at));
+                woke.store_back_at = Some(at);
+                return Ok(woke);
             }
             let cycle = self.cycle(client, statements, seen);
             let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
@@ -325,28 +396,46 @@ impl OutboxWorker {
             reconnect.reset();
             let full = report.claimed >= self.cfg.batch as usize;
             if !full || report.failed > 0 || *shutdown.borrow() {
-                return Ok(self.invalidator.feeds_ready_at());
+                woke.store_back_at = self.invalidator.feeds_ready_at();
+                return Ok(woke);
             }
         }
     }
 
     /// The fan-out (module doc): applies the pending rows not in `seen`,
     /// without locking them, and remembers those applied. `seen` keeps only
-    /// rows still pending, so it is bounded by `batch`.
+    /// rows still pending, so it is bounded by `batch`. Returns how many
+    /// rows are pending (at most `batch`) and, if `try_lead`, whether this
+    /// session took the gauge lock.
     async fn fan_out(
         &self,
         client: &Client,
         st: &Statements,
         seen: &mut HashSet<i64>,
-    ) -> Result<(), OutboxError> {
-        let rows = client
-            .query(&st.pending, &[&i64::from(self.cfg.batch)])
-            .await?;
+        try_lead: bool,
+    ) -> Result<(usize, Option<bool>), OutboxError> {
+        let batch = i64::from(self.cfg.batch);
+        let (rows, won_lead) = match try_lead {
+            false => (client.query(&st.pending, &[&batch]).await?, None),
+            true => {
+                let rows = client
+                    .query(&st.pending_lead, &[&batch, &self.cfg.table])
+                    .await?;
+                let won = match rows.first() {
+                    Some(row) => row.try_get::<_, bool>(7)?,
+                    None => false,
+                };
+                (rows, Some(won))
+            }
+        };
         let mut due = HashSet::with_capacity(rows.len());
         let mut fresh = Vec::new();
         let mut events = Vec::new();
         for row in &rows {
-            let id = row.try_get::<_, i64>(0)?;
+            // NULL: the lead query's row when nothing is pending.
+            let Some(id) = row.try_get::<_, Option<i64>>(0)? else {
+                continue;
+            };
             due.insert(id);
             if !seen.contains(&id) {
                 fresh.push(id);
@@ -355,7 +444,7 @@ impl OutboxWorker {
         }
         seen.retain(|id| due.contains(id));
         if events.is_empty() {
-            return Ok(());
+            return Ok((due.len(), won_lead));
         }
         let outcomes = self
             .invalidator
@@ -367,7 +456,7 @@ impl OutboxWorker {
                 seen.insert(id);
             }
         }
-        Ok(())
+        Ok((due.len(), won_lead))
     }
 
     /// One claim-apply-commit transaction. Rows in `seen` were applied by
@@ -487,6 +576,13 @@ impl OutboxWorker {
             failed: retry_ids.len(),
             dead: dead_ids.len(),
         })
+    }
+
+    /// Not the gauge leader: another instance reports the table.
+    fn clear_gauges(&self) {
+        self.metrics.outbox_pending.set(0);
+        self.metrics.outbox_dead.set(0);
+        self.metrics.outbox_oldest_seconds.set(0.0);
     }
 
     async fn refresh_gauges(&self, client: &Client, st: &Statements) -> Result<(), OutboxError> {

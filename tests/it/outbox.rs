@@ -18,10 +18,20 @@ use tokio::time::Instant;
 const TABLE: &str = "sidecache_outbox";
 
 fn config(redis: &RedisServer, pg: &PostgresServer, poll_interval: &str, batch: u32) -> Config {
+    config_idle(redis, pg, poll_interval, "30s", batch)
+}
+
+fn config_idle(
+    redis: &RedisServer,
+    pg: &PostgresServer,
+    poll_interval: &str,
+    idle_poll_interval: &str,
+    batch: u32,
+) -> Config {
     crate::support::library_config(
         &redis.url(),
         &format!(
-            r#"outbox: {{ url: "{}", poll_interval: {poll_interval}, batch: {batch} }}"#,
+            r#"outbox: {{ url: "{}", poll_interval: {poll_interval}, idle_poll_interval: {idle_poll_interval}, batch: {batch} }}"#,
             pg.url()
         ),
     )
@@ -465,4 +475,104 @@ async fn crash_between_apply_and_commit_reapplies_the_row() {
     let again = generation(&mut conn, &key).await;
     assert_eq!(again, applied_once, "a repeat must not replace it again");
     second.stop().await;
+}
+
+/// Statements run by the outbox workers (`application_name`
+/// `sidecache-outbox`) since the last reset, from `pg_stat_statements`.
+async fn worker_statements(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT COALESCE(sum(s.calls), 0)::bigint FROM pg_stat_statements s \
+             WHERE s.query NOT ILIKE '%pg_stat_statements%' AND s.query NOT ILIKE 'INSERT%'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_statements")
+        .get(0)
+}
+
+/// Postgres with `pg_stat_statements` loaded (a restart) and created.
+async fn with_statement_stats(pg: &PostgresServer) -> tokio_postgres::Client {
+    pg.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        .await;
+    pg.restart();
+    let client = pg.client().await;
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .expect("CREATE EXTENSION pg_stat_statements (postgresql-contrib)");
+    client
+}
+
+/// Issue 21, point 2: an idle worker (nothing pending, LISTEN up) polls
+/// only every `idle_poll_interval`, not every `poll_interval`: over 3 s
+/// with `poll_interval: 100ms` it runs at most the gauge leader's one
+/// catch-up after the last row (a fan-out read and the gauge query); polling
+/// at `poll_interval` it ran 29. A row inserted meanwhile still arrives by
+/// NOTIFY at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_worker_polls_only_at_the_idle_interval() {
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    pg.execute(&outbox_ddl(TABLE, TABLE).unwrap()).await;
+    let client = with_statement_stats(&pg).await;
+    let worker = start_worker(config_idle(&redis, &pg, "100ms", "30s", 100)).await;
+    warm_up(&pg, &redis).await;
+    eventually(
+        "the warm-up row deleted",
+        Duration::from_secs(5),
+        || async { count(&client, "true").await == 0 },
+    )
+    .await;
+    client
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .expect("reset");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = worker_statements(&client).await;
+    println!("idle worker: {idle} statements in 3 s (poll_interval 100ms, idle_poll_interval 30s)");
+    assert!(
+        idle <= 2,
+        "an idle worker polls at poll_interval: {idle} statements"
+    );
+
+    insert(&client, "idle", 1).await;
+    let conn = redis_conn(&redis).await;
+    let key = gen_key("idle", 1);
+    eventually(
+        "a row still arrives by NOTIFY",
+        Duration::from_secs(1),
+        || has_generation(&conn, &key),
+    )
+    .await;
+    worker.stop().await;
+}
+
+/// Issue 21, point 2: the outbox gauges are computed by one worker at a
+/// time (the holder of an advisory lock); the others report 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_gauges_are_reported_by_one_worker() {
+    let (redis, pg, cfg) = setup("100ms", 100).await;
+    let a = start_worker(cfg).await;
+    let b = start_worker(config(&redis, &pg, "100ms", 100)).await;
+    warm_up(&pg, &redis).await;
+    let client = pg.client().await;
+    client
+        .execute(
+            &format!("INSERT INTO {TABLE} (route, params) VALUES ('nope', '{{}}')"),
+            &[],
+        )
+        .await
+        .expect("insert poison");
+    eventually(
+        "one worker reports the dead row, the other 0",
+        Duration::from_secs(10),
+        || async {
+            let dead = [a.metrics.outbox_dead.get(), b.metrics.outbox_dead.get()];
+            dead.contains(&1) && dead.contains(&0)
+        },
+    )
+    .await;
+    a.stop().await;
+    b.stop().await;
 }
