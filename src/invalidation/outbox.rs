@@ -289,8 +289,6 @@ impl OutboxWorker {
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
         let (mut leader, mut lead_at) = (false, Instant::now());
-        // The leader's gauges miss what the last wake-up changed.
-        let mut gauges_stale = false;
         loop {
             let try_lead = !leader && Instant::now() >= lead_at;
             let woke = self
@@ -310,12 +308,13 @@ impl OutboxWorker {
                     self.clear_gauges();
                 }
             }
+            // The leader's gauges miss what this wake-up changed until the
+            // next refresh: wake up for it.
+            let mut gauges_stale = leader;
             if leader && Instant::now() >= gauges_at {
                 self.refresh_gauges(&client, &statements).await?;
                 gauges_at = Instant::now() + GAUGE_EVERY;
                 gauges_stale = false;
-            } else {
-                gauges_stale = leader;
             }
             // Idle (nothing pending, LISTEN up on this very connection):
             // the poll is only a safety net for a lost NOTIFY (issue 21).
