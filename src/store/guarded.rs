@@ -523,6 +523,14 @@ mod tests {
         fn bloom_bitcount<'a>(&'a self, b: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
             self.gate(self.inner.bloom_bitcount(b))
         }
+        fn bloom_claim_interval<'a>(
+            &'a self,
+            k: &'a crate::keys::BloomKeys,
+            o: &'a str,
+            i: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_claim_interval(k, o, i))
+        }
     }
 
     const TIMEOUT: Duration = Duration::from_millis(300);

@@ -372,6 +372,63 @@ async fn build_race_losers_cost_one_redis_command_and_no_source_query() {
     assert_eq!(queries(), 1, "one source query for the scope, fleet-wide");
 }
 
+/// Issue 21, point 1: scheduled rebuilds come due on every instance that
+/// tracks the scope, once per `rebuild_every`; the first to claim the
+/// interval builds, the others take `busy` for one Redis command (`SET NX`)
+/// and no source query. A claim whose build failed is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_rebuilds_run_once_per_interval_fleet_wide() {
+    let server = RedisServer::start();
+    let cfg = config(100, 0.01);
+    let route = route(&cfg);
+    let catalogue = Arc::new(GatedCatalogue {
+        ids: ids(1..10),
+        queries: Default::default(),
+        gate: tokio::sync::Semaphore::new(100),
+    });
+    let fleet: Vec<Arc<Blooms>> = (0..3)
+        .map(|_| {
+            let source: Arc<dyn IdSource> = catalogue.clone();
+            Blooms::new(
+                redis_store(&server),
+                Some(source),
+                &prometheus::Registry::new(),
+            )
+        })
+        .collect();
+    let queries = || catalogue.queries.load(std::sync::atomic::Ordering::SeqCst);
+    let due = |b: &Arc<Blooms>| {
+        let (b, cfg, route) = (b.clone(), cfg.clone(), route.clone());
+        async move { b.rebuild_due(&cfg, &route, "acme").await.expect("build") }
+    };
+    assert!(matches!(
+        due(&fleet[0]).await,
+        BuildOutcome::Activated { .. }
+    ));
+    server
+        .cli(&["CONFIG", "RESETSTAT"])
+        .expect("CONFIG RESETSTAT");
+    assert_eq!(due(&fleet[1]).await, BuildOutcome::Busy);
+    assert_eq!(due(&fleet[2]).await, BuildOutcome::Busy);
+    assert_eq!(
+        commands_since_reset(&server),
+        [("set".to_owned(), 2)],
+        "one SET NX per instance that found the interval claimed"
+    );
+    assert_eq!(queries(), 1, "one source query per interval");
+
+    // The interval passes: the next instance due builds.
+    server
+        .cli(&["DEL", "sc:b:{app:acme}:built"])
+        .expect("DEL the interval claim");
+    assert!(matches!(
+        due(&fleet[1]).await,
+        BuildOutcome::Activated { .. }
+    ));
+    assert_eq!(due(&fleet[2]).await, BuildOutcome::Busy);
+    assert_eq!(queries(), 2);
+}
+
 /// A catalogue in "the database": creates commit here first, then their
 /// event is applied (`add_member`), as with an outbox. Reads are snapshots
 /// streamed slowly, so creates land in the middle of builds.
