@@ -44,16 +44,7 @@ if [[ -z ${BENCH_SKIP_BUILD:-} ]]; then
     cargo build --release --locked --bin sidecache --example upstream
 fi
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-bench-log.XXXXXX")
-declare -A pid_of=()
-# shellcheck disable=SC2317 # invoked by the EXIT trap
-cleanup() {
-    local name
-    for name in "${!pid_of[@]}"; do kill "${pid_of[$name]}" 2>/dev/null || true; done
-    for name in "${!pid_of[@]}"; do wait "${pid_of[$name]}" 2>/dev/null || true; done
-    if [[ -n ${BENCH_KEEP:-} ]]; then note "kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
+work_dir bench-log
 
 origin_port=$(free_port)
 start origin "$upstream_bin" --listen "127.0.0.1:$origin_port" --apps 100 --payload-bytes 1024

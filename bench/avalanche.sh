@@ -120,26 +120,7 @@ fi
 [[ -x $sidecache_bin ]] || die "no sidecache binary at $sidecache_bin (cargo build --release --bin sidecache)"
 
 # ------------------------------------------------------------ processes ----
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-avalanche.XXXXXX")
-declare -A pid_of=()
-# shellcheck disable=SC2317 # invoked by the EXIT trap
-cleanup() {
-    local name
-    for name in "${!pid_of[@]}"; do
-        kill "${pid_of[$name]}" 2>/dev/null || true
-    done
-    for name in "${!pid_of[@]}"; do
-        wait "${pid_of[$name]}" 2>/dev/null || true
-    done
-    if [[ -n ${AV_KEEP:-} ]]; then
-        note "kept $work"
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+work_dir avalanche AV_KEEP
 
 # stop NAME: ends one process started with `start`.
 stop() {

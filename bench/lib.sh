@@ -1,8 +1,8 @@
 # shellcheck shell=bash disable=SC2154
 # Shared helpers of the benchmark scripts (sourced, not run). The caller
-# sets `prog` (message prefix), `work` (its temp dir), declares `pid_of` as
-# an associative array, and may set `on_servers` (a command prefix such as
-# `taskset -c 0`) before calling `start`.
+# sets `prog` (message prefix), calls `work_dir` (its temp dir `work` and
+# the `pid_of` table of the processes it starts), and may set `on_servers`
+# (a command prefix such as `taskset -c 0`) before calling `start`.
 
 die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
 note() { printf '%s: %s\n' "$prog" "$*" >&2; }
@@ -57,3 +57,26 @@ wait_until() {
 }
 
 http_ok() { curl -fsS -o /dev/null --max-time 1 "$1"; }
+
+# work_dir NAME [KEEP_VAR]: creates the run's temp dir ($work) and an empty
+# `pid_of`; on exit, INT or TERM every process `start`ed is stopped and
+# $work removed, unless the variable KEEP_VAR (default BENCH_KEEP) is set.
+# A script with more to stop defines `extra_cleanup` (run after the kills,
+# before the waits).
+work_dir() {
+    work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-$1.XXXXXX")
+    declare -gA pid_of=()
+    keep_var=${2:-BENCH_KEEP}
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local name
+    for name in "${!pid_of[@]}"; do kill "${pid_of[$name]}" 2>/dev/null || true; done
+    if declare -F extra_cleanup >/dev/null; then extra_cleanup; fi
+    for name in "${!pid_of[@]}"; do wait "${pid_of[$name]}" 2>/dev/null || true; done
+    if [[ -n ${!keep_var:-} ]]; then note "kept $work"; else rm -rf "$work"; fi
+}

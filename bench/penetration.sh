@@ -92,37 +92,22 @@ fi
 [[ -x $sidecache_bin ]] || die "no sidecache binary at $sidecache_bin (cargo build --release --bin sidecache)"
 
 # ------------------------------------------------------------ processes ----
-work=$(mktemp -d "${TMPDIR:-/tmp}/sidecache-penetration.XXXXXX")
+work_dir penetration PEN_KEEP
 chmod 755 "$work" # the postgres user must reach its data dir inside
 as_pg=()
 if [[ $EUID -eq 0 ]]; then
     id postgres >/dev/null 2>&1 || die "running as root needs a 'postgres' user to run Postgres as"
     as_pg=(runuser -u postgres --)
 fi
-declare -A pid_of=()
-# shellcheck disable=SC2317 # invoked by the EXIT trap
-cleanup() {
-    local name pid
-    for name in "${!pid_of[@]}"; do
-        kill "${pid_of[$name]}" 2>/dev/null || true
-    done
-    # The postmaster (runuser may have forked it): fast shutdown by pid file.
+# The postmaster (runuser may have forked it): fast shutdown by pid file.
+# shellcheck disable=SC2317 # invoked by cleanup
+extra_cleanup() {
+    local pid
     if [[ -f $work/pg/data/postmaster.pid ]]; then
         pid=$(head -n 1 "$work/pg/data/postmaster.pid")
         if [[ $pid =~ ^[0-9]+$ ]]; then kill -INT "$pid" 2>/dev/null || true; fi
     fi
-    for name in "${!pid_of[@]}"; do
-        wait "${pid_of[$name]}" 2>/dev/null || true
-    done
-    if [[ -n ${PEN_KEEP:-} ]]; then
-        note "kept $work"
-    else
-        rm -rf "$work"
-    fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 
 
