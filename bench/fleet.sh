@@ -14,8 +14,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prog=fleet
-work=$(mktemp -d)
-declare -A pid_of=()
 on_servers=()
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
@@ -29,15 +27,12 @@ PGBIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)}
 [[ -x $PGBIN/postgres ]] || die "no Postgres under /usr/lib/postgresql/*/bin (set PG_BIN)"
 command -v redis-server >/dev/null || die "redis-server not found"
 [[ -n ${SIDECACHE_BIN:-} ]] || cargo build --quiet --bin sidecache
+work_dir fleet FLEET_KEEP
 as_pg=()
 [[ $(id -u) == 0 ]] && as_pg=(runuser -u postgres --)
-
-cleanup() {
-    for name in "${!pid_of[@]}"; do kill "${pid_of[$name]}" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# The postmaster (runuser may have forked it): fast shutdown by pid file.
+# shellcheck disable=SC2317 # invoked by cleanup
+extra_cleanup() { stop_postmaster "$work/pg/data"; }
 
 rport=$(free_port)
 pport=$(free_port)

@@ -80,3 +80,14 @@ cleanup() {
     for name in "${!pid_of[@]}"; do wait "${pid_of[$name]}" 2>/dev/null || true; done
     if [[ -n ${!keep_var:-} ]]; then note "kept $work"; else rm -rf "$work"; fi
 }
+
+# stop_postmaster DATA_DIR: fast shutdown of the Postgres whose data dir
+# this is, by its pid file (runuser may have forked the postmaster, so the
+# pid `start` recorded is not always it).
+stop_postmaster() {
+    local pid
+    if [[ -f $1/postmaster.pid ]]; then
+        pid=$(head -n 1 "$1/postmaster.pid")
+        if [[ $pid =~ ^[0-9]+$ ]]; then kill -INT "$pid" 2>/dev/null || true; fi
+    fi
+}
