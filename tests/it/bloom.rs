@@ -254,6 +254,27 @@ impl IdSource for GatedCatalogue {
     }
 }
 
+/// Three instances (their own `Blooms` and Redis connections, one Redis)
+/// over one catalogue (ids 1..10) whose gate starts with `permits`.
+fn gated_fleet(server: &RedisServer, permits: usize) -> (Arc<GatedCatalogue>, Vec<Arc<Blooms>>) {
+    let catalogue = Arc::new(GatedCatalogue {
+        ids: ids(1..10),
+        queries: Default::default(),
+        gate: tokio::sync::Semaphore::new(permits),
+    });
+    let fleet = (0..3)
+        .map(|_| {
+            let source: Arc<dyn IdSource> = catalogue.clone();
+            Blooms::new(
+                redis_store(server),
+                Some(source),
+                &prometheus::Registry::new(),
+            )
+        })
+        .collect();
+    (catalogue, fleet)
+}
+
 /// Redis calls per command since `CONFIG RESETSTAT` (commands run inside
 /// scripts count too), without background noise (heartbeat `PING`s) and
 /// the test's own `INFO`/`CONFIG`.
@@ -289,21 +310,7 @@ async fn build_race_losers_cost_one_redis_command_and_no_source_query() {
     let server = RedisServer::start();
     let cfg = config(100, 0.01);
     let route = route(&cfg);
-    let catalogue = Arc::new(GatedCatalogue {
-        ids: ids(1..10),
-        queries: Default::default(),
-        gate: tokio::sync::Semaphore::new(0),
-    });
-    let fleet: Vec<Arc<Blooms>> = (0..3)
-        .map(|_| {
-            let source: Arc<dyn IdSource> = catalogue.clone();
-            Blooms::new(
-                redis_store(&server),
-                Some(source),
-                &prometheus::Registry::new(),
-            )
-        })
-        .collect();
+    let (catalogue, fleet) = gated_fleet(&server, 0);
     let busy = |fleet: &[Arc<Blooms>]| -> u64 {
         fleet
             .iter()
@@ -381,21 +388,7 @@ async fn scheduled_rebuilds_run_once_per_interval_fleet_wide() {
     let server = RedisServer::start();
     let cfg = config(100, 0.01);
     let route = route(&cfg);
-    let catalogue = Arc::new(GatedCatalogue {
-        ids: ids(1..10),
-        queries: Default::default(),
-        gate: tokio::sync::Semaphore::new(100),
-    });
-    let fleet: Vec<Arc<Blooms>> = (0..3)
-        .map(|_| {
-            let source: Arc<dyn IdSource> = catalogue.clone();
-            Blooms::new(
-                redis_store(&server),
-                Some(source),
-                &prometheus::Registry::new(),
-            )
-        })
-        .collect();
+    let (catalogue, fleet) = gated_fleet(&server, 100);
     let queries = || catalogue.queries.load(std::sync::atomic::Ordering::SeqCst);
     let due = |b: &Arc<Blooms>| {
         let (b, cfg, route) = (b.clone(), cfg.clone(), route.clone());

@@ -212,6 +212,14 @@ async fn negative_entries_are_shared_across_instances() {
     assert_eq!(x_cache(&client::get(&a.url(missing)).await), "NEGATIVE");
 }
 
+/// A `store:` section with the near cache on, `max_age` far beyond any test.
+fn near_store(redis: &RedisServer) -> String {
+    format!(
+        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
+        redis.url()
+    )
+}
+
 /// Two instances with their near caches (max_age far beyond the test): hits
 /// on A come from A's memory, and an invalidation made through B reaches A
 /// through Redis's push, not through A's entry growing old.
@@ -219,10 +227,7 @@ async fn negative_entries_are_shared_across_instances() {
 async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let store = format!(
-        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
-        redis.url()
-    );
+    let store = near_store(&redis);
     let a = builder(&redis, &origin, "").store(&store).start().await;
     let b = builder(&redis, &origin, "").store(&store).start().await;
     // The tracked connection comes up beside the first; until then reads
@@ -277,10 +282,7 @@ async fn near_cache_lag_after_another_writer_invalidates() {
     const BOUND: Duration = Duration::from_millis(100);
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let store = format!(
-        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
-        redis.url()
-    );
+    let store = near_store(&redis);
     let a = builder(&redis, &origin, "").store(&store).start().await;
     eventually("A's tracked connection", Duration::from_secs(5), || async {
         a.metric_sum("sidecache_near_cache_tracking", &[]).await == 1.0
