@@ -29,7 +29,9 @@
 //! are fixed: `acme` and `globex`; others get 404.
 //!
 //! Run: `cargo run --example upstream -- --listen 127.0.0.1:8000 --apps 10`.
-//! `--delay-ms` adds latency to every API request (to make a stampede visible),
+//! `--delay-ms` adds latency to every API request (to make a stampede visible):
+//! a write waits before its transaction, a read's answer is held after its
+//! data was read (so it is that old when it arrives, as over a slow network),
 //! `--payload-bytes` pads each document to at least that many bytes (for
 //! benchmarks). Requests are logged at debug: `RUST_LOG=debug`.
 //!
@@ -229,11 +231,14 @@ async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_read = method == Method::GET || method == Method::HEAD;
 
-    if path.starts_with("/api/") {
+    let delay = if path.starts_with("/api/") {
         state.api_requests.fetch_add(1, Ordering::Relaxed);
-        if !state.delay.is_zero() {
-            tokio::time::sleep(state.delay).await;
-        }
+        state.delay
+    } else {
+        Duration::ZERO
+    };
+    if !is_read && !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let resp = match segments.as_slice() {
         ["healthz"] if is_read => text(StatusCode::OK, "ok\n"),
@@ -292,6 +297,9 @@ async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
         },
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
     };
+    if is_read && !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
 }

@@ -211,6 +211,8 @@ fn route_json(r: &Route) -> serde_json::Value {
         "negative_ttl": format!("{:?}", r.negative_ttl),
         "grace": format!("{:?}", r.grace),
         "stale_if_error": format!("{:?}", r.stale_if_error),
+        "keep": format!("{:?}", r.keep),
+        "cdn_cache_control": r.cdn_cache_control,
         "cache_status": r.cache_status,
         "negative_status": r.negative_status,
         "lease": format!("{:?}", r.lease),

@@ -205,7 +205,7 @@ fn print_routes(path: &Path, cfg: &Config) {
         },
     );
     println!(
-        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} {:<10} CLIENT_CC",
+        "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8} {:>8}  {:<10} {:<10} CLIENT_CC",
         "NAME",
         "METHODS",
         "PATH",
@@ -216,6 +216,7 @@ fn print_routes(path: &Path, cfg: &Config) {
         "NEG_TTL",
         "GRACE",
         "STALE_IF_ERROR",
+        "KEEP",
         "LEASE",
         "WAIT",
         "QUERY",
@@ -237,7 +238,7 @@ fn print_routes(path: &Path, cfg: &Config) {
                 (format!("{max:?}"), format!("{default:?}"))
             });
         println!(
-            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8}  {:<10} {:<10} {}",
+            "{:<16} {:<10} {:<40} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>8} {:>8}  {:<10} {:<10} {}",
             r.name,
             methods.join(","),
             r.template,
@@ -248,6 +249,7 @@ fn print_routes(path: &Path, cfg: &Config) {
             format!("{:?}", r.negative_ttl),
             format!("{:?}", r.grace),
             format!("{:?}", r.stale_if_error),
+            format!("{:?}", r.keep),
             format!("{:?}", r.lease),
             format!("{:?}", r.wait),
             query,

@@ -36,6 +36,7 @@ pub mod names {
     pub const COALESCED: &str = "sidecache_coalesced_total";
     pub const STALE_SERVED: &str = "sidecache_stale_served_total";
     pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
+    pub const REVALIDATIONS: &str = "sidecache_revalidations_total";
     pub const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
     pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
     pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
@@ -115,6 +116,9 @@ pub struct Metrics {
     /// `{route, outcome}`: background refreshes started by grace (a
     /// `pipeline::stale::RefreshOutcome` string).
     pub background_refresh: IntCounterVec,
+    /// `{route, outcome}`: conditional fills of expired entries (a
+    /// `pipeline::revalidate::Revalidation` string).
+    pub revalidations: IntCounterVec,
     /// `{route, answer}`: cache reads answered 304, 412, 206 or 416 (a
     /// `pipeline::answer::Shaped` string).
     pub client_answers: IntCounterVec,
@@ -308,6 +312,11 @@ impl Metrics {
             background_refresh: counter(
                 BACKGROUND_REFRESH,
                 "Background refreshes started under grace, by outcome.",
+                &["route", "outcome"],
+            ),
+            revalidations: counter(
+                REVALIDATIONS,
+                "Conditional fills of expired entries, by outcome (not_modified, modified, error).",
                 &["route", "outcome"],
             ),
             client_answers: counter(

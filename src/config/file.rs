@@ -317,6 +317,9 @@ pub struct FileRoute {
     /// Window after expiry in which an entry answers instead of a failed refill.
     #[serde(default = "defaults::zero")]
     pub stale_if_error: HumanDuration,
+    /// How long an expired entry with validators is kept to be revalidated.
+    #[serde(default = "defaults::keep")]
+    pub keep: HumanDuration,
     #[serde(default = "defaults::cache_status")]
     pub cache_status: Vec<u16>,
     #[serde(default = "defaults::negative_status")]
@@ -338,6 +341,9 @@ pub struct FileRoute {
     pub fill_headers: Option<Vec<String>>,
     #[serde(default)]
     pub origin_cache_control: FileOriginCacheControl,
+    /// Read RFC 9213 `CDN-Cache-Control` in place of `Cache-Control`.
+    #[serde(default)]
+    pub cdn_cache_control: bool,
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,
@@ -502,6 +508,9 @@ pub(super) mod defaults {
     }
     pub fn zero() -> HumanDuration {
         HumanDuration(Duration::ZERO)
+    }
+    pub fn keep() -> HumanDuration {
+        HumanDuration(Duration::from_secs(60))
     }
     pub fn negative_ttl() -> HumanDuration {
         HumanDuration(Duration::from_secs(5))

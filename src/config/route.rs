@@ -58,6 +58,10 @@ pub struct Route {
     /// After expiry, how long an entry (still of the current generation)
     /// answers instead of a failed refill.
     pub stale_if_error: Duration,
+    /// After expiry, how long an entry with validators (`ETag`,
+    /// `Last-Modified`) stays in the store so that a fill can revalidate it
+    /// with a conditional request instead of fetching the whole body.
+    pub keep: Duration,
     pub cache_status: Vec<u16>,
     pub negative_status: Vec<u16>,
     pub lease: Duration,
@@ -72,6 +76,9 @@ pub struct Route {
     /// Whether the origin's `Cache-Control` freshness and `Vary` may refuse
     /// storing an answer.
     pub origin_cache_control: OriginCacheControl,
+    /// Stage 8 reads the answer's `CDN-Cache-Control` (RFC 9213), when it
+    /// is present and valid, in place of its `Cache-Control`.
+    pub cdn_cache_control: bool,
     /// Upstream fetches for fills this route may run at once, within
     /// `fill.max_concurrency`.
     pub fill_budget: usize,
@@ -157,9 +164,10 @@ impl std::fmt::Display for ClientCacheControl {
 }
 
 impl Route {
-    /// How long an entry is kept after it expires: the wider stale window.
+    /// How long an entry may be kept after it expires: the widest of the
+    /// stale windows and `keep`.
     pub fn stale_keep(&self) -> Duration {
-        self.grace.max(self.stale_if_error)
+        self.grace.max(self.stale_if_error).max(self.keep)
     }
 
     /// The longest an entry of this route can be fresh.

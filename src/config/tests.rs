@@ -82,8 +82,9 @@ fn defaults_and_gen_ttl() {
     assert_eq!(r.lease, std::time::Duration::from_secs(3));
     assert!(r.invalidate_on_write);
     assert!(cfg.store.redis.is_none());
-    // 60 s ttl + 0 jitter + 3 s lease + 10 s upstream.timeout + 60 s.
-    assert_eq!(cfg.gen_ttl, std::time::Duration::from_secs(133));
+    // 60 s ttl + 0 jitter + 60 s keep + 3 s lease + 10 s upstream.timeout + 60 s.
+    assert_eq!(r.keep, std::time::Duration::from_secs(60));
+    assert_eq!(cfg.gen_ttl, std::time::Duration::from_secs(193));
 }
 
 #[test]
@@ -439,7 +440,13 @@ fn stale_windows_validated_and_kept_in_gen_ttl() {
     // never be proven current: 60 s + 600 s + 3 s + 10 s + 60 s.
     assert_eq!(cfg.gen_ttl, Duration::from_secs(733));
     let defaults = parse(APP).expect("valid");
-    assert_eq!(defaults.routes.routes[0].stale_keep(), Duration::ZERO);
+    assert_eq!(
+        defaults.routes.routes[0].stale_keep(),
+        Duration::from_secs(60),
+        "keep"
+    );
+    let no_keep = parse(&APP.replace("ttl: 60s", "ttl: 60s\n    keep: 0s")).expect("valid");
+    assert_eq!(no_keep.routes.routes[0].stale_keep(), Duration::ZERO);
     for (extra, path) in [
         ("ttl: 60s\n    grace: -5s", "routes[0].grace"),
         (
@@ -454,6 +461,8 @@ fn stale_windows_validated_and_kept_in_gen_ttl() {
             "ttl: 60s\n    stale_if_error: 720h",
             "routes[0].stale_if_error",
         ),
+        ("ttl: 60s\n    keep: 720h", "routes[0].keep"),
+        ("ttl: 60s\n    keep: -1s", "routes[0].keep"),
     ] {
         let e = err(&APP.replace("ttl: 60s", extra));
         assert!(e.contains(path), "{extra}: expected {path} in: {e}");
@@ -602,8 +611,8 @@ fn ttl_origin_needs_a_cap_and_a_consistent_route() {
             default: Duration::from_secs(30)
         }
     );
-    // The generation outlives the longest entry: 3600 + 10 + 3 + 10 + 60.
-    assert_eq!(cfg.gen_ttl, Duration::from_secs(3683));
+    // The generation outlives the longest entry: 3600 + 60 (keep) + 3 + 10 + 60.
+    assert_eq!(cfg.gen_ttl, Duration::from_secs(3733));
     let no_default =
         parse(&APP.replace("ttl: 60s", "ttl: origin\n    max_ttl: 5s")).expect("valid");
     assert_eq!(
@@ -640,7 +649,7 @@ fn ttl_origin_needs_a_cap_and_a_consistent_route() {
         ("ttl: originn", "routes[0].ttl", "origin"),
         (
             "ttl: origin\n    max_ttl: 800h",
-            "routes[0].grace",
+            "routes[0].keep",
             "at most",
         ),
     ] {

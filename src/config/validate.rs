@@ -561,7 +561,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         Ttl::Origin { max, .. } => max,
     }
     .max(r.negative_ttl.0);
-    stale_windows(at, fresh, r.grace.0, r.stale_if_error.0)?;
+    stale_windows(at, fresh, r.grace.0, r.stale_if_error.0, r.keep.0)?;
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
@@ -614,6 +614,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         negative_ttl: r.negative_ttl.0,
         grace: r.grace.0,
         stale_if_error: r.stale_if_error.0,
+        keep: r.keep.0,
         cache_status: r.cache_status,
         negative_status: r.negative_status,
         lease: r.lease.0,
@@ -623,6 +624,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         host,
         fill_headers,
         origin_cache_control,
+        cdn_cache_control: r.cdn_cache_control,
         fill_budget,
         client_cache_control: client_cache_control(at, r.client_cache_control)?,
         etag: match r.etag {
@@ -856,25 +858,31 @@ pub fn check_identifier(name: &str) -> std::result::Result<(), String> {
 /// keep window of months would pin dead objects in memory for no reader.
 const MAX_ENTRY_LIFE: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// `grace` and `stale_if_error`: the store keeps an entry for
-/// `ttl + jitter + max(grace, stale_if_error)`, which must stay bounded.
+/// `grace`, `stale_if_error` and `keep`: the store keeps an entry for
+/// `ttl + jitter + max(grace, stale_if_error, keep)`, which must stay bounded.
 fn stale_windows(
     at: &str,
     fresh: Duration,
     grace: Duration,
     stale_if_error: Duration,
+    keep: Duration,
 ) -> Result<()> {
-    let life = fresh + grace.max(stale_if_error);
+    // The widest names the field (the first listed on a tie).
+    let (field, widest) = [
+        ("grace", grace),
+        ("stale_if_error", stale_if_error),
+        ("keep", keep),
+    ]
+    .into_iter()
+    .rev()
+    .max_by_key(|&(_, window)| window)
+    .unwrap_or(("grace", grace));
+    let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
-        let field = if grace >= stale_if_error {
-            "grace"
-        } else {
-            "stale_if_error"
-        };
         return err(
             format!("{at}.{field}"),
             format!(
-                "keeps entries for {}s (ttl + jitter + max(grace, stale_if_error)); at most {}s",
+                "keeps entries for {}s (ttl + jitter + max(grace, stale_if_error, keep)); at most {}s",
                 life.as_secs(),
                 MAX_ENTRY_LIFE.as_secs()
             ),

@@ -357,10 +357,20 @@ fn judge(route: &Route, key: &CacheKey, found: &Inspection, now: u64) -> (Value,
                 route.grace
             ),
         ),
+        Verdict::Hit(e) if revalidatable(route, &e) => (
+            "MISS",
+            "expired: a GET revalidates it (If-None-Match / If-Modified-Since from the entry; a 304 refreshes it)".into(),
+        ),
         Verdict::Hit(_) => ("MISS", "expired: a GET refills it".into()),
     };
     json["servable"] = json!(matches!(verdict, "HIT" | "NEGATIVE" | "STALE"));
     (json, verdict.into(), why)
+}
+
+/// Whether a fill would revalidate `entry` (it is of the current
+/// generation here, so the ticket will match).
+fn revalidatable(route: &Route, entry: &Entry) -> bool {
+    crate::pipeline::revalidate::Validators::of(entry, &entry.generation, route).is_some()
 }
 
 fn near_json(src: &Sources<'_>, key: &CacheKey, store: Option<&Inspection>) -> Value {

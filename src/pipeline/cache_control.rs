@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheControl {
     pub no_store: bool,
-    /// `no-cache`, qualified (`no-cache="field"`) or not: a shared cache
-    /// that never revalidates treats both as "do not reuse".
+    /// `no-cache`, qualified (`no-cache="field"`) or not: both mean
+    /// "revalidate before every reuse" here (the field list is not kept).
     pub no_cache: bool,
     /// `private`, qualified or not (same reasoning).
     pub private: bool,
@@ -131,6 +131,52 @@ impl CacheControl {
             _ => OriginFreshness::Spent,
         }
     }
+}
+
+/// The field a cache may be targeted with instead of `Cache-Control`
+/// (RFC 9213).
+pub const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+
+/// RFC 9213: the answer's `CDN-Cache-Control` as directives, if it has one
+/// that is a valid Dictionary (RFC 9651; several lines are one field).
+/// `None` when it is absent or invalid, including a known directive with
+/// a value of the wrong type: then `Cache-Control` decides.
+pub fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
+    let lines: Vec<&[u8]> = headers
+        .get_all(CDN_CACHE_CONTROL)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let field = lines.join(&b", "[..]);
+    let dict: sfv::Dictionary = sfv::Parser::new(&field).parse().ok()?;
+    let mut cc = CacheControl::default();
+    for (name, member) in &dict {
+        let sfv::ListEntry::Item(item) = member else {
+            continue;
+        };
+        // A lifetime must be a non-negative integer, or the field is invalid.
+        let seconds = || match &item.bare_item {
+            sfv::BareItem::Integer(n) => u64::try_from(i64::from(*n)).ok(),
+            _ => None,
+        };
+        match name.as_str() {
+            "max-age" => cc.max_age = Some(seconds()?),
+            "s-maxage" => cc.s_maxage = Some(seconds()?),
+            "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+            "stale-if-error" => cc.stale_if_error = Some(seconds()?),
+            // A qualified form (a string of field names) counts as the
+            // whole directive, as in `Cache-Control`.
+            "no-store" => cc.no_store = true,
+            "no-cache" => cc.no_cache = true,
+            "private" => cc.private = true,
+            "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
+            _ => {}
+        }
+    }
+    Some(cc)
 }
 
 /// What an answer's headers say about its freshness (`ttl: origin`).
@@ -462,5 +508,32 @@ mod tests {
             VaryVerdict::Unkeyed
         );
         assert_eq!(judge(&[("vary", "bad header")]), VaryVerdict::Unkeyed);
+    }
+
+    #[test]
+    fn cdn_cache_control_is_read_only_when_valid() {
+        let cdn = |lines: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            for l in lines {
+                h.append(CDN_CACHE_CONTROL, HeaderValue::from_static(l));
+            }
+            targeted(&h)
+        };
+        assert_eq!(cdn(&[]), None, "absent: Cache-Control decides");
+        let long = cdn(&["foobar, max-age=3600"]).expect("valid");
+        assert_eq!((long.max_age, long.no_store), (Some(3600), false));
+        let two = cdn(&["private", "s-maxage=5"]).expect("two lines, one field");
+        assert_eq!((two.private, two.s_maxage), (true, Some(5)));
+        let flags = cdn(&["no-cache=\"x-a\", no-store, must-revalidate"]).expect("valid");
+        assert!(flags.no_cache && flags.no_store && flags.must_revalidate);
+        for invalid in [
+            "max-age=10000, &&&&&",
+            "max-age=\"10000\"",
+            "max-age=-1",
+            "MaX-aGe=3600",
+        ] {
+            assert_eq!(cdn(&[invalid]), None, "{invalid}");
+        }
     }
 }

@@ -16,7 +16,9 @@
 //! conditionals or ranges. So two requests with the same key send the same
 //! fill, byte for byte, apart from the tracing headers: whatever else a
 //! client sends cannot shape an answer that others will be served (cache
-//! poisoning). Forwarded and BYPASS requests are untouched by this.
+//! poisoning). Forwarded and BYPASS requests are untouched by this. The one
+//! addition is a conditional fill's `If-None-Match` / `If-Modified-Since`,
+//! taken from the stored entry, never from the client (`revalidate`).
 
 use crate::body::{self, Body};
 use crate::config::{Config, FillConfig, Route};

@@ -12,7 +12,9 @@
 //! 5 coalesce + lease    flight::Flights (in-process, per generation read),
 //!                       lease::acquire (across instances; takes the ticket)
 //! 6 double-check        lookup::lookup again under the lease
-//! 7 fetch               fill::fetch under fill::FillPermits
+//! 7 fetch               fill::fetch under fill::FillPermits; conditional
+//!                       (revalidate) when the entry of the fill's
+//!                       generation is expired and has validators
 //!   7b degraded         fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, publish::publish
 //! 9 release             lease::release
@@ -37,6 +39,7 @@ pub mod lease;
 pub mod lookup;
 pub mod publish;
 pub mod range;
+pub mod revalidate;
 pub mod stale;
 pub mod status;
 
@@ -391,27 +394,44 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
-    // An expired entry is what this fill replaces.
-    match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
+    // An expired entry is what this fill replaces (or revalidates).
+    let expired = match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
         Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
-        Ok(Found::Expired(_) | Found::Miss(_)) => {}
+        Ok(Found::Expired(entry)) => Some(entry),
+        Ok(Found::Miss(_)) => None,
         Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-    }
+    };
     // The ticket came with the lease, before the upstream call: an
     // invalidation after that point moves the generation and the publish
     // below is refused.
     let ticket = lease.ticket().clone();
+    // Only an entry stamped with this very ticket is revalidated.
+    let revalidating = expired.and_then(|entry| {
+        let validators = revalidate::Validators::of(&entry, &ticket, route)?;
+        Some((validators.apply(&fill.request), entry))
+    });
+    let request = revalidating.as_ref().map_or(&fill.request, |(r, _)| r);
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
         .renew_while(
             route.lease,
             fill.cfg.upstream.timeout,
-            fetch_with_permit(fill),
+            fetch_with_permit(fill, request),
         )
         .await;
-    let fetched = match fetched {
-        Ok(f) => f,
-        Err(e) => return Answer::Failed(CacheStatus::Miss, e),
+    let fetched = match (fetched, &revalidating) {
+        (Ok(f), None) => f,
+        (Ok(f), Some((_, stored))) => {
+            let (f, outcome) = revalidate::resolve(stored, f);
+            count_revalidation(fill, outcome);
+            f
+        }
+        (Err(e), revalidating) => {
+            if revalidating.is_some() {
+                count_revalidation(fill, revalidate::Revalidation::Error);
+            }
+            return Answer::Failed(CacheStatus::Miss, e);
+        }
     };
     let (entry, kind, life) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
@@ -462,7 +482,7 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
 /// Stage 7b (and the fallback for one-client answers): fetch under the
 /// same permits, write nothing.
 async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
-    match fetch_with_permit(fill).await {
+    match fetch_with_permit(fill, &fill.request).await {
         Err(e) => Answer::Failed(status, e),
         Ok(fetched) => match judge(fill, fetched, bytes::Bytes::new()) {
             Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
@@ -496,7 +516,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
             body,
         } => (status, headers, body),
     };
-    let cc = cache_control::CacheControl::parse(&headers);
+    let cc = publish::directives(&fill.route, &headers);
     let kind = publish::cacheability(&fill.route, code, &headers, &cc);
     if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
         return Judged::OneClient(one_client(code, headers, body), reason);
@@ -513,7 +533,7 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     Judged::Shareable(entry, kind, life)
 }
 
-async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
+async fn fetch_with_permit(fill: &Fill, request: &FillRequest) -> Result<Fetched, ProxyError> {
     let sh = &fill.shared;
     let _permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
     let _inflight = Inflight::enter(
@@ -521,20 +541,21 @@ async fn fetch_with_permit(fill: &Fill) -> Result<Fetched, ProxyError> {
             .fill_inflight
             .with_label_values(&[&fill.route.name]),
     );
-    fill::fetch(
-        &sh.client,
-        &fill.cfg,
-        &fill.route,
-        &fill.request,
-        &sh.metrics,
-    )
-    .await
+    fill::fetch(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await
 }
 
 fn count_publish(fill: &Fill, outcome: FillOutcome) {
     fill.shared
         .metrics
         .publish
+        .with_label_values(&[&fill.route.name, outcome.as_str()])
+        .inc();
+}
+
+fn count_revalidation(fill: &Fill, outcome: revalidate::Revalidation) {
+    fill.shared
+        .metrics
+        .revalidations
         .with_label_values(&[&fill.route.name, outcome.as_str()])
         .inc();
 }

@@ -35,11 +35,12 @@ pub enum Uncacheable {
     Private,
     /// `Cache-Control: no-store`.
     NoStore,
-    /// `Cache-Control: no-cache` (we never revalidate, so never reuse).
+    /// `Cache-Control: no-cache` without validators to revalidate it with.
     NoCache,
-    /// `max-age=0` without `s-maxage`.
+    /// `max-age=0` without `s-maxage` (and no validators).
     MaxAgeZero,
-    /// `s-maxage=0` (wins over any `max-age` in a shared cache).
+    /// `s-maxage=0` (wins over any `max-age` in a shared cache; and no
+    /// validators).
     SMaxAgeZero,
     /// `Vary: *`.
     VaryStar,
@@ -153,22 +154,29 @@ pub fn cacheability(
     if route.origin_cache_control == OriginCacheControl::Ignore {
         return kind;
     }
-    if cc.no_cache {
-        return No(Uncacheable::NoCache);
-    }
-    match cc.zero_lifetime() {
-        Some(ZeroLifetime::SMaxAge) => return No(Uncacheable::SMaxAgeZero),
-        Some(ZeroLifetime::MaxAge) => return No(Uncacheable::MaxAgeZero),
-        None => {}
-    }
-    if let Ttl::Origin { default, .. } = route.ttl {
-        match cc.freshness(headers, SystemTime::now()) {
-            OriginFreshness::Spent => return No(Uncacheable::Expired),
-            OriginFreshness::Unspecified if kind == Cacheability::Positive && default.is_zero() => {
-                return No(Uncacheable::NoLifetime)
-            }
-            _ => {}
+    let origin = match route.ttl {
+        Ttl::Origin { default, .. } => Some((cc.freshness(headers, SystemTime::now()), default)),
+        Ttl::Fixed(_) => None,
+    };
+    let refusal = match (cc.no_cache, cc.zero_lifetime(), origin) {
+        (true, ..) => Some(Uncacheable::NoCache),
+        (_, Some(ZeroLifetime::SMaxAge), _) => Some(Uncacheable::SMaxAgeZero),
+        (_, Some(ZeroLifetime::MaxAge), _) => Some(Uncacheable::MaxAgeZero),
+        (_, _, Some((OriginFreshness::Spent, _))) => Some(Uncacheable::Expired),
+        (_, _, Some((OriginFreshness::Unspecified, default)))
+            if kind == Cacheability::Positive && default.is_zero() =>
+        {
+            Some(Uncacheable::NoLifetime)
         }
+        _ => None,
+    };
+    // Each of these leaves nothing to reuse without asking the origin: the
+    // answer is worth storing only if it can be asked about (validators,
+    // and the route keeps expired entries). It is then stored expired
+    // ([`lifetime`]) and every use revalidates it.
+    let revalidatable = !route.keep.is_zero() && super::revalidate::has_validators(headers);
+    if let Some(reason) = refusal.filter(|_| !revalidatable) {
+        return No(reason);
     }
     match judge_vary(headers, &route.vary) {
         VaryVerdict::Keyed => kind,
@@ -177,23 +185,40 @@ pub fn cacheability(
     }
 }
 
-/// How long one entry is fresh and how long it may be served stale after.
+/// The directives stage 8 decides by: the answer's `CDN-Cache-Control`
+/// where the route reads it (`cdn_cache_control: true`) and it is valid,
+/// else its `Cache-Control`. Parsed once per answer.
+pub fn directives(route: &Route, headers: &HeaderMap) -> CacheControl {
+    route
+        .cdn_cache_control
+        .then(|| super::cache_control::targeted(headers))
+        .flatten()
+        .unwrap_or_else(|| CacheControl::parse(headers))
+}
+
+/// How long one entry is fresh and how long it may be served stale or
+/// revalidated after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifetime {
     pub fresh: Duration,
     pub grace: Duration,
     pub stale_if_error: Duration,
+    /// The route's `keep` if the answer has validators, else zero.
+    pub keep: Duration,
 }
 
 impl Lifetime {
-    /// What the store keeps it for: its fresh life plus the wider stale window.
+    /// What the store keeps it for: its fresh life plus the widest of the
+    /// stale windows and `keep`.
     pub fn store_ttl(&self) -> Duration {
-        self.fresh + self.grace.max(self.stale_if_error)
+        self.fresh + self.grace.max(self.stale_if_error).max(self.keep)
     }
 }
 
-/// The entry's lifetime: [`entry_ttl`] fresh, then the route's stale
-/// windows as narrowed (never widened) by the origin's `Cache-Control`.
+/// The entry's lifetime: [`entry_ttl`] fresh (zero for an answer that must
+/// be revalidated before each use: `no-cache`, a zero shared lifetime),
+/// then the route's stale windows as narrowed (never widened) by the
+/// origin's `Cache-Control`, and `keep` for an answer with validators.
 /// The store keeps the entry for [`Lifetime::store_ttl`], so a short
 /// per-answer freshness (`ttl: origin`) also shortens its stay.
 pub fn lifetime(
@@ -206,10 +231,22 @@ pub fn lifetime(
         Ttl::Fixed(_) => OriginFreshness::Unspecified,
         Ttl::Origin { .. } => cc.freshness(headers, SystemTime::now()),
     };
+    let honor = route.origin_cache_control == OriginCacheControl::Honor;
+    let revalidate_always = honor && (cc.no_cache || cc.zero_lifetime().is_some());
+    let has_validators = super::revalidate::has_validators(headers);
     Lifetime {
-        fresh: entry_ttl(route, kind, origin),
+        fresh: if revalidate_always {
+            Duration::ZERO
+        } else {
+            entry_ttl(route, kind, origin)
+        },
         grace: cc.narrow(route.grace, cc.stale_while_revalidate),
         stale_if_error: cc.narrow(route.stale_if_error, cc.stale_if_error),
+        keep: if has_validators {
+            route.keep
+        } else {
+            Duration::ZERO
+        },
     }
 }
 
@@ -408,6 +445,70 @@ mod tests {
         ] {
             assert!(!No(refused).is_shareable(), "{refused:?}");
         }
+    }
+
+    #[test]
+    fn answers_to_revalidate_on_every_use_are_stored_expired_with_validators() {
+        use Cacheability::Uncacheable as No;
+        let s = Duration::from_secs;
+        let r = route();
+        let origin = origin_route("");
+        let no_keep = origin_route(", keep: 0s");
+        let etag = ("etag", "\"v1\"");
+        let lm = ("last-modified", "Wed, 01 Jan 2020 00:00:00 GMT");
+        for (route, pairs, without) in [
+            (
+                &r,
+                [("cache-control", "no-cache"), etag],
+                Uncacheable::NoCache,
+            ),
+            (
+                &r,
+                [("cache-control", "max-age=0"), lm],
+                Uncacheable::MaxAgeZero,
+            ),
+            (
+                &origin,
+                [("cache-control", "s-maxage=0"), etag],
+                Uncacheable::SMaxAgeZero,
+            ),
+            (&origin, [("expires", "0"), etag], Uncacheable::Expired),
+            (&origin, [("x-other", "1"), lm], Uncacheable::NoLifetime),
+        ] {
+            assert_eq!(
+                judged(route, 200, &pairs),
+                Cacheability::Positive,
+                "{pairs:?}"
+            );
+            let h = headers(&pairs);
+            let cc = CacheControl::parse(&h);
+            let life = lifetime(route, Cacheability::Positive, &h, &cc);
+            assert_eq!(
+                (life.fresh, life.store_ttl()),
+                (Duration::ZERO, s(60)),
+                "{pairs:?}"
+            );
+            // Without validators, or without `keep`, nothing to revalidate.
+            assert_eq!(judged(route, 200, &pairs[..1]), No(without), "{pairs:?}");
+            assert_eq!(judged(&no_keep, 200, &pairs), No(without), "{pairs:?}");
+        }
+        // A fresh answer with validators is kept `keep` past its freshness.
+        let h = headers(&[("cache-control", "max-age=5"), etag]);
+        let life = lifetime(
+            &origin,
+            Cacheability::Positive,
+            &h,
+            &CacheControl::parse(&h),
+        );
+        assert_eq!(life.store_ttl(), life.fresh + s(60));
+        let h = headers(&[("cache-control", "max-age=5")]);
+        let life = lifetime(
+            &origin,
+            Cacheability::Positive,
+            &h,
+            &CacheControl::parse(&h),
+        );
+        assert_eq!(life.store_ttl(), life.fresh);
     }
 
     #[test]

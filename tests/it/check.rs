@@ -84,6 +84,7 @@ fn valid_file_prints_the_route_table() {
         "15s",
         "GRACE",
         "STALE_IF_ERROR",
+        "KEEP",
         "45s",
         "7200s",
         "tenant",

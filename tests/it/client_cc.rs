@@ -31,13 +31,11 @@ const ROUTES: &str = r#"routes:
 const ORIGIN_CC: &str = "public, s-maxage=600, max-age=600, no-transform";
 
 async fn start(redis: Option<&RedisServer>, origin: &Origin) -> Sidecache {
-    let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
-    match redis {
-        Some(r) => b.store(&r.store_yaml()),
-        None => b,
-    }
-    .start()
-    .await
+    SidecacheBuilder::new(origin.url())
+        .routes(ROUTES)
+        .store_on(redis)
+        .start()
+        .await
 }
 
 fn origin_reply() -> Reply {

@@ -5,95 +5,17 @@
 //! transaction.
 //!
 //! Private Postgres and redis-server from the harness (never the shared
-//! instances). The example binary is built by this test with `cargo build
-//! --example upstream` (cargo prints where it put the executable), since
-//! cargo provides `CARGO_BIN_EXE_*` only for `[[bin]]` targets.
+//! instances); the example is built and run by `support::upstream`.
 
 use crate::support::client::{self, Resp};
 use crate::support::postgres::PostgresServer;
 use crate::support::redis::RedisServer;
-use crate::support::sidecache::free_addr;
+use crate::support::upstream::{build_example, Upstream};
 use crate::support::{eventually, SidecacheBuilder};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Bound on "the outbox row has reached the cache".
 const FRESH_WITHIN: Duration = Duration::from_secs(5);
-
-/// Builds the example with the same cargo and returns the executable's path
-/// from cargo's JSON messages (robust to `CARGO_TARGET_DIR` and profiles).
-fn build_example() -> String {
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--example",
-            "upstream",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run cargo build --example upstream");
-    assert!(
-        out.status.success(),
-        "cargo build --example upstream failed"
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "upstream")
-        .find_map(|msg| msg["executable"].as_str().map(str::to_owned))
-        .expect("cargo reported no executable for the upstream example")
-}
-
-/// The example upstream as a child process; killed on drop.
-struct Upstream {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Upstream {
-    async fn start(binary: &str, database_url: &str) -> Upstream {
-        let addr = free_addr();
-        let child = Command::new(binary)
-            .args(["--listen", &addr.to_string(), "--apps", "3"])
-            .env("DATABASE_URL", database_url)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the example upstream");
-        let upstream = Upstream { child, addr };
-        let health = upstream.url("/healthz");
-        eventually(
-            "the example upstream answers /healthz",
-            Duration::from_secs(30),
-            || {
-                let health = health.clone();
-                async move {
-                    client::try_get(&health, Duration::from_secs(1))
-                        .await
-                        .is_ok_and(|r| r.status == 200)
-                }
-            },
-        )
-        .await;
-        upstream
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn x_cache(r: &Resp) -> String {
     r.header("x-cache").unwrap_or_default()
@@ -134,7 +56,7 @@ async fn changes_made_on_the_postgres_upstream_reach_the_cache_through_the_outbo
     let pg = PostgresServer::start();
     let redis = RedisServer::start();
     // The upstream creates app_config and the outbox table at start.
-    let upstream = Upstream::start(&binary, &pg.url()).await;
+    let upstream = Upstream::start(&binary, &pg.url(), &["--apps", "3"]).await;
     let db = pg.client().await;
     assert_eq!(scalar(&db, "SELECT count(*) FROM app_config").await, 6);
 

@@ -13,7 +13,8 @@ use crate::support::{eventually, Origin, Reply, Sidecache, SidecacheBuilder};
 use std::time::{Duration, Instant};
 
 /// `o` trusts the origin up to a minute (1 s without a lifetime), `capped`
-/// at most 1 s, `strict` stores only answers that give a lifetime.
+/// at most 1 s, `strict` stores only answers that give a lifetime, `cdn`
+/// as `strict` but reads `CDN-Cache-Control` first.
 const ROUTES: &str = r#"routes:
   - name: o
     path: /o/{id}
@@ -31,6 +32,12 @@ const ROUTES: &str = r#"routes:
     params: { id: "[a-z0-9]+" }
     ttl: origin
     max_ttl: 60s
+  - name: cdn
+    path: /cdn/{id}
+    params: { id: "[a-z0-9]+" }
+    ttl: origin
+    max_ttl: 60s
+    cdn_cache_control: true
 "#;
 
 /// The entry key of an object without query or vary headers.
@@ -65,13 +72,11 @@ async fn expires_after(sc: &Sidecache, path: &str, at_least: Duration) {
 }
 
 async fn start(redis: Option<&RedisServer>, origin: &Origin) -> Sidecache {
-    let b = SidecacheBuilder::new(origin.url()).routes(ROUTES);
-    match redis {
-        Some(r) => b.store(&r.store_yaml()),
-        None => b,
-    }
-    .start()
-    .await
+    SidecacheBuilder::new(origin.url())
+        .routes(ROUTES)
+        .store_on(redis)
+        .start()
+        .await
 }
 
 async fn lifetimes_come_from_the_origin(redis: Option<RedisServer>) {
@@ -190,4 +195,31 @@ async fn without_a_lifetime_nothing_is_stored_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lifetime_nothing_is_stored_redis() {
     without_a_lifetime_nothing_is_stored(Some(RedisServer::start())).await;
+}
+
+/// `cdn_cache_control: true`: a valid `CDN-Cache-Control` decides instead
+/// of `Cache-Control` (RFC 9213), an invalid one is ignored; routes without
+/// the setting never read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdn_cache_control_decides_where_the_route_reads_it() {
+    let origin = Origin::start().await;
+    let sc = start(None, &origin).await;
+    let reply = |cc: &str, cdn: &str| {
+        Reply::ok("x")
+            .header("cache-control", cc)
+            .header("cdn-cache-control", cdn)
+    };
+    let cases = [
+        ("/cdn/fresh", reply("no-store", "max-age=60"), "HIT"),
+        ("/cdn/nostore", reply("max-age=60", "no-store"), "MISS"),
+        ("/cdn/private", reply("max-age=60", "private"), "MISS"),
+        ("/cdn/short", reply("max-age=60", "max-age=0"), "MISS"),
+        ("/cdn/invalid", reply("no-store", "max-age=\"60\""), "MISS"),
+        ("/strict/cdn", reply("no-store", "max-age=60"), "MISS"),
+    ];
+    for (path, reply, second) in cases {
+        origin.reply(path, reply);
+        assert_eq!(x_cache(&client::get(&sc.url(path)).await), "MISS", "{path}");
+        assert_eq!(x_cache(&client::get(&sc.url(path)).await), second, "{path}");
+    }
 }

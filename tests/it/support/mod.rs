@@ -45,6 +45,16 @@
 //!   &[(label, value)]).await` (sum over series). Drop kills the child
 //!   and, if the test panicked, prints the stderr tail.
 //!
+//! # `upstream::Upstream` — the example upstream on Postgres
+//! - `build_example()` (blocking, once per process) gives the executable;
+//!   `Upstream::start(&binary, &pg.url(), &["--apps", "3"]).await`,
+//!   `.url(path)`. Killed on drop.
+//!
+//! # `history` — the history checker of `tests/it/history.rs`
+//! Pure logic: `check(&History, phases)` gives per-phase `PhaseReport`s
+//! (stale reads, non-monotonic pairs, writes not invalidated, commit →
+//! generation latencies); `timeline(..)` prints one object's history.
+//!
 //! # `client` — HTTP helpers
 //! `get/head/post/put(url, ..)`, `request(method, url, &[(k, v)], body)`,
 //! `request_h2(..)` (h2c prior knowledge), `send(Request<ClientBody>)`,
@@ -58,10 +68,12 @@
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
 
 pub mod client;
+pub mod history;
 pub mod origin;
 pub mod postgres;
 pub mod redis;
 pub mod sidecache;
+pub mod upstream;
 
 pub use origin::{Gate, Origin, Reply};
 pub use sidecache::{app_routes, Sidecache, SidecacheBuilder};

@@ -26,6 +26,8 @@ pub struct PostgresServer {
     bin: PathBuf,
     dir: tempfile::TempDir,
     as_postgres_user: bool,
+    /// Extra `-c name=value` server settings, kept for restarts.
+    settings: Vec<String>,
     child: Mutex<Option<Child>>,
 }
 
@@ -68,6 +70,12 @@ fn free_port() -> u16 {
 impl PostgresServer {
     /// initdb + start on a free port; waits until it accepts connections.
     pub fn start() -> PostgresServer {
+        PostgresServer::start_with(&[])
+    }
+
+    /// Like [`PostgresServer::start`], with extra server settings
+    /// (`"track_commit_timestamp=on"`), kept across restarts.
+    pub fn start_with(settings: &[&str]) -> PostgresServer {
         let bin = bin_dir();
         let as_postgres_user = is_root();
         let dir = tempfile::tempdir().expect("create a temp dir for postgres");
@@ -84,6 +92,7 @@ impl PostgresServer {
             bin,
             dir,
             as_postgres_user,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
             child: Mutex::new(None),
         };
         let out = server
@@ -212,6 +221,9 @@ impl PostgresServer {
 
     fn spawn_and_wait(&self) -> Result<(), String> {
         use std::os::unix::process::CommandExt;
+        // After a kill the old postmaster's pid file still says `ready`:
+        // only a file the new postmaster wrote counts.
+        let stale = self.postmaster_pid();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -233,8 +245,11 @@ impl PostgresServer {
                 // while it waits, so a killed worker's claim is released.
                 "-c",
                 "client_connection_check_interval=100ms",
-            ])
-            .stdin(Stdio::null())
+            ]);
+        for setting in &self.settings {
+            cmd.args(["-c", setting]);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .process_group(0);
@@ -252,7 +267,10 @@ impl PostgresServer {
                     tail(&self.log_path())
                 ));
             }
-            if self.is_ready() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if self.is_ready()
+                && self.postmaster_pid() != stale
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
                 return Ok(());
             }
             if Instant::now() >= deadline {

@@ -91,6 +91,14 @@ impl SidecacheBuilder {
         self.store = yaml.into();
         self
     }
+    /// `redis`'s store if given, else the embedded one (the tests that run
+    /// on both).
+    pub fn store_on(self, redis: Option<&super::redis::RedisServer>) -> Self {
+        match redis {
+            Some(r) => self.store(&r.store_yaml()),
+            None => self,
+        }
+    }
     /// The whole `fill:` section.
     pub fn fill(mut self, yaml: &str) -> Self {
         self.fill = yaml.into();

@@ -1,0 +1,786 @@
+//! The history checker (issue 19, point 3): 3 sidecache instances on one
+//! Redis in front of the example upstream on Postgres (each `PUT` bumps the
+//! object's `version` and writes its outbox row in one transaction), 8
+//! readers and 2 writers on 20 objects, every read and write recorded with
+//! its invocation and completion times, every generation value read from
+//! the store. `support::history` checks the history: no read stale beyond
+//! 50 ms, monotonic reads per instance, every committed write invalidated
+//! (a generation created after its commit). One test per feed, each a run
+//! of short phases: fast origin, then one nemesis per phase, then a 200 ms
+//! origin; the figures are printed per phase.
+//!
+//! Feeds:
+//! - **outbox**: writers `PUT` on the upstream; sidecache's outbox workers
+//!   apply the rows.
+//! - **stream**: writers `PUT` on the upstream, then append the event to
+//!   the Redis Stream themselves (the test is the relay; retried while
+//!   Redis is down, as a relay would).
+//! - **write-through**: writers `PUT` through instance 0, which invalidates
+//!   before it answers. The nemeses target instances 1 and 2 only: a
+//!   write-through invalidation happens in the process that forwarded the
+//!   write (docs/invalidation.md: it only shortens the window), so killing
+//!   or stopping that process mid-write loses or delays it by design.
+//!
+//! Readers are pinned to instances (reader `i` on instance `i % 3`) and
+//! read in an open loop, so a stopped instance stalls only its own
+//! readers, and a slow one still gets the reads that race its fills. Commit times are Postgres
+//! commit timestamps (`track_commit_timestamp`); generation creation times
+//! are the Redis `TIME` inside each value; both share the machine's clock.
+//! Timed steps below are the nemesis schedule, not synchronisation:
+//! readiness is always polled with a deadline.
+
+use crate::support::history::{self, created_us, Generation, History, PhaseReport, Read, Write};
+use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisServer;
+use crate::support::upstream::{build_example, Upstream};
+use crate::support::{eventually, Sidecache, SidecacheBuilder};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const OBJECTS: u64 = 20;
+const READERS: usize = 8;
+const WRITERS: u64 = 2;
+const INSTANCES: usize = 3;
+/// Each reader reads once per this, each writer writes once per that (after
+/// its previous write answered): a load the shared 2-core test machine
+/// carries without starving anyone.
+const READ_EVERY: Duration = Duration::from_millis(15);
+const WRITE_EVERY: Duration = Duration::from_millis(25);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const PHASE: Duration = Duration::from_secs(2);
+/// A phase lasts at least this long after its nemesis healed.
+const HEALED_FOR: Duration = Duration::from_millis(1500);
+/// The slow origin's latency (issue 19).
+const SLOW_MS: &str = "200";
+/// The instance the sidecache nemesis kills, and the one it stops.
+const KILLED: usize = 2;
+const STOPPED: usize = 1;
+const STOP_FOR: Duration = Duration::from_millis(1500);
+const STREAM: &str = "inv";
+const GROUP: &str = "sidecache";
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Feed {
+    Outbox,
+    Stream,
+    WriteThrough,
+}
+
+/// One phase each, in this order. The slow origin comes last: it replaces
+/// the fleet (the upstream is start-up config).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Case {
+    FastOrigin,
+    RedisKill,
+    SidecacheKill,
+    Stop,
+    PostgresRestart,
+    DelGenerations,
+    SlowOrigin,
+}
+
+const CASES: [Case; 7] = [
+    Case::FastOrigin,
+    Case::RedisKill,
+    Case::SidecacheKill,
+    Case::Stop,
+    Case::PostgresRestart,
+    Case::DelGenerations,
+    Case::SlowOrigin,
+];
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::FastOrigin => "fast origin",
+            Case::RedisKill => "redis kill -9",
+            Case::SidecacheKill => "sidecache kill -9",
+            Case::Stop => "SIGSTOP 1.5 s",
+            Case::PostgresRestart => "postgres restart",
+            Case::DelGenerations => "DEL generations",
+            Case::SlowOrigin => "200 ms origin",
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_history_is_consistent_under_nemeses() {
+    run(Feed::Outbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_history_is_consistent_under_nemeses() {
+    run(Feed::Stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_history_is_consistent_under_nemeses() {
+    run(Feed::WriteThrough).await;
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+fn path(object: u64) -> String {
+    format!("/api/tenants/acme/apps/{object}")
+}
+
+fn gen_key(object: u64) -> String {
+    let id = object.to_string();
+    sidecache::keys::generation_key("sc:", &sidecache::keys::identity("app", &["acme", &id]))
+}
+
+type Recorder = Arc<Mutex<History>>;
+
+fn record(history: &Recorder, f: impl FnOnce(&mut History)) {
+    f(&mut history.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+/// Everything one feed's run uses.
+struct Env {
+    feed: Feed,
+    pg: PostgresServer,
+    redis: RedisServer,
+    fast: Upstream,
+    slow: Upstream,
+    fleet: Vec<Sidecache>,
+    history: Recorder,
+}
+
+impl Env {
+    fn instance(&self, upstream: &Upstream) -> SidecacheBuilder {
+        let feed = match self.feed {
+            Feed::Outbox => format!(
+                "invalidation:\n  outbox:\n    url: \"{}\"\n    poll_interval: 1s\n",
+                self.pg.url()
+            ),
+            Feed::Stream => format!(
+                "invalidation:\n  redis_stream:\n    stream: \"{STREAM}\"\n    group: {GROUP}\n"
+            ),
+            // Routes invalidate on write by default.
+            Feed::WriteThrough => String::new(),
+        };
+        SidecacheBuilder::new(upstream.url(""))
+            .store(&self.redis.store_yaml())
+            .extra(&feed)
+    }
+
+    async fn start_fleet(&mut self, slow: bool) {
+        self.fleet.clear();
+        let upstream = if slow { &self.slow } else { &self.fast };
+        let builder = self.instance(upstream);
+        for _ in 0..INSTANCES {
+            let sc = builder.clone().start().await;
+            self.fleet.push(sc);
+        }
+        if self.feed == Feed::Stream {
+            let redis = &self.redis;
+            eventually(
+                "every instance joined the stream's group",
+                Duration::from_secs(10),
+                || async move { stream_consumers(redis) >= INSTANCES },
+            )
+            .await;
+        }
+    }
+
+    /// Where writers send their `PUT`s: through instance 0 for
+    /// write-through, else straight to the (fast) upstream. A slow origin
+    /// is about fills: writes that are not slowed down commit while fills
+    /// of the previous version are still at the origin, the race of issue
+    /// 19's first point.
+    fn write_url(&self, object: u64) -> String {
+        match self.feed {
+            Feed::WriteThrough => self.fleet[0].url(&path(object)),
+            _ => self.fast.url(&path(object)),
+        }
+    }
+}
+
+/// Consumers of the group (0 while the stream or group is missing).
+fn stream_consumers(redis: &RedisServer) -> usize {
+    match redis.cli(&["XINFO", "CONSUMERS", STREAM, GROUP]) {
+        Ok(redis::Value::Array(list)) => list.len(),
+        _ => 0,
+    }
+}
+
+/// One feed's run at a time: the three share the machine's two cores, and
+/// a run's own figures (and its 50 ms bound) should not measure the others.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn run(feed: Feed) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let binary = tokio::task::spawn_blocking(build_example)
+        .await
+        .expect("build task");
+    let pg = PostgresServer::start_with(&["track_commit_timestamp=on"]);
+    let redis = RedisServer::start();
+    let apps = OBJECTS.to_string();
+    let fast = Upstream::start(&binary, &pg.url(), &["--apps", &apps]).await;
+    let slow = Upstream::start(
+        &binary,
+        &pg.url(),
+        &["--apps", &apps, "--delay-ms", SLOW_MS],
+    )
+    .await;
+    let mut env = Env {
+        feed,
+        pg,
+        redis,
+        fast,
+        slow,
+        fleet: Vec::new(),
+        history: Arc::default(),
+    };
+    env.start_fleet(false).await;
+    let (stop_watch, stopped) = watch::channel(false);
+    let watcher = tokio::spawn(watch_generations(
+        env.redis.url(),
+        env.history.clone(),
+        stopped,
+    ));
+    warm_up(&env).await;
+
+    for (i, case) in CASES.into_iter().enumerate() {
+        if case == Case::SlowOrigin {
+            env.start_fleet(true).await;
+        }
+        run_phase(&mut env, i, case).await;
+    }
+
+    // The last writes' invalidations: polled (bounded) until all are seen;
+    // what is still missing then is reported by the check below.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && !all_invalidated(&env.history) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_watch.send(true);
+    watcher.await.expect("generation watcher");
+
+    let h = env
+        .history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let reports = history::check(&h, CASES.len());
+    print_figures(feed, &reports);
+    assert_holds(feed, &h, &reports);
+}
+
+fn all_invalidated(history: &Recorder) -> bool {
+    let h = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    history::check(&h, CASES.len())
+        .iter()
+        .all(|p| p.not_invalidated.is_empty())
+}
+
+/// One write before the phases, waited for until its invalidation shows in
+/// the store: the feed works end to end when the history starts.
+async fn warm_up(env: &Env) {
+    let mut writer = Writer::new(env);
+    let w = writer.put(&env.write_url(1), 1, 0, 0).await;
+    let committed = w
+        .committed
+        .unwrap_or_else(|| panic!("warm-up write failed or has no commit timestamp: {w:?}"));
+    let key = gen_key(1);
+    eventually(
+        "the warm-up write's invalidation reaches the store",
+        Duration::from_secs(10),
+        || {
+            let key = key.clone();
+            let redis = &env.redis;
+            async move {
+                match redis.cli(&["GET", &key]) {
+                    Ok(redis::Value::BulkString(v)) => {
+                        created_us(&String::from_utf8_lossy(&v)).is_some_and(|c| c >= committed)
+                    }
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
+}
+
+async fn run_phase(env: &mut Env, index: usize, case: Case) {
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+    for reader in 0..READERS {
+        let url = env.fleet[reader % INSTANCES].url("");
+        tasks.push(tokio::spawn(reader_loop(
+            reader % INSTANCES,
+            url,
+            index,
+            env.history.clone(),
+            stopped.clone(),
+        )));
+    }
+    for writer in 0..WRITERS {
+        let urls: Vec<(u64, String)> = (1..=OBJECTS)
+            .filter(|o| o % WRITERS == writer)
+            .map(|o| (o, env.write_url(o)))
+            .collect();
+        tasks.push(tokio::spawn(writer_loop(
+            Writer::new(env),
+            urls,
+            index,
+            env.history.clone(),
+            stopped.clone(),
+        )));
+    }
+
+    let start = Instant::now();
+    let at = |ms: u64| tokio::time::sleep_until(start + Duration::from_millis(ms));
+    let note = |what: &str| {
+        let what = what.to_owned();
+        record(&env.history, |h| h.notes.push((now_us(), what)));
+    };
+    match case {
+        Case::FastOrigin | Case::SlowOrigin => {}
+        Case::RedisKill => {
+            at(500).await;
+            let wiped = now_us();
+            note("redis kill -9");
+            tokio::task::block_in_place(|| env.redis.restart());
+            note("redis up");
+            record(&env.history, |h| h.wipes.push(wiped));
+        }
+        Case::SidecacheKill => {
+            at(500).await;
+            note("sidecache kill -9");
+            let builder = env.fleet[KILLED].builder();
+            env.fleet[KILLED].kill();
+            env.fleet[KILLED] = builder.start().await;
+            note("sidecache ready");
+        }
+        Case::Stop => {
+            at(300).await;
+            note("SIGSTOP");
+            env.fleet[STOPPED].signal("STOP");
+            at(300 + STOP_FOR.as_millis() as u64).await;
+            env.fleet[STOPPED].signal("CONT");
+            note("SIGCONT");
+        }
+        Case::PostgresRestart => {
+            at(500).await;
+            note("postgres kill -9");
+            tokio::task::block_in_place(|| env.pg.restart());
+            note("postgres up");
+        }
+        Case::DelGenerations => {
+            let mut redis = RedisConn::new(env.redis.url());
+            for step in 0..16 {
+                at(200 + step * 100).await;
+                // The deleted value is recorded: its creation may be the
+                // only trace of an invalidation the watcher did not see.
+                let object = rand::random_range(1..=OBJECTS);
+                let deleted = redis
+                    .query::<Option<String>>(redis::cmd("GETDEL").arg(gen_key(object)))
+                    .await
+                    .flatten();
+                record(&env.history, |h| {
+                    h.notes
+                        .push((now_us(), format!("DEL generation of object {object}")));
+                    if let Some(created) = deleted.as_deref().and_then(created_us) {
+                        h.generations.push(Generation { object, created });
+                    }
+                });
+            }
+        }
+    }
+    // The phase runs on for a while after its nemesis healed, so what the
+    // healing takes shows in this phase's figures.
+    let healed = Instant::now() + HEALED_FOR;
+    tokio::time::sleep_until(healed.max(start + PHASE)).await;
+    let _ = stop.send(true);
+    for task in tasks {
+        task.await.expect("load task");
+    }
+}
+
+/// Sleeps `d` unless the phase ends first; false once it has ended.
+async fn pace(stopped: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    if *stopped.borrow() {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => !*stopped.borrow(),
+        _ = stopped.changed() => false,
+    }
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// A pooled client: one connection per reader reused across reads (a new
+/// one per read would leave thousands of sockets in TIME_WAIT).
+fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Status, `X-Cache` and the JSON `version`, or `None` on any failure.
+async fn request(
+    client: &HttpClient,
+    method: &str,
+    url: &str,
+    body: &str,
+) -> Option<(u16, String, Option<i64>)> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .ok()?;
+    let answer = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let cache = resp
+            .headers()
+            .get("x-cache")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        let version = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["version"].as_i64());
+        Some((status, cache, version))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, answer)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// An open-loop reader: one read every `READ_EVERY` whether or not the
+/// previous ones have answered (clients do not wait for each other), so a
+/// slow or stopped instance still sees the reads that would race it.
+async fn reader_loop(
+    instance: usize,
+    base: String,
+    phase: usize,
+    history: Recorder,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let client = http_client();
+    let mut reads = tokio::task::JoinSet::new();
+    loop {
+        let object = rand::random_range(1..=OBJECTS);
+        let (client, url, history) = (
+            client.clone(),
+            format!("{base}{}", path(object)),
+            history.clone(),
+        );
+        reads.spawn(async move {
+            let invoked = now_us();
+            let answer = request(&client, "GET", &url, "").await;
+            let completed = now_us();
+            let (version, cache) = match answer {
+                Some((200, cache, Some(v))) => (Some(v), cache),
+                _ => (None, String::new()),
+            };
+            record(&history, |h| {
+                h.reads.push(Read {
+                    phase,
+                    instance,
+                    object,
+                    invoked,
+                    completed,
+                    version,
+                    cache,
+                })
+            });
+        });
+        // Finished reads are reaped as we go (each is bounded by its timeout).
+        while reads.try_join_next().is_some() {}
+        if !pace(&mut stopped, READ_EVERY).await {
+            break;
+        }
+    }
+    while reads.join_next().await.is_some() {}
+}
+
+async fn writer_loop(
+    mut writer: Writer,
+    urls: Vec<(u64, String)>,
+    phase: usize,
+    history: Recorder,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut n = 0u64;
+    loop {
+        let (object, url) = &urls[rand::random_range(0..urls.len())];
+        n += 1;
+        let w = writer.put(url, *object, phase, n).await;
+        record(&history, |h| h.writes.push(w));
+        if !pace(&mut stopped, WRITE_EVERY).await {
+            return;
+        }
+    }
+}
+
+/// A writer's connections: HTTP for the `PUT`, Redis for the stream event,
+/// Postgres for the commit timestamp.
+struct Writer {
+    feed: Feed,
+    client: HttpClient,
+    pg: Pg,
+    redis: RedisConn,
+}
+
+impl Writer {
+    fn new(env: &Env) -> Writer {
+        Writer {
+            feed: env.feed,
+            client: http_client(),
+            pg: Pg::new(env.pg.url()),
+            redis: RedisConn::new(env.redis.url()),
+        }
+    }
+
+    /// One `PUT` (and, for the stream feed, its event), with the commit
+    /// timestamp of the version it created.
+    async fn put(&mut self, url: &str, object: u64, phase: usize, n: u64) -> Write {
+        let invoked = now_us();
+        let answer = request(&self.client, "PUT", url, &format!(r#"{{"n":{n}}}"#)).await;
+        let completed = now_us();
+        let version = match answer {
+            Some((200, _, Some(v))) => Some(v),
+            _ => None,
+        };
+        if let (Some(v), Feed::Stream) = (version, self.feed) {
+            append_event(&mut self.redis, object, v).await;
+        }
+        let committed = match version {
+            Some(v) => self.pg.commit_time(object, v).await,
+            None => None,
+        };
+        Write {
+            phase,
+            object,
+            invoked,
+            completed,
+            version,
+            committed,
+        }
+    }
+}
+
+/// The relay's job for the stream feed: append the committed change's
+/// event, retrying while Redis is down (bounded).
+async fn append_event(redis: &mut RedisConn, object: u64, version: i64) {
+    let params = format!(r#"{{"tenant":"acme","id":{object}}}"#);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(STREAM)
+            .arg("*")
+            .arg("route")
+            .arg("app")
+            .arg("params")
+            .arg(&params)
+            .arg("revision")
+            .arg(version);
+        if redis.query::<String>(&cmd).await.is_some() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not append the event of object {object} v{version} for 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Postgres connection that reconnects after failures (the nemesis
+/// restarts Postgres).
+struct Pg {
+    url: String,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Pg {
+    fn new(url: String) -> Pg {
+        Pg { url, client: None }
+    }
+
+    /// When the transaction that created `version` of `object` committed
+    /// (microseconds since the epoch); `None` if it cannot be read now.
+    async fn commit_time(&mut self, object: u64, version: i64) -> Option<i64> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+                .await
+                .ok()?;
+            tokio::spawn(connection);
+            self.client = Some(client);
+        }
+        let client = self.client.as_ref()?;
+        let row = client
+            .query_opt(
+                "SELECT (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::bigint \
+                 FROM app_config WHERE tenant = 'acme' AND id = $1 AND version = $2",
+                &[&(object as i64), &version],
+            )
+            .await;
+        match row {
+            Ok(row) => row.and_then(|r| r.get::<_, Option<i64>>(0)),
+            Err(_) => {
+                self.client = None;
+                None
+            }
+        }
+    }
+}
+
+/// A Redis connection that reconnects after failures (the nemesis kills
+/// Redis).
+struct RedisConn {
+    client: redis::Client,
+    conn: Option<redis::aio::MultiplexedConnection>,
+}
+
+impl RedisConn {
+    fn new(url: String) -> RedisConn {
+        RedisConn {
+            client: redis::Client::open(url).expect("redis url"),
+            conn: None,
+        }
+    }
+
+    /// The reply, or `None` on any error (the next call reconnects).
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Option<T> {
+        if self.conn.is_none() {
+            let connect = self.client.get_multiplexed_async_connection();
+            self.conn = tokio::time::timeout(Duration::from_millis(500), connect)
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let conn = self.conn.as_mut()?;
+        match tokio::time::timeout(Duration::from_millis(500), cmd.query_async(conn)).await {
+            Ok(Ok(v)) => Some(v),
+            _ => {
+                self.conn = None;
+                None
+            }
+        }
+    }
+}
+
+/// Reads every object's generation every 2 ms and records each value seen
+/// (with the time inside it) until `stopped`.
+async fn watch_generations(url: String, history: Recorder, mut stopped: watch::Receiver<bool>) {
+    let mut redis = RedisConn::new(url);
+    let keys: Vec<String> = (1..=OBJECTS).map(gen_key).collect();
+    let mut seen: HashSet<(u64, String)> = HashSet::new();
+    loop {
+        let values: Option<Vec<Option<String>>> = redis.query(redis::cmd("MGET").arg(&keys)).await;
+        for (object, value) in (1..=OBJECTS).zip(values.unwrap_or_default()) {
+            let Some(value) = value else { continue };
+            let Some(created) = created_us(&value) else {
+                panic!("generation of object {object} has no time in it: {value:?}");
+            };
+            if seen.insert((object, value)) {
+                record(&history, |h| {
+                    h.generations.push(Generation { object, created })
+                });
+            }
+        }
+        if !pace(&mut stopped, Duration::from_millis(2)).await {
+            return;
+        }
+    }
+}
+
+fn print_figures(feed: Feed, reports: &[PhaseReport]) {
+    println!("history, {feed:?} feed (stale = invoked > 50 ms after a newer version committed):");
+    for (case, r) in CASES.iter().zip(reports) {
+        let latency = match r.latency_ms() {
+            Some((p50, p99, max)) => format!("{p50:.1}/{p99:.1}/{max:.1}"),
+            None => "-".into(),
+        };
+        let max_stale = r.stale.iter().map(|s| s.age_us).max().unwrap_or(0) as f64 / 1e3;
+        println!(
+            "  {:<18} reads {:>5} (failed {:>4}, {:?}) stale {} (>1 s {}, max {max_stale:.0} ms) \
+             non-monotonic {} | writes {:>4} (failed {:>3}) not invalidated {} wiped {} \
+             commit->generation p50/p99/max {latency} ms",
+            case.name(),
+            r.reads,
+            r.failed_reads,
+            r.cache,
+            r.stale.len(),
+            r.stale_beyond(1_000_000),
+            r.non_monotonic.len(),
+            r.writes,
+            r.failed_writes,
+            r.not_invalidated.len(),
+            r.wiped,
+        );
+    }
+}
+
+fn assert_holds(feed: Feed, h: &History, reports: &[PhaseReport]) {
+    let mut failures = Vec::new();
+    for (case, r) in CASES.iter().zip(reports) {
+        let ok_reads = r.reads - r.failed_reads;
+        let ok_writes = r.writes - r.failed_writes;
+        // Not vacuous: the phase read and wrote, and the cache answered.
+        if ok_reads < 50 || ok_writes < 5 {
+            failures.push(format!(
+                "{}: too little load to judge ({ok_reads} reads, {ok_writes} writes succeeded)",
+                case.name()
+            ));
+        }
+        if let Some(s) = r.stale.iter().max_by_key(|s| s.age_us) {
+            let around = s.read.invoked - s.age_us - 100_000;
+            failures.push(format!(
+                "{}: {} stale reads (>1 s: {}), the oldest {} ms: {:?}; object {} from {around} us:\n{}",
+                case.name(),
+                r.stale.len(),
+                r.stale_beyond(1_000_000),
+                s.age_us / 1000,
+                s.read,
+                s.read.object,
+                history::timeline(h, s.read.object, around, s.read.completed + 100_000)
+            ));
+        }
+        if let Some((a, b)) = r.non_monotonic.first() {
+            failures.push(format!(
+                "{}: {} non-monotonic reads, e.g. {a:?} then {b:?}",
+                case.name(),
+                r.non_monotonic.len()
+            ));
+        }
+        if let Some(w) = r.not_invalidated.first() {
+            failures.push(format!(
+                "{}: {} writes without a later generation, e.g. {w:?}",
+                case.name(),
+                r.not_invalidated.len()
+            ));
+        }
+    }
+    let fast = &reports[0];
+    if fast.cache.get("HIT").copied().unwrap_or(0) == 0 || fast.latencies_us.is_empty() {
+        failures.push(format!(
+            "fast origin: no hits or no measured invalidation ({:?})",
+            fast.cache
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{feed:?} feed: the history checker found:\n  {}",
+        failures.join("\n  ")
+    );
+}
