@@ -373,6 +373,9 @@ impl OutboxWorker {
             .await
             .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
         woke.won_lead = won_lead;
+        // The session works: forget earlier reconnect failures (a session
+        // that connects but fails every statement keeps backing off).
+        reconnect.reset();
         if pending == 0 {
             // Nothing to claim: a row inserted since comes with a NOTIFY.
             woke.idle = true;
@@ -389,10 +392,6 @@ impl OutboxWorker {
             let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
                 .await
                 .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-            // Reset only once a whole cycle worked: a session that
-            // connects but fails every cycle (permissions, a dropped
-            // table) keeps backing off instead of reconnecting in a loop.
-            reconnect.reset();
             let full = report.claimed >= self.cfg.batch as usize;
             if !full || report.failed > 0 || *shutdown.borrow() {
                 woke.store_back_at = self.invalidator.feeds_ready_at();
