@@ -27,6 +27,9 @@
 //! - [`config`]: the YAML file model, validation into a typed `Config`, route
 //!   templates and their matching on the normal form of request paths, the
 //!   reload watcher.
+//! - [`pg`]: connecting to Postgres (outbox worker, Bloom source): the
+//!   connection string's `sslmode`/`sslrootcert` and TLS over rustls;
+//!   [`tls`]: what the Postgres and Redis connections share about TLS.
 //! - [`error`], [`body`], [`metrics`]: error kinds and their HTTP answers, the
 //!   one body type, metric names and the Prometheus registry.
 
@@ -41,8 +44,10 @@ pub mod explain;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
+pub mod pg;
 pub(crate) mod pipeline;
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod status;
 pub mod store;
+pub(crate) mod tls;

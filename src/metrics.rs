@@ -23,6 +23,7 @@ pub mod names {
     pub const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
+    pub const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
     pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
     pub const FILL_QUEUED: &str = "sidecache_fill_queued";
     pub const FILL_QUEUE_WAIT: &str = "sidecache_fill_queue_wait_seconds";
@@ -96,6 +97,8 @@ pub struct Metrics {
     pub feed_breaker_open: IntGauge,
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
+    /// Invalidations fewer replicas confirmed than `store.redis.replicas_ack`.
+    pub replica_ack_shortfalls: IntCounter,
     pub fill_inflight: IntGaugeVec,
     /// Fills waiting for a permit (`fill.queue_timeout`).
     pub fill_queued: IntGauge,
@@ -238,6 +241,14 @@ impl Metrics {
                 IntGauge::new(
                     STORE_WRITES_REFUSED,
                     "1 while the store refuses writes (since the last refusal, until a write succeeds).",
+                )
+                .expect("valid metric"),
+            ),
+            replica_ack_shortfalls: reg(
+                &registry,
+                IntCounter::new(
+                    REPLICA_ACK_SHORTFALLS,
+                    "Invalidations that fewer replicas confirmed than store.redis.replicas_ack; the event stays pending.",
                 )
                 .expect("valid metric"),
             ),

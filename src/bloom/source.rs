@@ -87,10 +87,9 @@ impl IdSource for PgSource {
         scope: &'a str,
     ) -> BoxFuture<'a, Result<IdStream, SourceError>> {
         Box::pin(async move {
-            let (client, connection) =
-                tokio_postgres::connect(&self.conninfo, tokio_postgres::NoTls)
-                    .await
-                    .map_err(query_error)?;
+            let connect_error = |e: crate::pg::PgError| SourceError::Query(e.to_string());
+            let connector = crate::pg::PgConnector::parse(&self.conninfo).map_err(connect_error)?;
+            let (client, connection) = connector.connect().await.map_err(connect_error)?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "bloom source connection ended");

@@ -183,10 +183,50 @@ pub struct FileRedis {
     pub url: Option<String>,
     #[serde(default)]
     pub cluster: Option<Vec<String>>,
+    #[serde(default)]
+    pub sentinel: Option<FileSentinel>,
     #[serde(default = "defaults::command_timeout")]
     pub command_timeout: HumanDuration,
     #[serde(default)]
     pub near_cache: Option<FileNearCache>,
+    #[serde(default)]
+    pub tls: Option<FileRedisTls>,
+    /// Replicas that must hold an invalidation before its event is
+    /// acknowledged (`WAIT`); 0: do not wait.
+    #[serde(default)]
+    pub replicas_ack: u32,
+    #[serde(default = "defaults::replicas_timeout")]
+    pub replicas_timeout: HumanDuration,
+}
+
+/// `store.redis.sentinel`: follow the primary Redis Sentinel names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSentinel {
+    pub master: String,
+    /// Sentinel URLs (`redis://host:26379`).
+    pub nodes: Vec<String>,
+    /// For the primary (not the sentinels: those go in their URLs).
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub db: i64,
+}
+
+/// `store.redis.tls`: certificates for `rediss://` (files in PEM).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedisTls {
+    /// CA bundle that signs the server's certificate; absent: system roots.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// Client certificate (chain) and key, for servers that require mTLS.
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    #[serde(default)]
+    pub key_file: Option<String>,
 }
 
 /// `store.redis.near_cache`; absent = defaults (on for `url`, off for `cluster`).
@@ -466,6 +506,9 @@ pub(super) mod defaults {
     }
     pub fn near_max_age() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
+    }
+    pub fn replicas_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_millis(500))
     }
     pub fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))

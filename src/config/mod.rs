@@ -108,6 +108,32 @@ pub struct LimitsConfig {
 pub enum RedisTarget {
     Single(String),
     Cluster(Vec<String>),
+    /// The primary that Redis Sentinel names, followed across failovers.
+    Sentinel(SentinelTarget),
+}
+
+/// `store.redis.sentinel`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// The monitored master's name (`sentinel monitor <name> ...`).
+    pub master: String,
+    /// `redis://` URLs of the sentinels (their own credentials in the URL).
+    pub nodes: Vec<String>,
+    /// Credentials and database of the primary and replicas.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    // The password is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("master", &self.master)
+            .field("nodes", &self.nodes.len())
+            .field("db", &self.db)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +142,40 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
     /// `None`: every read goes to Redis.
     pub near_cache: Option<NearCacheConfig>,
+    /// Certificates for `rediss://` URLs; `None`: the system's roots and
+    /// no client certificate.
+    pub tls: Option<RedisTls>,
+    /// `None`: invalidations are acknowledged once the primary applied them.
+    pub replicas_ack: Option<ReplicasAck>,
+}
+
+/// `store.redis.replicas_ack` and `replicas_timeout`: an invalidation counts
+/// as applied (outbox row deleted, stream entry acked) only once `replicas`
+/// replicas hold it (`WAIT replicas timeout`); fewer is a failure, retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicasAck {
+    pub replicas: u32,
+    pub timeout: Duration,
+}
+
+/// `store.redis.tls`, read and parsed at validation (so `check` refuses a
+/// file that could not be used); a changed file needs a restart.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM of the CA bundle; `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM of the client certificate chain and of its key (mTLS).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    // The key is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// The in-process copy of hot entries in front of a single-node Redis,

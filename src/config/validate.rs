@@ -5,7 +5,7 @@
 use super::file::FileStreamStart;
 use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
-    FileQuery, FileQueryMode, FileRoute, FileTtl,
+    FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
@@ -15,10 +15,12 @@ use super::units::HumanDuration;
 use super::{
     AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
     InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
-    StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    RedisTls, ReplicasAck, SentinelTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,30 +190,43 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
     let redis = match &s.redis {
         None => None,
         Some(r) => {
-            let target = match (&r.url, &r.cluster) {
-                (Some(url), None) => {
+            let target = match (&r.url, &r.cluster, &r.sentinel) {
+                (Some(url), None, None) => {
                     redis_url("store.redis.url", url)?;
                     RedisTarget::Single(url.clone())
                 }
-                (None, Some(nodes)) if !nodes.is_empty() => {
+                (None, Some(nodes), None) if !nodes.is_empty() => {
                     for (i, n) in nodes.iter().enumerate() {
                         redis_url(&format!("store.redis.cluster[{i}]"), n)?;
                     }
                     RedisTarget::Cluster(nodes.clone())
                 }
-                (Some(_), Some(_)) => {
-                    return err("store.redis", "give either `url` or `cluster`, not both")
+                (None, None, Some(s)) => RedisTarget::Sentinel(sentinel(s)?),
+                (None, None, None) | (None, Some(_), None) => {
+                    return err(
+                        "store.redis",
+                        "needs `url`, a non-empty `cluster` list or `sentinel`",
+                    )
                 }
-                _ => return err("store.redis", "needs `url` or a non-empty `cluster` list"),
+                _ => {
+                    return err(
+                        "store.redis",
+                        "give one of `url`, `cluster` and `sentinel`, not several",
+                    )
+                }
             };
             if r.command_timeout.0.is_zero() {
                 return err("store.redis.command_timeout", "must be greater than zero");
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
+            let tls = redis_tls(r.tls.as_ref(), &target)?;
+            let replicas_ack = replicas_ack(r, &target)?;
             Some(RedisConfig {
                 target,
                 command_timeout: r.command_timeout.0,
                 near_cache,
+                tls,
+                replicas_ack,
             })
         }
     };
@@ -230,7 +245,7 @@ fn near_cache(
     target: &RedisTarget,
 ) -> Result<Option<NearCacheConfig>> {
     let at = "store.redis.near_cache";
-    let cluster = matches!(target, RedisTarget::Cluster(_));
+    let cluster = !matches!(target, RedisTarget::Single(_));
     let Some(n) = raw else {
         // On by default where it is supported.
         return Ok((!cluster).then_some(NearCacheConfig {
@@ -244,7 +259,7 @@ fn near_cache(
     if cluster {
         return err(
             at,
-            "not supported with store.redis.cluster yet (set `enabled: false` or use `url`)",
+            "not supported with store.redis.cluster or sentinel yet (set `enabled: false` or use `url`)",
         );
     }
     if n.max_bytes.0 < 1 << 20 {
@@ -270,12 +285,11 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     "must not be empty (is the variable set?)",
                 );
             }
-            if let Err(e) = o.url.parse::<tokio_postgres::Config>() {
-                // The URL may hold a password: name the problem, not the text.
-                return err(
-                    format!("{at}.url"),
-                    format!("not a Postgres connection string: {e}"),
-                );
+            // Parses sslmode and loads sslrootcert, so `check` refuses what
+            // could not connect. The URL may hold a password: the error
+            // names the problem, not the text.
+            if let Err(e) = crate::pg::PgConnector::parse(&o.url) {
+                return err(format!("{at}.url"), e.to_string());
             }
             check_identifier(&o.table).or_else(|m| err(format!("{at}.table"), m))?;
             check_identifier(&o.notify_channel)
@@ -314,7 +328,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                 Some(_) => {
                     return err(
                         at,
-                        "not supported with store.redis.cluster yet (needs store.redis.url)",
+                        "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
                     )
                 }
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
@@ -433,11 +447,135 @@ fn open_files_limit() -> u64 {
 }
 
 fn redis_url(path: &str, url: &str) -> Result<()> {
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        Ok(())
-    } else {
-        err(path, format!("{url:?} is not a redis:// URL"))
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return err(path, format!("{url:?} is not a redis:// URL"));
     }
+    // redis-rs would refuse it at the first connect, after `check` passed.
+    if url.ends_with("#insecure") {
+        return err(
+            path,
+            "`#insecure` (no certificate check) is not supported: give store.redis.tls.ca_file",
+        );
+    }
+    Ok(())
+}
+
+fn sentinel(s: &FileSentinel) -> Result<SentinelTarget> {
+    let at = "store.redis.sentinel";
+    if s.master.is_empty() || s.master.chars().any(char::is_whitespace) {
+        return err(format!("{at}.master"), "must be a name without whitespace");
+    }
+    if s.nodes.is_empty() {
+        return err(format!("{at}.nodes"), "needs at least one sentinel URL");
+    }
+    for (i, n) in s.nodes.iter().enumerate() {
+        if !n.starts_with("redis://") {
+            return err(
+                format!("{at}.nodes[{i}]"),
+                format!("{n:?} is not a redis:// URL"),
+            );
+        }
+    }
+    if !(0..=15).contains(&s.db) {
+        return err(format!("{at}.db"), "must be between 0 and 15");
+    }
+    Ok(SentinelTarget {
+        master: s.master.clone(),
+        nodes: s.nodes.clone(),
+        username: s.username.clone(),
+        password: s.password.clone(),
+        db: s.db,
+    })
+}
+
+fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAck>> {
+    if r.replicas_ack == 0 {
+        return Ok(None);
+    }
+    if !matches!(target, RedisTarget::Single(_)) {
+        return err(
+            "store.redis.replicas_ack",
+            "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
+        );
+    }
+    let timeout = r.replicas_timeout.0;
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return err(
+            "store.redis.replicas_timeout",
+            "must be between 1ms and 60s",
+        );
+    }
+    Ok(Some(ReplicasAck {
+        replicas: r.replicas_ack,
+        timeout,
+    }))
+}
+
+/// `store.redis.tls`: only with `rediss://` URLs; every file is read and
+/// its PEM parsed now, so a config that could not connect fails `check`.
+fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<RedisTls>> {
+    let Some(t) = raw else {
+        return Ok(None);
+    };
+    let at = "store.redis.tls";
+    let urls = match target {
+        RedisTarget::Single(url) => std::slice::from_ref(url),
+        RedisTarget::Cluster(urls) => urls.as_slice(),
+        RedisTarget::Sentinel(_) => {
+            return err(at, "not supported with store.redis.sentinel yet");
+        }
+    };
+    if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+        return err(
+            at,
+            format!("needs rediss:// URLs; {plain:?} would connect in plain text"),
+        );
+    }
+    let read = |field: &str, path: &str| {
+        std::fs::read(path).or_else(|e| {
+            err(
+                format!("{at}.{field}"),
+                format!("cannot read {path:?}: {e}"),
+            )
+        })
+    };
+    let certs = |field: &str, path: &str| {
+        let pem = read(field, path)?;
+        let count = CertificateDer::pem_slice_iter(&pem)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .or_else(|e| err(format!("{at}.{field}"), format!("{path:?}: bad PEM: {e}")))?
+            .len();
+        if count == 0 {
+            return err(
+                format!("{at}.{field}"),
+                format!("{path:?} holds no certificate"),
+            );
+        }
+        Ok(pem)
+    };
+    let ca = t
+        .ca_file
+        .as_deref()
+        .map(|p| certs("ca_file", p))
+        .transpose()?;
+    let client = match (&t.cert_file, &t.key_file) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let cert = certs("cert_file", cert)?;
+            let key_path = key;
+            let key = read("key_file", key_path)?;
+            if let Err(e) = PrivateKeyDer::from_pem_slice(&key) {
+                return err(
+                    format!("{at}.key_file"),
+                    format!("{key_path:?} holds no usable private key: {e}"),
+                );
+            }
+            Some((cert, key))
+        }
+        (Some(_), None) => return err(format!("{at}.key_file"), "needed with cert_file"),
+        (None, Some(_)) => return err(format!("{at}.cert_file"), "needed with key_file"),
+    };
+    Ok(Some(RedisTls { ca, client }))
 }
 
 fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Result<Route> {

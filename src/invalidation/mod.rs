@@ -58,9 +58,16 @@ pub fn spawn_sources(
     }
     if let Some(stream) = &cfg.invalidation.stream {
         // Validation only accepts a stream with a single-node store.
-        if let Some(RedisTarget::Single(url)) = cfg.store.redis.as_ref().map(|r| &r.target) {
-            let consumer =
-                stream::StreamConsumer::new(stream.clone(), url.clone(), invalidator.clone());
+        if let Some(redis) = &cfg.store.redis {
+            let RedisTarget::Single(url) = &redis.target else {
+                return tasks;
+            };
+            let consumer = stream::StreamConsumer::new(
+                stream.clone(),
+                url.clone(),
+                redis.tls.clone(),
+                invalidator.clone(),
+            );
             tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
         }
     }

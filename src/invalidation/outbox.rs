@@ -41,13 +41,13 @@
 //! `poll_interval` while rows are pending, and every `idle_poll_interval`
 //! once none is (issue 21: LISTEN is up on this same connection, so that
 //! poll is a safety net, and idle instances cost Postgres almost nothing).
+//! The connection (TLS per the URL's `sslmode`) is made by [`crate::pg`].
 //!
 //! Gauges (`pending`, `oldest`, `dead`): one aggregate query by one worker
 //! at a time, the session holding an advisory lock (tried with the fan-out
-//! read at connect and every `idle_poll_interval`); the others report 0. The connection is plain TCP (`NoTls`): TLS
-//! to Postgres is not supported yet.
+//! read at connect and every `idle_poll_interval`); the others report 0.
 
-use super::backoff::{self, Backoff};
+use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use crate::config::OutboxConfig;
@@ -58,17 +58,28 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Statement};
 use tracing::{debug, info, warn};
 
 /// Retry schedule of a failed row: 1 s doubling to 60 s, jittered.
 const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
-/// Reconnect schedule after losing Postgres.
-const RECONNECT_BASE: Duration = Duration::from_millis(100);
-/// Capped low (issue 20): after a Postgres restart the first commits wait
-/// for the reconnect, and LISTEN + the catch-up poll follow it at once.
+/// Reconnect schedule after losing Postgres: 25 ms doubling to 1 s,
+/// jittered. Capped low (issue 20): after a Postgres restart the first
+/// commits wait for the reconnect, and LISTEN + the catch-up poll follow it
+/// at once.
+const RECONNECT_BASE: Duration = Duration::from_millis(25);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// While nothing listens on Postgres's port (it is restarting), a connect
+/// is refused by the kernel at no cost to the database, so the worker
+/// retries at this pace instead of backing off (issue 19: the history
+/// checker saw reads stale for up to ~0.6 s after a restart, the backoff's
+/// wait) ...
+const RECONNECT_REFUSED: Duration = Duration::from_millis(25);
+/// ... for this long into an outage; a longer one falls back to the
+/// backoff, so a fleet does not keep knocking at a host that is down
+/// ([`Reconnect`]).
+const FAST_RECONNECT_FOR: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
@@ -84,12 +95,28 @@ const MAX_ERROR_TEXT: usize = 500;
 pub enum OutboxError {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Connect(#[from] crate::pg::PgError),
     #[error("cannot connect within {0:?}")]
     ConnectTimeout(Duration),
     #[error("a claim cycle took longer than {0:?}")]
     CycleTimeout(Duration),
     #[error("connection closed")]
     Closed,
+}
+
+impl OutboxError {
+    /// The connect was refused: nothing listens on Postgres's port.
+    fn is_refused(&self) -> bool {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                return io.kind() == std::io::ErrorKind::ConnectionRefused;
+            }
+            source = err.source();
+        }
+        false
+    }
 }
 
 /// What one wake-up found.
@@ -216,7 +243,12 @@ impl OutboxWorker {
     /// fails. A cycle in progress when shutdown arrives is finished or, if
     /// it cannot finish, rolled back by Postgres (rows stay, nothing lost).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        let mut reconnect = Reconnect::new(
+            RECONNECT_BASE,
+            RECONNECT_MAX,
+            RECONNECT_REFUSED,
+            FAST_RECONNECT_FOR,
+        );
         info!(
             table = %self.cfg.table,
             channel = %self.cfg.notify_channel,
@@ -226,11 +258,14 @@ impl OutboxWorker {
             if *shutdown.borrow() {
                 break;
             }
-            match self.session(&mut shutdown, &mut reconnect).await {
+            let refused = match self.session(&mut shutdown, &mut reconnect).await {
                 Ok(()) => break,
-                Err(e) => warn!(error = %e, "outbox worker lost Postgres; reconnecting"),
-            }
-            let delay = reconnect.next_delay();
+                Err(e) => {
+                    warn!(error = %e, "outbox worker lost Postgres; reconnecting");
+                    e.is_refused()
+                }
+            };
+            let delay = reconnect.next_delay(refused);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.changed() => break,
@@ -244,16 +279,17 @@ impl OutboxWorker {
     async fn session(
         &self,
         shutdown: &mut watch::Receiver<bool>,
-        reconnect: &mut Backoff,
+        reconnect: &mut Reconnect,
     ) -> Result<(), OutboxError> {
-        let mut pg: tokio_postgres::Config = self.cfg.url.parse()?;
-        pg.connect_timeout(CONNECT_TIMEOUT)
+        let mut pg = crate::pg::PgConnector::parse(&self.cfg.url)?;
+        pg.config
+            .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15))
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .application_name("sidecache-outbox");
-        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+        let (mut client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect())
             .await
             .map_err(|_| OutboxError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
@@ -361,7 +397,7 @@ impl OutboxWorker {
         seen: &mut HashSet<i64>,
         try_lead: bool,
         shutdown: &watch::Receiver<bool>,
-        reconnect: &mut Backoff,
+        reconnect: &mut Reconnect,
     ) -> Result<WokeUp, OutboxError> {
         let mut woke = WokeUp::default();
         if let Some(at) = self.invalidator.feeds_ready_at() {
@@ -624,4 +660,27 @@ fn truncate(mut s: String) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connect_is_told_apart_from_other_failures() {
+        // A port nobody listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let url = format!("postgres://u@127.0.0.1:{port}/db");
+        let refused = crate::pg::PgConnector::parse(&url)
+            .expect("url")
+            .connect()
+            .await
+            .map(|_| ())
+            .expect_err("nothing listens");
+        assert!(OutboxError::from(refused).is_refused());
+        assert!(!OutboxError::ConnectTimeout(CONNECT_TIMEOUT).is_refused());
+    }
 }

@@ -46,8 +46,9 @@
 use super::backoff::Backoff;
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
-use crate::config::{StreamConfig, StreamStart};
+use crate::config::{RedisTls, StreamConfig, StreamStart};
 use crate::metrics::Metrics;
+use crate::store::redis_client;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
 use redis::{AsyncConnectionConfig, RedisError, Value};
@@ -81,23 +82,26 @@ const DEAD_MAXLEN: usize = 100_000;
 pub struct StreamConsumer {
     cfg: StreamConfig,
     redis_url: String,
+    tls: Option<RedisTls>,
     consumer: String,
     invalidator: Arc<Invalidator>,
     metrics: Metrics,
 }
 
 impl StreamConsumer {
-    /// `redis_url` is the store's single-node URL; the consumer opens its own
-    /// connection to it.
+    /// `redis_url` is the store's single-node URL (`tls` its certificates);
+    /// the consumer opens its own connection to it.
     pub fn new(
         cfg: StreamConfig,
         redis_url: String,
+        tls: Option<RedisTls>,
         invalidator: Arc<Invalidator>,
     ) -> StreamConsumer {
         let metrics = invalidator.metrics().clone();
         StreamConsumer {
             cfg,
             redis_url,
+            tls,
             consumer: consumer_name(),
             invalidator,
             metrics,
@@ -160,7 +164,7 @@ impl StreamConsumer {
 
     /// A connection of its own whose response timeout exceeds `block`.
     async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
-        let client = redis::Client::open(self.redis_url.as_str())?;
+        let client = redis_client::client(self.redis_url.as_str(), self.tls.as_ref())?;
         let conn_cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(block + BLOCK_MARGIN));

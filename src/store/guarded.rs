@@ -53,10 +53,13 @@ pub struct GuardedStore {
     /// True from a refused write until a write succeeds.
     refusing_writes: AtomicBool,
     refusing_gauge: IntGauge,
+    /// Added to `timeout` for invalidations (`store.redis.replicas_timeout`).
+    replicas_wait: Duration,
+    shortfalls: IntCounter,
 }
 
 /// Store operations, as named in the `op` label.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
     Read,
     TakeLease,
@@ -137,7 +140,16 @@ impl GuardedStore {
             }),
             refusing_writes: AtomicBool::new(false),
             refusing_gauge: metrics.store_writes_refused.clone(),
+            replicas_wait: Duration::ZERO,
+            shortfalls: metrics.replica_ack_shortfalls.clone(),
         }
+    }
+
+    /// Invalidations may take `wait` longer than other calls: they wait for
+    /// replicas (`store.redis.replicas_timeout`).
+    pub fn with_replicas_wait(mut self, wait: Duration) -> GuardedStore {
+        self.replicas_wait = wait;
+        self
     }
 
     pub fn inner(&self) -> &Arc<dyn Store> {
@@ -172,7 +184,11 @@ impl GuardedStore {
     ) -> Result<T, StoreError> {
         let permit = breaker.admit()?;
         let future = call(self.inner.as_ref());
-        let result = match self.timeout {
+        let limit = match op {
+            Op::Invalidate => self.timeout.map(|t| t + self.replicas_wait),
+            _ => self.timeout,
+        };
+        let result = match limit {
             Some(limit) => tokio::time::timeout(limit, future)
                 .await
                 .unwrap_or(Err(StoreError::Timeout)),
@@ -184,6 +200,11 @@ impl GuardedStore {
                 if op.writes() && self.refusing_writes.load(Ordering::Relaxed) {
                     self.writes_refused(false, op, None);
                 }
+            }
+            // Redis answered; only the replicas are behind.
+            Err(StoreError::ReplicaShortfall { .. }) => {
+                permit.success();
+                self.shortfalls.inc();
             }
             Err(error @ StoreError::WriteRefused(_)) => {
                 permit.success();
@@ -359,6 +380,7 @@ pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedSto
                 cooldown,
                 metrics,
             )
+            .with_replicas_wait(redis.replicas_ack.map_or(Duration::ZERO, |a| a.timeout))
         }
     };
     Ok(Arc::new(guarded))

@@ -1,6 +1,7 @@
 //! The cache store: the [`Store`] trait that the read pipeline and the
 //! invalidation sources talk to, its two backends ([`redis::RedisStore`],
-//! [`memory::MemoryStore`]), the Lua scripts ([`scripts`]), and the
+//! [`memory::MemoryStore`]), how redis-rs clients are built from the config
+//! (TLS: [`redis_client`]; Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
 //! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
 //! breaker ([`breaker`]) around every call.
 //!
@@ -32,6 +33,8 @@ pub mod guarded;
 pub mod memory;
 pub mod near;
 pub mod redis;
+pub mod redis_client;
+pub mod redis_sentinel;
 pub mod scripts;
 
 use crate::keys::ObjectKeys;
@@ -61,6 +64,14 @@ pub enum StoreError {
     /// being served, and misses go to the origin without caching.
     #[error("store refuses writes: {0}")]
     WriteRefused(String),
+    /// An invalidation was applied by the primary but fewer replicas than
+    /// `store.redis.replicas_ack` confirmed it in time: a failover now could
+    /// lose it, so its event stays pending and is retried. Not a store
+    /// failure: the breaker stays closed.
+    #[error(
+        "invalidation reached {acked} of {wanted} replicas within store.redis.replicas_timeout"
+    )]
+    ReplicaShortfall { acked: i64, wanted: u32 },
 }
 
 /// Everything stored for one object variant, with remaining TTLs (`None`:

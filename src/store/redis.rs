@@ -1,6 +1,8 @@
 //! The Redis backend: the generation protocol over one multiplexed
-//! connection (single node, via `ConnectionManager`) or a cluster connection
-//! (`cluster_async`). Every multi-key operation is a script from
+//! connection (single node, via `ConnectionManager`; with Sentinel, the one
+//! to the current primary, [`super::redis_sentinel`]) or a cluster
+//! connection (`cluster_async`). Clients are built (TLS) by
+//! [`super::redis_client`]. Every multi-key operation is a script from
 //! [`super::scripts`]; all keys of one object share a hash slot (SPEC §5.2),
 //! so `MGET` and the scripts work on Cluster too.
 //!
@@ -20,9 +22,11 @@
 //!   so it is set in both places. The cluster test fails without them.
 
 use super::near::{self, NearCache};
+use super::redis_client;
+use super::redis_sentinel;
 use super::scripts;
 use super::{BoxFuture, Inspection, LeaseReply, PublishOutcome, Snapshot, Store, StoreError};
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
@@ -55,6 +59,10 @@ pub struct RedisStore {
     conn: Conn,
     kind: &'static str,
     near: Option<Arc<NearCache>>,
+    /// `store.redis.replicas_ack`: invalidations go over this connection of
+    /// their own, then `WAIT`. WAIT blocks the connection it is sent on and
+    /// counts only that connection's writes, so it cannot share `conn`.
+    replicated: Option<(Conn, ReplicasAck)>,
     /// Background tasks (heartbeat, near-cache keeper), aborted on drop so
     /// they do not outlive the store.
     tasks: Vec<tokio::task::AbortHandle>,
@@ -66,6 +74,27 @@ pub struct RedisStore {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The primary Sentinel names (see [`redis_sentinel`]); resolved to
+    /// `Single` by [`Conn::current`] at the start of every call.
+    Sentinel(redis_sentinel::Primary),
+}
+
+impl Conn {
+    /// The connection to use now: for Sentinel, the current primary's.
+    fn current(&self) -> Conn {
+        match self {
+            Conn::Sentinel(primary) => match primary.load_full() {
+                Some(manager) => Conn::Single((*manager).clone()),
+                None => self.clone(),
+            },
+            other => other.clone(),
+        }
+    }
+}
+
+/// A call before the sentinels named a primary.
+fn no_primary_yet() -> RedisError {
+    RedisError::from((ErrorKind::Io, "redis sentinel: no primary known yet"))
 }
 
 impl ConnectionLike for Conn {
@@ -73,6 +102,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
     }
 
@@ -85,6 +115,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
     }
 
@@ -92,6 +123,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(_) => 0,
         }
     }
 }
@@ -113,6 +145,8 @@ impl RedisStore {
         let tcp = TcpSettings::default().set_nodelay(true);
         let mut tasks = Vec::new();
         let mut near = None;
+        let mut diagnose = None;
+        let mut replicated = None;
         let (conn, kind) = match &cfg.target {
             RedisTarget::Single(url) => {
                 let info = url
@@ -126,9 +160,11 @@ impl RedisStore {
                         .redis_settings()
                         .clone()
                         .set_protocol(ProtocolVersion::RESP3);
-                    let tracked_client =
-                        redis::Client::open(info.clone().set_redis_settings(settings))
-                            .map_err(config_error)?;
+                    let tracked_client = redis_client::client(
+                        info.clone().set_redis_settings(settings),
+                        cfg.tls.as_ref(),
+                    )
+                    .map_err(config_error)?;
                     let cache = Arc::new(NearCache::new(near_cfg, metrics));
                     let keeper = near::keep_tracked(
                         cache.clone(),
@@ -139,19 +175,39 @@ impl RedisStore {
                     tasks.push(tokio::spawn(keeper).abort_handle());
                     near = Some(cache);
                 }
-                let client = redis::Client::open(info).map_err(config_error)?;
-                let manager_cfg = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(command_timeout))
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_number_of_retries(RECONNECT_RETRIES)
-                    .set_min_delay(RECONNECT_MIN_DELAY)
-                    .set_max_delay(RECONNECT_MAX_DELAY);
+                let client = redis_client::client(info, cfg.tls.as_ref()).map_err(config_error)?;
+                diagnose = Some(client.clone());
+                let manager_cfg = single_manager_config(command_timeout, connect_timeout);
+                if let Some(ack) = cfg.replicas_ack {
+                    let wait_cfg = manager_cfg
+                        .clone()
+                        .set_response_timeout(Some(command_timeout + ack.timeout));
+                    let manager = ConnectionManager::new_lazy_with_config(client.clone(), wait_cfg)
+                        .map_err(config_error)?;
+                    replicated = Some((Conn::Single(manager), ack));
+                }
                 let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
                     .map_err(config_error)?;
                 (Conn::Single(manager), "redis")
             }
+            RedisTarget::Sentinel(target) => {
+                let primary = redis_sentinel::Primary::default();
+                let follow = redis_sentinel::follow(
+                    target.clone(),
+                    primary.clone(),
+                    heartbeat,
+                    single_manager_config(command_timeout, connect_timeout),
+                    tcp.clone(),
+                );
+                tasks.push(tokio::spawn(follow).abort_handle());
+                (Conn::Sentinel(primary), "redis-sentinel")
+            }
             RedisTarget::Cluster(urls) => {
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+                if let Some(tls) = &cfg.tls {
+                    builder = builder.certs(redis_client::certificates(tls));
+                }
+                let client = builder
                     .tcp_settings(tcp)
                     .connection_timeout(connect_timeout)
                     .response_timeout(command_timeout)
@@ -171,26 +227,66 @@ impl RedisStore {
             }
         };
         tasks.push(
-            tokio::spawn(keep_alive(conn.clone(), heartbeat, command_timeout)).abort_handle(),
+            tokio::spawn(keep_alive(
+                conn.clone(),
+                heartbeat,
+                command_timeout,
+                diagnose,
+            ))
+            .abort_handle(),
         );
         Ok(RedisStore {
             conn,
             kind,
             near,
+            replicated,
             tasks,
         })
+    }
+
+    /// The connection invalidations are written on.
+    fn invalidation_conn(&self) -> Conn {
+        match &self.replicated {
+            Some((conn, _)) => conn.clone(),
+            None => self.conn.current(),
+        }
+    }
+
+    /// With `replicas_ack`: waits until that many replicas hold every write
+    /// made so far on the invalidation connection.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let Some((conn, ack)) = &self.replicated else {
+            return Ok(());
+        };
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(ack.replicas)
+            .arg(
+                u64::try_from(ack.timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            )
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(map_error)?;
+        if acked < i64::from(ack.replicas) {
+            return Err(StoreError::ReplicaShortfall {
+                acked,
+                wanted: ack.replicas,
+            });
+        }
+        Ok(())
     }
 
     /// Runs the ticket or invalidate script: both take the generation key,
     /// a nonce and the generation TTL, and return the generation.
     async fn generation_script(
         &self,
+        mut conn: Conn,
         script: &Script,
         gen_key: &str,
         nonce: &str,
         gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        let mut conn = self.conn.clone();
         let generation: Vec<u8> = script
             .key(gen_key)
             .arg(nonce)
@@ -220,19 +316,38 @@ impl Drop for RedisStore {
 
 /// Pings every `every` so the client reconnects in the background while the
 /// breaker keeps requests away, and logs reachability changes once each.
-async fn keep_alive(mut conn: Conn, every: Duration, timeout: Duration) {
+/// The connection manager retries a failed connect until the call times
+/// out, hiding why; on becoming unreachable one direct connect with
+/// `diagnose` finds the reason (a failed TLS handshake names its setting).
+async fn keep_alive(
+    conn: Conn,
+    every: Duration,
+    timeout: Duration,
+    diagnose: Option<redis::Client>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable: Option<bool> = None;
     let ping_cmd = redis::cmd("PING");
     loop {
         tick.tick().await;
+        let mut conn = conn.current();
         let ping = ping_cmd.query_async::<()>(&mut conn);
-        let outcome = match tokio::time::timeout(timeout, ping).await {
+        let mut outcome = match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(map_error(e)),
             Err(_) => Err(StoreError::Timeout),
         };
+        if let (Err(StoreError::Timeout), Some(client), false) =
+            (&outcome, &diagnose, reachable == Some(false))
+        {
+            let connect = client.get_multiplexed_async_connection();
+            if let Ok(Err(e)) =
+                tokio::time::timeout(timeout.max(MIN_CONNECT_TIMEOUT), connect).await
+            {
+                outcome = Err(map_error(e));
+            }
+        }
         match (&outcome, reachable) {
             (Ok(()), Some(true)) | (Err(_), Some(false)) => {}
             (Ok(()), _) => tracing::info!("redis reachable"),
@@ -242,11 +357,27 @@ async fn keep_alive(mut conn: Conn, every: Duration, timeout: Duration) {
     }
 }
 
+/// Capped reconnects and a response timeout (module doc).
+fn single_manager_config(
+    command_timeout: Duration,
+    connect_timeout: Duration,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(command_timeout))
+        .set_connection_timeout(Some(connect_timeout))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(RECONNECT_MAX_DELAY)
+}
+
 fn config_error(e: RedisError) -> StoreError {
     StoreError::Unavailable(format!("invalid redis configuration: {e}"))
 }
 
 fn map_error(e: RedisError) -> StoreError {
+    if let Some(message) = redis_client::tls_failure(&e) {
+        return StoreError::Unavailable(message);
+    }
     if e.is_timeout() {
         return StoreError::Timeout;
     }
@@ -289,7 +420,7 @@ impl Store for RedisStore {
         keys: &'a ObjectKeys,
     ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             type Pair = (Option<Vec<u8>>, i64);
             type Reply = (
                 Option<Vec<u8>>,
@@ -338,7 +469,7 @@ impl Store for RedisStore {
                     return Ok(snapshot);
                 }
             }
-            mget(&mut self.conn.clone(), keys).await
+            mget(&mut self.conn.current(), keys).await
         })
     }
 
@@ -351,7 +482,7 @@ impl Store for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
                 .key(&keys.lease)
                 .key(&keys.generation)
@@ -376,7 +507,13 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(self.generation_script(&scripts::TICKET, gen_key, nonce, gen_ttl))
+        Box::pin(self.generation_script(
+            self.conn.current(),
+            &scripts::TICKET,
+            gen_key,
+            nonce,
+            gen_ttl,
+        ))
     }
 
     fn publish<'a>(
@@ -388,7 +525,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let code: i64 = scripts::PUBLISH
                 .key(&keys.lease)
                 .key(&keys.generation)
@@ -419,7 +556,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let renewed: i64 = scripts::LEASE_RENEW
                 .key(lease_key)
                 .arg(owner)
@@ -437,7 +574,7 @@ impl Store for RedisStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let deleted: i64 = scripts::UNLOCK
                 .key(lease_key)
                 .arg(owner)
@@ -454,7 +591,7 @@ impl Store for RedisStore {
         expected: &'a [u8],
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn.current();
             let deleted: i64 = scripts::COMPARE_DELETE
                 .key(key)
                 .arg(expected)
@@ -474,9 +611,16 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
         Box::pin(async move {
             let generation = self
-                .generation_script(&scripts::INVALIDATE, gen_key, nonce, gen_ttl)
+                .generation_script(
+                    self.invalidation_conn(),
+                    &scripts::INVALIDATE,
+                    gen_key,
+                    nonce,
+                    gen_ttl,
+                )
                 .await?;
             self.forget(gen_key);
+            self.replicated().await?;
             Ok(generation)
         })
     }
@@ -492,16 +636,17 @@ impl Store for RedisStore {
             if gen_keys.is_empty() {
                 return Ok(());
             }
-            let mut conn = self.conn.clone();
+            let mut conn = self.invalidation_conn();
             match &mut conn {
-                Conn::Single(_) => {
+                // An unresolved Sentinel primary fails the call.
+                Conn::Single(_) | Conn::Sentinel(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, None, nonce, px(gen_ttl))
                         .await
                         .map_err(map_error)?;
                     for key in gen_keys {
                         self.forget(key);
                     }
-                    Ok(())
+                    self.replicated().await
                 }
                 // A cluster pipeline is routed by its first key: keys of
                 // other slots would be refused. Concurrent single calls keep
@@ -541,9 +686,10 @@ impl Store for RedisStore {
             if marks.len() != gen_keys.len() {
                 return Err(StoreError::Protocol("one mark per key expected".into()));
             }
-            let mut conn = self.conn.clone();
+            let mut conn = self.invalidation_conn();
             match &mut conn {
-                Conn::Single(_) => {
+                // An unresolved Sentinel primary fails the call.
+                Conn::Single(_) | Conn::Sentinel(_) => {
                     invalidate_pipelined(&mut conn, gen_keys, Some(marks), nonce, px(gen_ttl))
                         .await
                         .map_err(map_error)?;
@@ -570,7 +716,7 @@ impl Store for RedisStore {
             for key in gen_keys {
                 self.forget(key);
             }
-            Ok(())
+            self.replicated().await
         })
     }
 }
@@ -642,6 +788,8 @@ mod tests {
             target: RedisTarget::Single("redis://127.0.0.1:1/0".into()),
             command_timeout: Duration::from_millis(200),
             near_cache: None,
+            tls: None,
+            replicas_ack: None,
         };
         let store = RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).unwrap();
         let keys = ObjectKeys {
@@ -666,6 +814,8 @@ mod tests {
             target: RedisTarget::Single("not a url".into()),
             command_timeout: Duration::from_millis(200),
             near_cache: None,
+            tls: None,
+            replicas_ack: None,
         };
         assert!(RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).is_err());
     }

@@ -55,6 +55,8 @@ fn redis_store(server: &RedisServer) -> Arc<GuardedStore> {
         target: RedisTarget::Single(server.url()),
         command_timeout: Duration::from_secs(2),
         near_cache: None,
+        tls: None,
+        replicas_ack: None,
     };
     let store =
         RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("redis store");

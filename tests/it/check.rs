@@ -322,3 +322,105 @@ fn new_route_field_errors() {
         rejects(&template(path), "routes[2].path", words);
     }
 }
+
+/// `VALID` with `section` (a whole top-level section) before `routes:`.
+fn with_section(section: &str) -> String {
+    VALID.replace("routes:\n", &format!("{section}routes:\n"))
+}
+
+#[test]
+fn store_tls_settings_that_could_not_connect_are_refused() {
+    let certs = crate::support::certs::Certs::generate();
+    let ca = certs.cert("ca");
+    let store = |url: &str, tls: &str| {
+        with_section(&format!(
+            "store:\n  redis:\n    url: \"{url}\"\n    tls:\n{tls}"
+        ))
+    };
+    let ok = store(
+        "rediss://127.0.0.1:6380/0",
+        &format!("      ca_file: \"{}\"\n", ca.display()),
+    );
+    assert!(
+        check(&ok).status.success(),
+        "{}",
+        String::from_utf8_lossy(&check(&ok).stderr)
+    );
+    rejects(
+        &store(
+            "redis://127.0.0.1:6379/0",
+            &format!("      ca_file: \"{}\"\n", ca.display()),
+        ),
+        "store.redis.tls",
+        "plain text",
+    );
+    rejects(
+        &store("rediss://h:6380/0", "      ca_file: /nonexistent/ca.pem\n"),
+        "store.redis.tls.ca_file",
+        "cannot read",
+    );
+    rejects(
+        &store(
+            "rediss://h:6380/0",
+            &format!("      ca_file: \"{}\"\n", certs.key("ca").display()),
+        ),
+        "store.redis.tls.ca_file",
+        "no certificate",
+    );
+    rejects(
+        &store(
+            "rediss://h:6380/0",
+            &format!("      cert_file: \"{}\"\n", certs.cert("client").display()),
+        ),
+        "store.redis.tls.key_file",
+        "needed with cert_file",
+    );
+    rejects(
+        &with_section("store:\n  redis:\n    url: \"rediss://h:6380/#insecure\"\n"),
+        "store.redis.url",
+        "not supported",
+    );
+    let outbox =
+        |url: &str| with_section(&format!("invalidation:\n  outbox:\n    url: \"{url}\"\n"));
+    rejects(
+        &outbox("postgres://h/db?sslmode=verify-all"),
+        "invalidation.outbox.url",
+        "sslmode",
+    );
+    rejects(
+        &outbox("host=h sslmode=verify-full sslrootcert=/nonexistent/ca.pem"),
+        "invalidation.outbox.url",
+        "sslrootcert",
+    );
+    rejects(
+        &with_section("store:\n  redis:\n    cluster: [\"redis://h:7000\"]\n    replicas_ack: 1\n"),
+        "store.redis.replicas_ack",
+        "cluster",
+    );
+}
+
+#[test]
+fn sentinel_settings_are_checked() {
+    let sentinel = "store:\n  redis:\n    sentinel:\n      master: mymaster\n      nodes: [\"redis://127.0.0.1:26379\"]\n";
+    let out = check(&with_section(sentinel));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rejects(
+        &with_section(&sentinel.replace("[\"redis://127.0.0.1:26379\"]", "[]")),
+        "store.redis.sentinel.nodes",
+        "at least one",
+    );
+    rejects(
+        &with_section(&format!("{sentinel}    url: redis://h:6379\n")),
+        "store.redis",
+        "not several",
+    );
+    rejects(
+        &with_section(&format!("{sentinel}    near_cache: {{ enabled: true }}\n")),
+        "store.redis.near_cache",
+        "sentinel",
+    );
+}

@@ -31,7 +31,7 @@ async fn start_consumer(cfg: Config, stream_redis: &RedisServer) -> Background {
     let url = stream_redis.url();
     Background::start(cfg, Source::Stream, move |cfg, invalidator, stopped| {
         let stream = cfg.invalidation.stream.clone().expect("stream configured");
-        tokio::spawn(StreamConsumer::new(stream, url, invalidator).run(stopped))
+        tokio::spawn(StreamConsumer::new(stream, url, None, invalidator).run(stopped))
     })
     .await
 }

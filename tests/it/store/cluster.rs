@@ -15,6 +15,8 @@ fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStor
         target: RedisTarget::Cluster(cluster.urls()),
         command_timeout,
         near_cache: None,
+        tls: None,
+        replicas_ack: None,
     };
     RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("cluster store")
 }

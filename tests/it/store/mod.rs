@@ -98,6 +98,8 @@ fn redis_config(server: &RedisServer, command_timeout: Duration) -> RedisConfig 
         target: RedisTarget::Single(server.url()),
         command_timeout,
         near_cache: None,
+        tls: None,
+        replicas_ack: None,
     }
 }
 

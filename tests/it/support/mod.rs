@@ -64,14 +64,25 @@
 //! `with_trailers(data, map)`. Responses are `Resp { status, version,
 //! headers, body, trailers }` with `.text()`, `.header(name)`, `.json()`.
 //!
+//! # Stores and certificates
+//! `redis::RedisServer` (`start`, `start_with(args)`, `start_tls(&certs,
+//! "server" | "ip-only", require_client_cert)`, `start_replica_of(&p)`,
+//! `cli`, `pause`, `kill`, `restart`), `redis::RedisCluster`,
+//! `sentinel::Sentinels::start(n, primary_port, replicas)`,
+//! `postgres::PostgresServer` (`start`, `start_tls(&certs)`: `hostssl`
+//! only), `certs::Certs::generate()` (openssl: CA, server, client, other
+//! CA, ip-only), `Background::outbox(cfg)` (an in-process outbox worker).
+//!
 //! # Here
 //! `eventually(what, within, || async { cond })` polls every 20 ms.
 
+pub mod certs;
 pub mod client;
 pub mod history;
 pub mod origin;
 pub mod postgres;
 pub mod redis;
+pub mod sentinel;
 pub mod sidecache;
 pub mod upstream;
 
@@ -192,6 +203,20 @@ impl Background {
             .invalidations
             .with_label_values(&[self.source.as_str(), "applied"])
             .get()
+    }
+
+    /// An outbox worker on `cfg`'s `invalidation.outbox`.
+    pub async fn outbox(cfg: ::sidecache::config::Config) -> Background {
+        use ::sidecache::invalidation::outbox::OutboxWorker;
+        Background::start(
+            cfg,
+            ::sidecache::invalidation::Source::Outbox,
+            |cfg, invalidator, stopped| {
+                let outbox = cfg.invalidation.outbox.clone().expect("outbox configured");
+                tokio::spawn(OutboxWorker::new(outbox, invalidator).run(stopped))
+            },
+        )
+        .await
     }
 
     /// Aborts the task mid-work, as a crash would (no shutdown path runs).

@@ -19,6 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::certs::Certs;
+
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
 pub struct PostgresServer {
@@ -28,6 +30,9 @@ pub struct PostgresServer {
     as_postgres_user: bool,
     /// Extra `-c name=value` server settings, kept for restarts.
     settings: Vec<String>,
+    /// TLS only on TCP (`ssl=on`, `hostssl` in `pg_hba.conf`); the harness
+    /// itself then connects over the Unix socket.
+    tls_only: bool,
     child: Mutex<Option<Child>>,
 }
 
@@ -70,12 +75,24 @@ fn free_port() -> u16 {
 impl PostgresServer {
     /// initdb + start on a free port; waits until it accepts connections.
     pub fn start() -> PostgresServer {
-        PostgresServer::start_with(&[])
+        PostgresServer::start_inner(&[], None)
     }
 
     /// Like [`PostgresServer::start`], with extra server settings
     /// (`"track_commit_timestamp=on"`), kept across restarts.
     pub fn start_with(settings: &[&str]) -> PostgresServer {
+        PostgresServer::start_inner(settings, None)
+    }
+
+    /// Like [`PostgresServer::start`], but TCP clients must use TLS: `ssl=on`
+    /// with `certs`' `ip-only` certificate (valid for 127.0.0.1, not for
+    /// localhost) and only `hostssl` lines (plus `local`, for the harness)
+    /// in `pg_hba.conf`.
+    pub fn start_tls(certs: &Certs) -> PostgresServer {
+        PostgresServer::start_inner(&[], Some(certs))
+    }
+
+    fn start_inner(settings: &[&str], certs: Option<&Certs>) -> PostgresServer {
         let bin = bin_dir();
         let as_postgres_user = is_root();
         let dir = tempfile::tempdir().expect("create a temp dir for postgres");
@@ -93,6 +110,7 @@ impl PostgresServer {
             dir,
             as_postgres_user,
             settings: settings.iter().map(|s| s.to_string()).collect(),
+            tls_only: certs.is_some(),
             child: Mutex::new(None),
         };
         let out = server
@@ -118,6 +136,9 @@ impl PostgresServer {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Some(certs) = certs {
+            server.configure_tls(certs);
+        }
         let mut last_error = String::new();
         for _ in 0..5 {
             server.port = free_port();
@@ -134,9 +155,59 @@ impl PostgresServer {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    /// A connection with its driver spawned on the current runtime.
+    /// TLS-only server: certificate and key in the data directory (the
+    /// server wants its key private to its user), `hostssl` only.
+    fn configure_tls(&self, certs: &Certs) {
+        let data = self.data_dir();
+        std::fs::copy(certs.cert("ip-only"), data.join("server.crt")).expect("copy server cert");
+        std::fs::copy(certs.key("ip-only"), data.join("server.key")).expect("copy server key");
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .expect("write pg_hba.conf");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .expect("open postgresql.conf");
+        std::io::Write::write_all(
+            &mut conf,
+            b"ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+        )
+        .expect("append to postgresql.conf");
+        use std::os::unix::fs::PermissionsExt;
+        let key = data.join("server.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod server.key");
+        if self.as_postgres_user {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&data)
+                .status()
+                .expect("run chown");
+            assert!(status.success(), "chown of the postgres data dir failed");
+        }
+    }
+
+    /// `postgres://postgres@<host>:<port>/postgres?<query>`, for TLS tests
+    /// that vary the host name and the ssl settings.
+    pub fn url_with(&self, host: &str, query: &str) -> String {
+        format!("postgres://postgres@{host}:{}/postgres?{query}", self.port)
+    }
+
+    /// A connection with its driver spawned on the current runtime (over
+    /// the Unix socket for a TLS-only server).
     pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+        let conninfo = if self.tls_only {
+            format!(
+                "host={} port={} user=postgres dbname=postgres",
+                self.dir.path().display(),
+                self.port
+            )
+        } else {
+            self.url()
+        };
+        let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
             .await
             .unwrap_or_else(|e| panic!("connect to test postgres: {e}"));
         tokio::spawn(connection);

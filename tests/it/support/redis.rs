@@ -12,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::certs::Certs;
+
 /// The server binary; `SIDECACHE_TEST_REDIS_SERVER` overrides it.
 fn binary() -> String {
     std::env::var("SIDECACHE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
@@ -24,6 +26,9 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     /// Extra `redis-server` arguments (e.g. cluster mode), kept for restarts.
     extra_args: Vec<String>,
+    /// `Some`: the server listens with TLS only (`--port 0 --tls-port`).
+    /// Boxed: keeps `RedisServer` small in enums of backends.
+    tls: Option<Box<ServerTls>>,
     /// `None` after `kill()`.
     child: Mutex<Option<Child>>,
 }
@@ -37,6 +42,25 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`], with extra `redis-server` arguments.
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        RedisServer::start_inner(extra_args, None)
+    }
+
+    /// A server that speaks TLS only, with `certs`' certificate `server`
+    /// (`"server"` or `"ip-only"`); with `require_client_cert` it refuses clients without a certificate
+    /// signed by `certs`' CA. The harness's own commands present `client`.
+    pub fn start_tls(certs: &Certs, server: &str, require_client_cert: bool) -> RedisServer {
+        let tls = ServerTls {
+            ca: certs.cert("ca"),
+            cert: certs.cert(server),
+            key: certs.key(server),
+            client_cert: certs.cert("client"),
+            client_key: certs.key("client"),
+            require_client_cert,
+        };
+        RedisServer::start_inner(&[], Some(Box::new(tls)))
+    }
+
+    fn start_inner(extra_args: &[&str], tls: Option<Box<ServerTls>>) -> RedisServer {
         let cluster = extra_args.contains(&"--cluster-enabled");
         // A port found free can be taken by another process before the
         // server binds it: try a few ports.
@@ -51,6 +75,7 @@ impl RedisServer {
                 port,
                 dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
                 extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+                tls: tls.clone(),
                 child: Mutex::new(None),
             };
             match server.spawn_and_wait() {
@@ -65,9 +90,40 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/0`
+    /// A replica of `primary` (`--replicaof`), once its link is up.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_info("the replica's link to its primary", "master_link_status:up");
+        replica
+    }
+
+    /// Polls `INFO replication` until it contains `needle` (10 s at most).
+    pub fn wait_info(&self, what: &str, needle: &str) {
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            let info = self.cli(&["INFO", "replication"]);
+            if matches!(&info, Ok(redis::Value::VerbatimString { text, .. }) if text.contains(needle))
+                || matches!(&info, Ok(redis::Value::BulkString(b)) if String::from_utf8_lossy(b).contains(needle))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no {needle:?} in {info:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>/0` (`rediss://` for a TLS server)
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     /// The `store:` section of a sidecache config on this server.
@@ -80,14 +136,11 @@ impl RedisServer {
 
     /// Runs one raw command on a fresh connection, e.g. `cli(&["SCRIPT", "FLUSH"])`.
     pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
-        let client = redis::Client::open(self.url())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
-        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut cmd = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            cmd.arg(*arg);
-        }
-        cmd.query(&mut conn)
+        let client = match &self.tls {
+            None => redis::Client::open(self.url())?,
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates())?,
+        };
+        command(&client, args)
     }
 
     /// `CLIENT PAUSE <ms> ALL`: every client's commands block for `ms`.
@@ -127,17 +180,13 @@ impl RedisServer {
 
     fn spawn_and_wait(&self) -> Result<(), String> {
         let port = self.port.to_string();
+        let listen: Vec<String> = match &self.tls {
+            None => vec!["--port".into(), port.clone()],
+            Some(tls) => tls.args(&port),
+        };
         let spawned = Command::new(binary())
-            .args([
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(&listen)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -188,6 +237,67 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Runs one raw command on a fresh connection of `client`.
+pub fn command(client: &redis::Client, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut conn)
+}
+
+/// Certificates of a TLS-only server and of the harness as its client.
+#[derive(Clone)]
+struct ServerTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    require_client_cert: bool,
+}
+
+impl ServerTls {
+    fn args(&self, port: &str) -> Vec<String> {
+        let path = |p: &PathBuf| p.display().to_string();
+        let auth = if self.require_client_cert {
+            "yes"
+        } else {
+            "no"
+        };
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            port,
+            "--tls-cert-file",
+            &path(&self.cert),
+            "--tls-key-file",
+            &path(&self.key),
+            "--tls-ca-cert-file",
+            &path(&self.ca),
+            "--tls-auth-clients",
+            auth,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    fn certificates(&self) -> redis::TlsCertificates {
+        let read = |p: &PathBuf| std::fs::read(p).expect("read a test certificate");
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&self.client_cert),
+                client_key: read(&self.client_key),
+            }),
+            root_cert: Some(read(&self.ca)),
+        }
     }
 }
 
