@@ -80,3 +80,36 @@ cleanup() {
     for name in "${!pid_of[@]}"; do wait "${pid_of[$name]}" 2>/dev/null || true; done
     if [[ -n ${!keep_var:-} ]]; then note "kept $work"; else rm -rf "$work"; fi
 }
+
+# stop_postmaster DATA_DIR: fast shutdown of the Postgres whose data dir
+# this is, by its pid file (runuser may have forked the postmaster, so the
+# pid `start` recorded is not always it).
+stop_postmaster() {
+    local pid
+    if [[ -f $1/postmaster.pid ]]; then
+        pid=$(head -n 1 "$1/postmaster.pid")
+        if [[ $pid =~ ^[0-9]+$ ]]; then kill -INT "$pid" 2>/dev/null || true; fi
+    fi
+}
+
+# start_nginx WORKERS PORT ORIGIN_PORT SLOW_ORIGIN_PORT STAMPEDE_PORT BODY_BYTES:
+# renders bench/nginx.conf.tmpl into $work/nginx (worker_processes WORKERS,
+# the `limit` location answering BODY_BYTES), checks it and starts nginx as
+# process `nginx`. Needs `root` (the checkout) and `nginx_bin`, if set.
+start_nginx() {
+    local user_line='' bin=${nginx_bin:-nginx}
+    mkdir -p "$work/nginx"
+    # As root, nginx would switch its workers to `nobody`, who cannot enter
+    # the temp dir; keep them as the invoking user instead.
+    [[ $EUID -eq 0 ]] && user_line="user $(id -un) $(id -gn);"
+    sed -e "s|@USER_LINE@|$user_line|" -e "s|@WORKERS@|$1|" \
+        -e "s|@DIR@|$work/nginx|g" -e "s|@PORT@|$2|" \
+        -e "s|@ORIGIN_PORT@|$3|" -e "s|@SLOW_ORIGIN_PORT@|$4|" \
+        -e "s|@STAMPEDE_PORT@|$5|" -e "s|@NOFILE@|$(ulimit -n)|" \
+        -e "s|@WORKER_CONNECTIONS@|$(($(ulimit -n) - 100))|" \
+        -e "s|@LIMIT_BODY@|$(printf '%*s' "$6" '' | tr ' ' x)|" \
+        "$root/bench/nginx.conf.tmpl" >"$work/nginx/nginx.conf"
+    "$bin" -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
+        die "nginx rejected the generated config $work/nginx/nginx.conf"
+    start nginx "$bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf"
+}

@@ -101,13 +101,7 @@ if [[ $EUID -eq 0 ]]; then
 fi
 # The postmaster (runuser may have forked it): fast shutdown by pid file.
 # shellcheck disable=SC2317 # invoked by cleanup
-extra_cleanup() {
-    local pid
-    if [[ -f $work/pg/data/postmaster.pid ]]; then
-        pid=$(head -n 1 "$work/pg/data/postmaster.pid")
-        if [[ $pid =~ ^[0-9]+$ ]]; then kill -INT "$pid" 2>/dev/null || true; fi
-    fi
-}
+extra_cleanup() { stop_postmaster "$work/pg/data"; }
 
 
 

@@ -225,21 +225,8 @@ fi
 if has nginx; then
     nginx_port=$(free_port)
     nginx_stampede_port=$(free_port)
-    mkdir -p "$work/nginx"
-    user_line=''
-    # As root, nginx would switch its workers to `nobody`, who cannot enter
-    # the temp dir; keep them as the invoking user instead.
-    [[ $EUID -eq 0 ]] && user_line="user $(id -un) $(id -gn);"
-    sed -e "s|@USER_LINE@|$user_line|" -e "s|@WORKERS@|$server_cpu_count|" \
-        -e "s|@DIR@|$work/nginx|g" -e "s|@PORT@|$nginx_port|" \
-        -e "s|@ORIGIN_PORT@|$origin_port|" -e "s|@SLOW_ORIGIN_PORT@|$slow_origin_port|" \
-        -e "s|@STAMPEDE_PORT@|$nginx_stampede_port|" -e "s|@NOFILE@|$(ulimit -n)|" \
-        -e "s|@WORKER_CONNECTIONS@|$(($(ulimit -n) - 100))|" \
-        -e "s|@LIMIT_BODY@|$(printf '%*s' "$payload" '' | tr ' ' x)|" \
-        "$root/bench/nginx.conf.tmpl" >"$work/nginx/nginx.conf"
-    "$nginx_bin" -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
-        die "nginx rejected the generated config $work/nginx/nginx.conf"
-    start nginx "$nginx_bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf"
+    start_nginx "$server_cpu_count" "$nginx_port" "$origin_port" "$slow_origin_port" \
+        "$nginx_stampede_port" "$payload"
     base[nginx]=http://127.0.0.1:$nginx_port
     stampede_base[nginx]=http://127.0.0.1:$nginx_stampede_port
     wait_until nginx http_ok "${base[nginx]}$passthrough_path"

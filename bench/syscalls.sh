@@ -69,16 +69,7 @@ SIDECACHE_LOG=warn start sidecache "$sidecache_bin" run --config "$work/config/s
 wait_until sidecache http_ok "http://127.0.0.1:$admin_port/readyz"
 
 nginx_port=$(free_port)
-mkdir -p "$work/nginx"
-user_line=''
-[[ $EUID -eq 0 ]] && user_line="user $(id -un) $(id -gn);"
-sed -e "s|@USER_LINE@|$user_line|" -e "s|@WORKERS@|auto|" \
-    -e "s|@DIR@|$work/nginx|g" -e "s|@PORT@|$nginx_port|" \
-    -e "s|@ORIGIN_PORT@|$origin_port|" -e "s|@SLOW_ORIGIN_PORT@|$origin_port|" \
-    -e "s|@STAMPEDE_PORT@|$(free_port)|" -e "s|@NOFILE@|$(ulimit -n)|" \
-    -e "s|@WORKER_CONNECTIONS@|1024|" \
-    "$root/bench/nginx.conf.tmpl" >"$work/nginx/nginx.conf"
-start nginx nginx -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf"
+start_nginx auto "$nginx_port" "$origin_port" "$origin_port" "$(free_port)" 1024
 wait_until nginx http_ok "http://127.0.0.1:$nginx_port/api/tenants/acme/apps/1"
 declare -A port_of=([sidecache]=$sc_port [nginx]=$nginx_port)
 

@@ -37,6 +37,9 @@ pub struct BloomKeys {
     pub lock: String,
     /// `…:build:`; a build's candidate is this plus its owner token.
     pub candidate_prefix: String,
+    /// `…:built`: a scheduled rebuild's claim on the current
+    /// `rebuild_every`, so the fleet rebuilds a filter once per interval.
+    pub interval: String,
 }
 
 impl BloomKeys {
@@ -59,6 +62,7 @@ pub fn bloom_keys(namespace: &str, route: &str, scope: &str) -> BloomKeys {
         ready: format!("{base}ready"),
         lock: format!("{base}build-lock"),
         candidate_prefix: format!("{base}build:"),
+        interval: format!("{base}built"),
     }
 }
 

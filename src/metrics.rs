@@ -20,6 +20,7 @@ pub mod names {
     pub const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
     pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
     pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
+    pub const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
@@ -93,6 +94,8 @@ pub struct Metrics {
     /// `{op}`: the store operation that failed or timed out.
     pub store_errors: IntCounterVec,
     pub breaker_open: IntGauge,
+    /// The invalidation feeds' own breaker (issue 20).
+    pub feed_breaker_open: IntGauge,
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
     /// Invalidations fewer replicas confirmed than `store.redis.replicas_ack`.
@@ -226,6 +229,14 @@ impl Metrics {
                 &registry,
                 IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open.")
                     .expect("valid metric"),
+            ),
+            feed_breaker_open: reg(
+                &registry,
+                IntGauge::new(
+                    FEED_BREAKER_OPEN,
+                    "1 while the invalidation feeds' store breaker is open (this instance leaves events to the others).",
+                )
+                .expect("valid metric"),
             ),
             store_write_refusals: counter(
                 STORE_WRITE_REFUSALS,

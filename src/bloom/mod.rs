@@ -57,6 +57,17 @@ pub const MAX_SCOPES: usize = 1024;
 /// How often the maintenance task looks for due builds.
 const TICK: Duration = Duration::from_secs(1);
 
+/// Why a build runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// A check found the filter unknown: build now (the lock dedups).
+    Unknown,
+    /// `rebuild_every` passed here: once per interval, fleet-wide.
+    Due,
+    /// The admin endpoint: now, waiting for a build slot.
+    Asked,
+}
+
 /// What this process knows about one filter.
 #[derive(Default)]
 struct ScopeState {
@@ -206,7 +217,7 @@ impl Blooms {
         let this = Arc::clone(self);
         let (cfg, route, scope) = (Arc::clone(cfg), Arc::clone(route), scope.to_owned());
         tokio::spawn(async move {
-            let _ = this.run_build(&cfg, &route, &scope, false).await;
+            let _ = this.run_build(&cfg, &route, &scope, Why::Unknown).await;
         });
     }
 
@@ -218,19 +229,32 @@ impl Blooms {
         route: &Route,
         scope: &str,
     ) -> Result<BuildOutcome, BuildError> {
-        self.run_build(cfg, route, scope, true).await
+        self.run_build(cfg, route, scope, Why::Asked).await
     }
 
-    /// One build with bookkeeping: slot, state, metrics, logs. With `wait`
-    /// false, returns `Busy` at once when this process is already building
-    /// the scope or has no free slot.
+    /// The maintenance task's rebuild of a due scope, now (tests, the fleet
+    /// bench): `Busy` if another instance claimed this interval.
+    pub async fn rebuild_due(
+        &self,
+        cfg: &Config,
+        route: &Route,
+        scope: &str,
+    ) -> Result<BuildOutcome, BuildError> {
+        self.run_build(cfg, route, scope, Why::Due).await
+    }
+
+    /// One build with bookkeeping: slot, state, metrics, logs. Unless
+    /// `Asked`, returns `Busy` at once when this process is already
+    /// building the scope or has no free slot; a `Due` build also when
+    /// another instance claimed this `rebuild_every` interval.
     async fn run_build(
         &self,
         cfg: &Config,
         route: &Route,
         scope: &str,
-        wait: bool,
+        why: Why,
     ) -> Result<BuildOutcome, BuildError> {
+        let wait = why == Why::Asked;
         let Some(bloom) = route.bloom.as_ref() else {
             return Err(BuildError::Source(SourceError::Query(format!(
                 "route {:?} has no bloom filter",
@@ -260,7 +284,15 @@ impl Blooms {
         self.note(&route.name, scope, None);
         let keys = bloom_keys(&cfg.store.namespace, &route.name, scope);
         let started = Instant::now();
-        let result = build::build(&self.store, source, &keys, &route.name, bloom, scope).await;
+        let result = match why {
+            Why::Due => {
+                self.build_once_per_interval(source, &keys, route, bloom, scope)
+                    .await
+            }
+            Why::Unknown | Why::Asked => {
+                build::build(&self.store, source, &keys, &route.name, bloom, scope).await
+            }
+        };
         let took = started.elapsed();
         let outcome = match &result {
             Ok(o) => o.as_str(),
@@ -307,6 +339,40 @@ impl Blooms {
             state.last_build = Some((Instant::now(), done));
         }
         self.note(&route.name, scope, ready);
+        result
+    }
+
+    /// A scheduled rebuild (issue 21): every instance that tracks the scope
+    /// comes due once per `rebuild_every`, so the first to claim the
+    /// interval builds and the others take `Busy` for one Redis command. A
+    /// claim whose build did not activate is given back, so the next
+    /// instance due may build.
+    async fn build_once_per_interval(
+        &self,
+        source: &dyn IdSource,
+        keys: &BloomKeys,
+        route: &Route,
+        bloom: &BloomConfig,
+        scope: &str,
+    ) -> Result<BuildOutcome, BuildError> {
+        let claim = build::owner_token();
+        if !self
+            .store
+            .bloom_claim_interval(keys, &claim, bloom.rebuild_every)
+            .await?
+        {
+            return Ok(BuildOutcome::Busy);
+        }
+        let result = build::build(&self.store, source, keys, &route.name, bloom, scope).await;
+        if !matches!(result, Ok(BuildOutcome::Activated { .. })) {
+            if let Err(e) = self
+                .store
+                .delete_if_equals(&keys.interval, claim.as_bytes())
+                .await
+            {
+                tracing::debug!(route = %route.name, error = %e, "bloom interval claim not released");
+            }
+        }
         result
     }
 
@@ -394,7 +460,7 @@ impl Blooms {
                     let this = Arc::clone(&this);
                     let cfg = Arc::clone(&cfg);
                     tokio::spawn(async move {
-                        let _ = this.run_build(&cfg, &route, &scope, false).await;
+                        let _ = this.run_build(&cfg, &route, &scope, Why::Due).await;
                     });
                 }
             }

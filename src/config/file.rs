@@ -297,6 +297,8 @@ pub struct FileOutbox {
     pub table: String,
     #[serde(default = "defaults::poll_interval")]
     pub poll_interval: HumanDuration,
+    #[serde(default = "defaults::idle_poll_interval")]
+    pub idle_poll_interval: HumanDuration,
     #[serde(default = "defaults::batch")]
     pub batch: u32,
     #[serde(default = "defaults::outbox_table")]
@@ -547,6 +549,9 @@ pub(super) mod defaults {
     }
     pub fn poll_interval() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
+    }
+    pub fn idle_poll_interval() -> HumanDuration {
+        HumanDuration(Duration::from_secs(30))
     }
     pub fn batch() -> u32 {
         100

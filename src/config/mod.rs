@@ -223,8 +223,12 @@ pub struct OutboxConfig {
     pub url: String,
     /// A plain SQL identifier (validated), used unquoted in queries.
     pub table: String,
-    /// Fallback poll period when no NOTIFY arrives.
+    /// Poll period while rows are pending (in backoff, locked by another
+    /// worker, not applied yet).
     pub poll_interval: Duration,
+    /// Poll period while nothing is pending and LISTEN is up: a safety net
+    /// for a lost NOTIFY (issue 21).
+    pub idle_poll_interval: Duration,
     /// Rows claimed per transaction.
     pub batch: u32,
     /// A plain SQL identifier (validated); the `outbox-ddl` trigger notifies it.

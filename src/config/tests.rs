@@ -257,6 +257,10 @@ invalidation:
     assert_eq!(outbox.notify_channel, "sidecache_outbox");
     assert_eq!(outbox.batch, 50);
     assert_eq!(outbox.poll_interval, std::time::Duration::from_millis(250));
+    assert_eq!(
+        outbox.idle_poll_interval,
+        std::time::Duration::from_secs(30)
+    );
     let stream = cfg.invalidation.stream.as_ref().expect("stream");
     assert_eq!(stream.stream, "sidecache:invalidations");
     assert_eq!(stream.group, "sidecache");
@@ -271,6 +275,10 @@ invalidation:
         (
             "invalidation: { outbox: { url: 'postgres://h/d', notify_channel: 'A' } }",
             "invalidation.outbox.notify_channel",
+        ),
+        (
+            "invalidation: { outbox: { url: 'postgres://h/d', poll_interval: 5s, idle_poll_interval: 2s } }",
+            "invalidation.outbox.idle_poll_interval",
         ),
         (
             "invalidation: { outbox: { url: 'postgres://h/d', batch: 0 } }",

@@ -308,6 +308,12 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
             if o.poll_interval.0 < Duration::from_millis(10) {
                 return err(format!("{at}.poll_interval"), "must be at least 10ms");
             }
+            if o.idle_poll_interval.0 < o.poll_interval.0 {
+                return err(
+                    format!("{at}.idle_poll_interval"),
+                    "must be at least poll_interval",
+                );
+            }
             if !(1..=10_000).contains(&o.batch) {
                 return err(format!("{at}.batch"), "must be between 1 and 10000");
             }
@@ -315,6 +321,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                 url: o.url.clone(),
                 table: o.table.clone(),
                 poll_interval: o.poll_interval.0,
+                idle_poll_interval: o.idle_poll_interval.0,
                 batch: o.batch,
                 notify_channel: o.notify_channel.clone(),
             })

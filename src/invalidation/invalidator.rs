@@ -110,6 +110,13 @@ impl Invalidator {
         &self.metrics
     }
 
+    /// `None` while the feeds' store calls go through; else when the feeds'
+    /// breaker lets the next one probe. A feed takes no events before then
+    /// (issue 20): instances whose store works take them meanwhile.
+    pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
+        self.store.feeds_ready_at()
+    }
+
     /// Applies a batch; the result has one outcome per input, in order.
     /// Inputs that already failed to parse are passed in as poison so that
     /// the outcome list lines up with the source's entries.
@@ -193,9 +200,14 @@ impl Invalidator {
             .iter()
             .filter_map(|c| c.as_ref().ok()?.floor.clone())
             .collect();
+        let feed = marks.is_some();
         let floors_failed = match floors.is_empty() {
             true => None,
-            false => self.store.raise_floors(&floors, cfg.gen_ttl).await.err(),
+            false => self
+                .store
+                .raise_floors(&floors, cfg.gen_ttl, feed)
+                .await
+                .err(),
         };
         // Every generation key of every valid event (its object, related
         // objects, tags), each with its event's mark. One store call per

@@ -5,9 +5,17 @@
 //! One cycle is one transaction: claim due rows `ORDER BY id LIMIT batch FOR
 //! UPDATE SKIP LOCKED` (several sidecars can share a table; a row is in at
 //! most one claim at a time), apply them to the store in one batch, delete
-//! the applied rows, give failed rows `attempts+1`, a backoff (`next_at`,
-//! 1 s doubling to 60 s, jittered) and `last_error`, mark poison rows
-//! `dead_at`, then commit. A crash anywhere before the commit leaves every
+//! the applied rows, give failed rows `attempts+1` and `last_error`, mark
+//! poison rows `dead_at`, then commit. A failed row is released due, with a
+//! NOTIFY, when the store is unavailable to this instance (its feeds'
+//! breaker opened: another instance's store may work); it backs off
+//! (`next_at`, 1 s doubling to 60 s, jittered) when the store answered but
+//! refused it.
+//!
+//! Store health (issue 20): the worker takes no rows while the feeds'
+//! breaker is open (`Invalidator::feeds_ready_at`), neither in the fan-out
+//! nor in a claim; it looks again when the breaker lets a probe through.
+//! That breaker is the feeds' own: the request path's does not stop it. A crash anywhere before the commit leaves every
 //! claimed row in place to be applied again (harmless: idempotent).
 //!
 //! Fan-out (issue 19): a worker stopped between its claim and its commit
@@ -28,10 +36,16 @@
 //! `outbox-ddl` trigger notifies per inserting statement). Notifications
 //! only arrive on a connection whose `Connection` future we poll ourselves
 //! (`poll_message`), so the worker drives it and forwards notifications over
-//! a channel. Polling every `poll_interval` stays as the fallback, and the
-//! table is always polled after (re)connecting, because notifications sent
-//! while disconnected are lost. The connection (TLS per the URL's
-//! `sslmode`) is made by [`crate::pg`].
+//! a channel. The table is always polled after (re)connecting, because
+//! notifications sent while disconnected are lost; then every
+//! `poll_interval` while rows are pending, and every `idle_poll_interval`
+//! once none is (issue 21: LISTEN is up on this same connection, so that
+//! poll is a safety net, and idle instances cost Postgres almost nothing).
+//! The connection (TLS per the URL's `sslmode`) is made by [`crate::pg`].
+//!
+//! Gauges (`pending`, `oldest`, `dead`): one aggregate query by one worker
+//! at a time, the session holding an advisory lock (tried with the fan-out
+//! read at connect and every `idle_poll_interval`); the others report 0.
 
 use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
@@ -70,7 +84,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the pending/oldest gauges are refreshed (one aggregate query).
+/// How often the gauge leader refreshes the pending/oldest/dead gauges (one
+/// aggregate query); the other instances report 0.
 const GAUGE_EVERY: Duration = Duration::from_secs(2);
 /// `last_error` is for humans; keep rows small.
 const MAX_ERROR_TEXT: usize = 500;
@@ -104,6 +119,17 @@ impl OutboxError {
     }
 }
 
+/// What one wake-up found.
+#[derive(Debug, Default)]
+struct WokeUp {
+    /// Nothing pending: poll at `idle_poll_interval`.
+    idle: bool,
+    /// Whether a leadership attempt took the gauge lock.
+    won_lead: Option<bool>,
+    /// The store is unavailable to this instance until then.
+    store_back_at: Option<Instant>,
+}
+
 /// What one cycle did, for draining decisions and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CycleReport {
@@ -126,10 +152,14 @@ struct Statements {
     /// The rows not dead-lettered, unlocked, also those in backoff (the
     /// fan-out).
     pending: Statement,
+    /// `pending`, also trying to become the gauge leader.
+    pending_lead: Statement,
     claim: Statement,
     delete: Statement,
     retry: Statement,
     dead: Statement,
+    /// `pg_notify($1, '')`: wakes the workers when rows are released.
+    notify: Statement,
     gauges: Statement,
 }
 
@@ -139,12 +169,20 @@ impl Statements {
         // `tags` through the row's JSON: a table from before the column
         // was added (see `outbox-ddl`) reads as NULL instead of failing.
         let columns = "id, route, params::text, kind, revision, attempts, \
-                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint, \
-                       (to_jsonb(o) -> 'tags')::text";
+                       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint AS created_us, \
+                       (to_jsonb(o) -> 'tags')::text AS tags";
+        let pending =
+            format!("SELECT {columns} FROM {table} o WHERE dead_at IS NULL ORDER BY id LIMIT $1");
         Ok(Statements {
-            pending: client
+            pending: client.prepare(&pending).await?,
+            // One row at least (NULL id: nothing pending), with whether
+            // this session took the gauge lock (session-level: held until
+            // the connection ends).
+            pending_lead: client
                 .prepare(&format!(
-                    "SELECT {columns} FROM {table} o WHERE dead_at IS NULL ORDER BY id LIMIT $1"
+                    "SELECT p.*, l.leader FROM \
+                     (SELECT pg_try_advisory_lock(hashtext('sidecache gauges ' || $2)) AS leader) l \
+                     LEFT JOIN LATERAL ({pending}) p ON true"
                 ))
                 .await?,
             claim: client
@@ -171,6 +209,7 @@ impl Statements {
                      FROM unnest($1::bigint[], $2::text[]) AS u(id, err) WHERE o.id = u.id"
                 ))
                 .await?,
+            notify: client.prepare("SELECT pg_notify($1, '')").await?,
             gauges: client
                 .prepare(&format!(
                     "SELECT count(*) FILTER (WHERE dead_at IS NULL), \
@@ -288,30 +327,49 @@ impl OutboxWorker {
         let mut gauges_at = Instant::now();
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
+        let (mut leader, mut lead_at) = (false, Instant::now());
         loop {
-            tokio::time::timeout(CYCLE_TIMEOUT, self.fan_out(&client, &statements, &mut seen))
-                .await
-                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-            // Drain: keep claiming while full batches come back. A batch
-            // whose rows failed against the store stops the drain; those
-            // rows now wait for their backoff.
-            loop {
-                let cycle = self.cycle(&mut client, &statements, &seen);
-                let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
-                    .await
-                    .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-                // Reset only once a whole cycle worked: a session that
-                // connects but fails every cycle (permissions, a dropped
-                // table) keeps backing off instead of reconnecting in a loop.
-                reconnect.reset();
-                let full = report.claimed >= self.cfg.batch as usize;
-                if !full || report.failed > 0 || *shutdown.borrow() {
-                    break;
+            let try_lead = !leader && Instant::now() >= lead_at;
+            let woke = self
+                .wake_up(
+                    &mut client,
+                    &statements,
+                    &mut seen,
+                    try_lead,
+                    shutdown,
+                    reconnect,
+                )
+                .await?;
+            if let Some(won) = woke.won_lead {
+                leader = won;
+                lead_at = Instant::now() + self.cfg.idle_poll_interval;
+                if !won {
+                    self.clear_gauges();
                 }
             }
-            if Instant::now() >= gauges_at {
+            // The leader's gauges miss what this wake-up changed until the
+            // next refresh: wake up for it.
+            let mut gauges_stale = leader;
+            if leader && Instant::now() >= gauges_at {
                 self.refresh_gauges(&client, &statements).await?;
                 gauges_at = Instant::now() + GAUGE_EVERY;
+                gauges_stale = false;
+            }
+            // Idle (nothing pending, LISTEN up on this very connection):
+            // the poll is only a safety net for a lost NOTIFY (issue 21).
+            // Unavailable store: look again when the feeds' breaker lets a
+            // probe through.
+            let now = Instant::now();
+            let mut next_poll = now
+                + match woke.idle {
+                    true => self.cfg.idle_poll_interval,
+                    false => self.cfg.poll_interval,
+                };
+            if let Some(at) = woke.store_back_at {
+                next_poll = next_poll.min(at);
+            }
+            if gauges_stale {
+                next_poll = next_poll.min(gauges_at);
             }
             tokio::select! {
                 biased;
@@ -327,28 +385,94 @@ impl OutboxWorker {
                     // Many inserts, one cycle.
                     while wake_rx.try_recv().is_ok() {}
                 }
-                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
+                _ = tokio::time::sleep_until(next_poll) => {}
+            }
+        }
+    }
+
+    /// One wake-up: the fan-out, then, if rows are pending, claim cycles
+    /// while full batches come back. Takes no rows while the store is
+    /// unavailable to this instance (issue 20).
+    async fn wake_up(
+        &self,
+        client: &mut Client,
+        statements: &Statements,
+        seen: &mut HashSet<i64>,
+        try_lead: bool,
+        shutdown: &watch::Receiver<bool>,
+        reconnect: &mut Reconnect,
+    ) -> Result<WokeUp, OutboxError> {
+        let mut woke = WokeUp::default();
+        if let Some(at) = self.invalidator.feeds_ready_at() {
+            woke.store_back_at = Some(at);
+            return Ok(woke);
+        }
+        let fan_out = self.fan_out(client, statements, seen, try_lead);
+        let (pending, won_lead) = tokio::time::timeout(CYCLE_TIMEOUT, fan_out)
+            .await
+            .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+        woke.won_lead = won_lead;
+        // The session works: forget earlier reconnect failures (a session
+        // that connects but fails every statement keeps backing off).
+        reconnect.reset();
+        if pending == 0 {
+            // Nothing to claim: a row inserted since comes with a NOTIFY.
+            woke.idle = true;
+            return Ok(woke);
+        }
+        // Drain: keep claiming while full batches come back and the store
+        // takes them.
+        loop {
+            if let Some(at) = self.invalidator.feeds_ready_at() {
+                woke.store_back_at = Some(at);
+                return Ok(woke);
+            }
+            let cycle = self.cycle(client, statements, seen);
+            let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
+                .await
+                .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
+            let full = report.claimed >= self.cfg.batch as usize;
+            if !full || report.failed > 0 || *shutdown.borrow() {
+                woke.store_back_at = self.invalidator.feeds_ready_at();
+                return Ok(woke);
             }
         }
     }
 
     /// The fan-out (module doc): applies the pending rows not in `seen`,
     /// without locking them, and remembers those applied. `seen` keeps only
-    /// rows still pending, so it is bounded by `batch`.
+    /// rows still pending, so it is bounded by `batch`. Returns how many
+    /// rows are pending (at most `batch`) and, if `try_lead`, whether this
+    /// session took the gauge lock.
     async fn fan_out(
         &self,
         client: &Client,
         st: &Statements,
         seen: &mut HashSet<i64>,
-    ) -> Result<(), OutboxError> {
-        let rows = client
-            .query(&st.pending, &[&i64::from(self.cfg.batch)])
-            .await?;
+        try_lead: bool,
+    ) -> Result<(usize, Option<bool>), OutboxError> {
+        let batch = i64::from(self.cfg.batch);
+        let (rows, won_lead) = match try_lead {
+            false => (client.query(&st.pending, &[&batch]).await?, None),
+            true => {
+                let rows = client
+                    .query(&st.pending_lead, &[&batch, &self.cfg.table])
+                    .await?;
+                let won = match rows.first() {
+                    Some(row) => row.try_get::<_, bool>("leader")?,
+                    None => false,
+                };
+                (rows, Some(won))
+            }
+        };
         let mut due = HashSet::with_capacity(rows.len());
         let mut fresh = Vec::new();
         let mut events = Vec::new();
         for row in &rows {
-            let id = row.try_get::<_, i64>(0)?;
+            // NULL: the lead query's row when nothing is pending.
+            let Some(id) = row.try_get::<_, Option<i64>>(0)? else {
+                continue;
+            };
             due.insert(id);
             if !seen.contains(&id) {
                 fresh.push(id);
@@ -357,7 +481,7 @@ impl OutboxWorker {
         }
         seen.retain(|id| due.contains(id));
         if events.is_empty() {
-            return Ok(());
+            return Ok((due.len(), won_lead));
         }
         let outcomes = self
             .invalidator
@@ -369,7 +493,7 @@ impl OutboxWorker {
                 seen.insert(id);
             }
         }
-        Ok(())
+        Ok((due.len(), won_lead))
     }
 
     /// One claim-apply-commit transaction. Rows in `seen` were applied by
@@ -427,14 +551,24 @@ impl OutboxWorker {
         let (mut retry_ids, mut retry_delays, mut retry_errors) =
             (Vec::new(), Vec::new(), Vec::new());
         let (mut dead_ids, mut dead_reasons) = (Vec::new(), Vec::new());
+        // Failed because the store is unavailable to this instance (its
+        // feeds' breaker opened): release the rows at once, due, and wake
+        // the other workers, whose store may work. Failed while the store
+        // answers (a refused write): back off, or every worker would retry
+        // the row on every wake-up.
+        let release = self.invalidator.feeds_ready_at().is_some();
         for ((id, tries), outcome) in ids.iter().zip(&attempts).zip(&outcomes) {
             match outcome {
                 ApplyOutcome::Applied => applied.push(*id),
                 ApplyOutcome::Failed(e) => {
                     let attempt = u32::try_from(*tries).unwrap_or(0);
-                    let delay =
-                        backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
-                            .max(Duration::from_millis(500));
+                    let delay = match release {
+                        true => Duration::ZERO,
+                        false => {
+                            backoff::jittered(backoff::exponential(RETRY_BASE, RETRY_MAX, attempt))
+                                .max(Duration::from_millis(500))
+                        }
+                    };
                     retry_ids.push(*id);
                     retry_delays.push(delay.as_secs_f64());
                     retry_errors.push(truncate(e.to_string()));
@@ -451,6 +585,10 @@ impl OutboxWorker {
         if !retry_ids.is_empty() {
             tx.execute(&st.retry, &[&retry_ids, &retry_delays, &retry_errors])
                 .await?;
+            if release {
+                // Delivered at the commit, when the rows are unlocked.
+                tx.execute(&st.notify, &[&self.cfg.notify_channel]).await?;
+            }
         }
         if !dead_ids.is_empty() {
             tx.execute(&st.dead, &[&dead_ids, &dead_reasons]).await?;
@@ -464,8 +602,14 @@ impl OutboxWorker {
             .dead_letters
             .with_label_values(&[Source::Outbox.as_str()])
             .inc_by(dead_ids.len() as u64);
-        if let Some(e) = retry_errors.first() {
-            warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");
+        match retry_errors.first() {
+            Some(e) if release => {
+                warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied: store unavailable here; released to the other workers");
+            }
+            Some(e) => {
+                warn!(rows = retry_ids.len(), error = %e, "outbox rows not applied; will retry with backoff");
+            }
+            None => {}
         }
         Ok(CycleReport {
             claimed: rows.len(),
@@ -473,6 +617,13 @@ impl OutboxWorker {
             failed: retry_ids.len(),
             dead: dead_ids.len(),
         })
+    }
+
+    /// Not the gauge leader: another instance reports the table.
+    fn clear_gauges(&self) {
+        self.metrics.outbox_pending.set(0);
+        self.metrics.outbox_dead.set(0);
+        self.metrics.outbox_oldest_seconds.set(0.0);
     }
 
     async fn refresh_gauges(&self, client: &Client, st: &Statements) -> Result<(), OutboxError> {

@@ -31,6 +31,14 @@
 //! (Redis restarted empty) is re-created at `0`, never at `$`, so entries
 //! appended before the reconnect are not skipped (issue 20).
 //!
+//! Store health (issue 20): while the feeds' breaker is open (this
+//! instance's store calls fail; the request path's breaker does not count)
+//! the group path reads no new entries, so the group gives them to the
+//! other consumers, and the fan-out waits for the breaker's probe instead
+//! of retrying. Entries already pending here were applied by the others'
+//! fan-out; they are acked when this instance recovers, or claimed after
+//! `claim_idle`.
+//!
 //! Each path has its own connection: a blocking `XREADGROUP`/`XREAD` on the
 //! store's multiplexed connection would stall every request behind it. Their
 //! response timeout exceeds `BLOCK`.
@@ -58,7 +66,9 @@ const MAX_BLOCK: Duration = Duration::from_secs(5);
 const BLOCK_MARGIN: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RECONNECT_BASE: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Capped low like the outbox's (issue 20): after a Redis restart, events
+/// wait for the reconnect.
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Own pending entries that failed are retried after this long.
 const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
 /// A fan-out batch that failed against the store is retried after this
@@ -177,6 +187,12 @@ impl StreamConsumer {
         let mut claim_at = Instant::now();
         let mut claim_cursor = "0-0".to_owned();
         loop {
+            if let Some(at) = self.invalidator.feeds_ready_at() {
+                // The store is unavailable to this instance: read nothing,
+                // so that the group gives new entries to the others.
+                tokio::time::sleep_until(at).await;
+                continue;
+            }
             if retry_own_at.is_some_and(|at| Instant::now() >= at) {
                 let failed = self.process_own_pending(&mut conn).await?;
                 retry_own_at = failed.then(|| Instant::now() + RETRY_OWN_AFTER);
@@ -401,7 +417,10 @@ impl StreamConsumer {
                 {
                     break;
                 }
-                tokio::time::sleep(retry.next_delay()).await;
+                match self.invalidator.feeds_ready_at() {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => tokio::time::sleep(retry.next_delay()).await,
+                }
             }
             retry.reset();
             after = last.id.clone();

@@ -119,6 +119,15 @@ pub trait BloomStore {
 
     /// Bits set in a bitmap (`BITCOUNT`), for the fill-ratio gauge.
     fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Claims the current rebuild interval for `owner` (`SET NX PX`):
+    /// false if another instance's scheduled rebuild claimed it already.
+    fn bloom_claim_interval<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        interval: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// Bloom calls behind the breaker and the timeout. Checks are on the request
@@ -206,5 +215,17 @@ impl GuardedStore {
 
     pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
         self.call(Op::BloomBuild, |s| s.bloom_bitcount(bits)).await
+    }
+
+    pub async fn bloom_claim_interval(
+        &self,
+        keys: &BloomKeys,
+        owner: &str,
+        interval: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::BloomBuild, |s| {
+            s.bloom_claim_interval(keys, owner, interval)
+        })
+        .await
     }
 }

@@ -29,6 +29,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// How long [`Breaker::admits_at`] tells a caller to wait while a probe
+/// is in flight.
+const PROBE_WAIT: Duration = Duration::from_millis(10);
+
 /// Where the breaker stands (see the module diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
@@ -79,6 +83,22 @@ impl Breaker {
     /// True unless closed (open, or half-open with a probe in flight).
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
+    }
+
+    /// When [`Breaker::admit`] will let a call through: `None` now (closed,
+    /// or the cooldown is over and the next call probes), else the end of
+    /// the cooldown (or, while a probe is in flight, a moment later).
+    pub fn admits_at(&self) -> Option<Instant> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let now = Instant::now();
+        match *self.lock() {
+            BreakerState::Closed => None,
+            BreakerState::Open { until } if now >= until => None,
+            BreakerState::Open { until } => Some(until),
+            BreakerState::HalfOpen => Some(now + PROBE_WAIT),
+        }
     }
 
     /// Admits a call, or refuses it with [`StoreError::BreakerOpen`].
@@ -242,6 +262,21 @@ mod tests {
         assert_eq!(b.state(), BreakerState::Closed);
         assert_eq!(b.gauge.get(), 0);
         assert!(!b.admit().unwrap().is_probe());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admits_at_tells_when_the_next_call_gets_through() {
+        let b = breaker();
+        assert_eq!(b.admits_at(), None);
+        fail(&b);
+        let opened = Instant::now();
+        assert_eq!(b.admits_at(), Some(opened + COOLDOWN));
+        tokio::time::advance(COOLDOWN).await;
+        assert_eq!(b.admits_at(), None);
+        let probe = b.admit().unwrap();
+        assert_eq!(b.admits_at(), Some(Instant::now() + PROBE_WAIT));
+        probe.success();
+        assert_eq!(b.admits_at(), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,6 +16,12 @@
 //! succeeds (logged once each way). A call skipped because the breaker is open
 //! returns [`StoreError::BreakerOpen`] without touching the store and is not
 //! counted as a store error (the failure that opened the breaker was).
+//!
+//! The invalidation feeds (outbox, stream) keep a breaker of their own
+//! (issue 20): a request-path breaker opened by one slow read must not stop
+//! invalidations that would succeed, and a feed needs to know whether *its*
+//! calls reach the store to decide whether to take events at all
+//! ([`GuardedStore::feeds_ready_at`]).
 
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
@@ -36,7 +42,10 @@ use std::time::Duration;
 /// [`open`] and shared (`Arc`) by the pipeline, admin and invalidation.
 pub struct GuardedStore {
     inner: Arc<dyn Store>,
+    /// The request path's breaker.
     breaker: Breaker,
+    /// The feeds' breaker: [`GuardedStore::invalidate_marked`] only.
+    feeds: Breaker,
     /// `None` for backends that cannot block (the embedded store).
     timeout: Option<Duration>,
     /// `store_errors{op}` handles, resolved once instead of per call.
@@ -123,6 +132,7 @@ impl GuardedStore {
         GuardedStore {
             inner,
             breaker: Breaker::new(cooldown, metrics.breaker_open.clone()),
+            feeds: Breaker::new(cooldown, metrics.feed_breaker_open.clone()),
             timeout,
             errors: Op::ALL.map(|op| metrics.store_errors.with_label_values(&[op.as_str()])),
             refusals: Op::ALL.map(|op| {
@@ -153,12 +163,28 @@ impl GuardedStore {
         self.breaker.is_open()
     }
 
+    /// `None` if a feed's store call would be let through now, else when
+    /// it will be: until then the feed's store is unavailable to it, and it
+    /// leaves events to instances whose store works.
+    pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
+        self.feeds.admits_at()
+    }
+
     pub(super) async fn call<'a, T>(
         &'a self,
         op: Op,
         call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let permit = self.breaker.admit()?;
+        self.call_through(&self.breaker, op, call).await
+    }
+
+    async fn call_through<'a, T>(
+        &'a self,
+        breaker: &'a Breaker,
+        op: Op,
+        call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let permit = breaker.admit()?;
         let future = call(self.inner.as_ref());
         let limit = match op {
             Op::Invalidate => self.timeout.map(|t| t + self.replicas_wait),
@@ -335,13 +361,20 @@ impl GuardedStore {
     }
 
     /// Raises version floors; counted and timed as one `invalidate` call.
+    /// `feed`: for the feeds' events, through the feeds' breaker (as
+    /// `invalidate_marked`).
     pub async fn raise_floors(
         &self,
         floors: &[(String, i64)],
         gen_ttl: Duration,
+        feed: bool,
     ) -> Result<(), StoreError> {
         if floors.is_empty() {
             return Ok(());
+        }
+        if feed {
+            let call = |s| Store::raise_floors(s, floors, gen_ttl);
+            return self.call_through(&self.feeds, Op::Invalidate, call).await;
         }
         self.call(Op::Invalidate, |s| s.raise_floors(floors, gen_ttl))
             .await
@@ -377,7 +410,7 @@ impl GuardedStore {
     }
 
     /// [`Store::invalidate_marked`], counted and timed as one `invalidate`
-    /// call.
+    /// call. The feeds' call: through the feeds' breaker.
     pub async fn invalidate_marked(
         &self,
         gen_keys: &[String],
@@ -388,7 +421,7 @@ impl GuardedStore {
         if gen_keys.is_empty() {
             return Ok(());
         }
-        self.call(Op::Invalidate, |s| {
+        self.call_through(&self.feeds, Op::Invalidate, |s| {
             s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
         })
         .await
@@ -600,6 +633,14 @@ mod tests {
         fn bloom_bitcount<'a>(&'a self, b: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
             self.gate(self.inner.bloom_bitcount(b))
         }
+        fn bloom_claim_interval<'a>(
+            &'a self,
+            k: &'a crate::keys::BloomKeys,
+            o: &'a str,
+            i: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.gate(self.inner.bloom_claim_interval(k, o, i))
+        }
     }
 
     const TIMEOUT: Duration = Duration::from_millis(300);
@@ -688,6 +729,44 @@ mod tests {
         tokio::time::advance(COOLDOWN).await;
         store.read(&k).await.unwrap();
         assert!(!store.breaker_is_open());
+    }
+
+    /// Issue 20: one slow read opens the request path's breaker; the
+    /// feeds' invalidations still reach the store, and a feed failure opens
+    /// only the feeds' breaker.
+    #[tokio::test(start_paused = true)]
+    async fn feeds_keep_their_own_breaker() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
+        let marked = || store.invalidate_marked(&gens, &marks, "n", COOLDOWN);
+        faulty.hang.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            store.read(&keys()).await,
+            Err(StoreError::Timeout)
+        ));
+        assert!(store.breaker_is_open());
+        faulty.hang.store(false, Ordering::SeqCst);
+        assert_eq!(store.feeds_ready_at(), None);
+        marked()
+            .await
+            .expect("the feeds' call is not stopped by the request breaker");
+
+        faulty.fail.store(true, Ordering::SeqCst);
+        tokio::time::advance(COOLDOWN).await;
+        assert!(marked().await.is_err());
+        assert_eq!(
+            store.feeds_ready_at(),
+            Some(tokio::time::Instant::now() + COOLDOWN)
+        );
+        assert_eq!(metrics.feed_breaker_open.get(), 1);
+        faulty.fail.store(false, Ordering::SeqCst);
+        store
+            .read(&keys())
+            .await
+            .expect("the request path probes and closes its own breaker");
+        assert!(!store.breaker_is_open());
+        assert!(matches!(marked().await, Err(StoreError::BreakerOpen)));
     }
 
     #[tokio::test]

@@ -253,6 +253,17 @@ impl BloomStore for MemoryStore {
         })
     }
 
+    /// The embedded store serves one process: no fleet to share the
+    /// interval with.
+    fn bloom_claim_interval<'a>(
+        &'a self,
+        _keys: &'a BloomKeys,
+        _owner: &'a str,
+        _interval: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async { Ok(true) })
+    }
+
     fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();

@@ -183,4 +183,25 @@ impl BloomStore for RedisStore {
                 .map_err(map_error)
         })
     }
+
+    fn bloom_claim_interval<'a>(
+        &'a self,
+        keys: &'a BloomKeys,
+        owner: &'a str,
+        interval: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&keys.interval)
+                .arg(owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(px(interval))
+                .query_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(set.is_some())
+        })
+    }
 }

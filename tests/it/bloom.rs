@@ -231,6 +231,199 @@ async fn first_unknown_check_builds_the_scope_lazily() {
     assert_eq!(answer(&blooms, &cfg, "lazy", "5").await, BloomAnswer::Maybe);
 }
 
+/// A catalogue whose queries are counted and held at a gate until the test
+/// releases them: a build in progress for as long as the test wants.
+struct GatedCatalogue {
+    ids: Vec<String>,
+    queries: std::sync::atomic::AtomicUsize,
+    gate: tokio::sync::Semaphore,
+}
+
+impl IdSource for GatedCatalogue {
+    fn ids<'a>(
+        &'a self,
+        _sql: &'a str,
+        _scope: &'a str,
+    ) -> BoxFuture<'a, Result<IdStream, SourceError>> {
+        self.queries
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            use futures_util::StreamExt;
+            let _pass = self.gate.acquire().await;
+            let ids = self.ids.clone();
+            Ok(futures_util::stream::iter(ids.into_iter().map(Ok)).boxed())
+        })
+    }
+}
+
+/// Three instances (their own `Blooms` and Redis connections, one Redis)
+/// over one catalogue (ids 1..10) whose gate starts with `permits`.
+fn gated_fleet(server: &RedisServer, permits: usize) -> (Arc<GatedCatalogue>, Vec<Arc<Blooms>>) {
+    let catalogue = Arc::new(GatedCatalogue {
+        ids: ids(1..10),
+        queries: Default::default(),
+        gate: tokio::sync::Semaphore::new(permits),
+    });
+    let fleet = (0..3)
+        .map(|_| {
+            let source: Arc<dyn IdSource> = catalogue.clone();
+            Blooms::new(
+                redis_store(server),
+                Some(source),
+                &prometheus::Registry::new(),
+            )
+        })
+        .collect();
+    (catalogue, fleet)
+}
+
+/// Redis calls per command since `CONFIG RESETSTAT` (commands run inside
+/// scripts count too), without background noise (heartbeat `PING`s) and
+/// the test's own `INFO`/`CONFIG`.
+fn commands_since_reset(server: &RedisServer) -> Vec<(String, u64)> {
+    let Ok(redis::Value::BulkString(info)) = server.cli(&["INFO", "commandstats"]) else {
+        panic!("INFO commandstats");
+    };
+    let mut calls: Vec<(String, u64)> = String::from_utf8_lossy(&info)
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(":calls=")?;
+            let n = rest.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), n))
+        })
+        .filter(|(name, _)| {
+            !matches!(name.as_str(), "ping" | "info") && !name.starts_with("config")
+        })
+        .collect();
+    calls.sort();
+    calls
+}
+
+/// Issue 21, point 1: three instances (their own `Blooms` and Redis
+/// connections, one Redis) see a scope for the first time, as after a
+/// restart. Exactly one runs the source query; the others lose the build
+/// race (`busy`), and a loser's attempt costs one Redis command and no
+/// source query. Until the winner activates, every instance answers
+/// unknown (the request goes on to the origin, never a 404), then absent
+/// and maybe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_race_losers_cost_one_redis_command_and_no_source_query() {
+    let server = RedisServer::start();
+    let cfg = config(100, 0.01);
+    let route = route(&cfg);
+    let (catalogue, fleet) = gated_fleet(&server, 0);
+    let busy = |fleet: &[Arc<Blooms>]| -> u64 {
+        fleet
+            .iter()
+            .map(|b| b.metrics().builds.with_label_values(&["app", "busy"]).get())
+            .sum()
+    };
+    for blooms in &fleet {
+        assert_eq!(
+            answer(blooms, &cfg, "fresh", "5").await,
+            BloomAnswer::Unknown
+        );
+    }
+    eventually(
+        "one build runs its query, two lost the race",
+        Duration::from_secs(5),
+        || async { busy(&fleet) == 2 },
+    )
+    .await;
+    let queries = || catalogue.queries.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(queries(), 1, "only the winner queries the source");
+
+    // A loser's attempt, alone on the wire while the winner is held.
+    server
+        .cli(&["CONFIG", "RESETSTAT"])
+        .expect("CONFIG RESETSTAT");
+    for loser in &fleet {
+        let outcome = loser.rebuild(&cfg, &route, "fresh").await;
+        if matches!(outcome, Ok(BuildOutcome::Busy)) {
+            continue;
+        }
+        panic!("a second build while the first holds the lock: {outcome:?}");
+    }
+    // One EVALSHA of `bloom_begin.lua` per losing instance (its refused
+    // `SET NX` counted inside it); the instance that is building knows it
+    // and answers busy without a command.
+    assert_eq!(
+        commands_since_reset(&server),
+        [("evalsha".to_owned(), 2), ("set".to_owned(), 2)],
+        "one command per losing attempt"
+    );
+    assert_eq!(queries(), 1, "losers never query the source");
+    for blooms in &fleet {
+        for id in ["5", "500"] {
+            assert_eq!(
+                answer(blooms, &cfg, "fresh", id).await,
+                BloomAnswer::Unknown,
+                "unknown while the first build runs"
+            );
+        }
+    }
+
+    catalogue.gate.add_permits(10);
+    for blooms in &fleet {
+        let (b, c) = (blooms.clone(), cfg.clone());
+        eventually(
+            "the filter answers for everyone",
+            Duration::from_secs(5),
+            move || {
+                let (b, c) = (b.clone(), c.clone());
+                async move { answer(&b, &c, "fresh", "500").await == BloomAnswer::Absent }
+            },
+        )
+        .await;
+        assert_eq!(answer(blooms, &cfg, "fresh", "5").await, BloomAnswer::Maybe);
+    }
+    assert_eq!(queries(), 1, "one source query for the scope, fleet-wide");
+}
+
+/// Issue 21, point 1: scheduled rebuilds come due on every instance that
+/// tracks the scope, once per `rebuild_every`; the first to claim the
+/// interval builds, the others take `busy` for one Redis command (`SET NX`)
+/// and no source query. A claim whose build failed is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_rebuilds_run_once_per_interval_fleet_wide() {
+    let server = RedisServer::start();
+    let cfg = config(100, 0.01);
+    let route = route(&cfg);
+    let (catalogue, fleet) = gated_fleet(&server, 100);
+    let queries = || catalogue.queries.load(std::sync::atomic::Ordering::SeqCst);
+    let due = |b: &Arc<Blooms>| {
+        let (b, cfg, route) = (b.clone(), cfg.clone(), route.clone());
+        async move { b.rebuild_due(&cfg, &route, "acme").await.expect("build") }
+    };
+    assert!(matches!(
+        due(&fleet[0]).await,
+        BuildOutcome::Activated { .. }
+    ));
+    server
+        .cli(&["CONFIG", "RESETSTAT"])
+        .expect("CONFIG RESETSTAT");
+    assert_eq!(due(&fleet[1]).await, BuildOutcome::Busy);
+    assert_eq!(due(&fleet[2]).await, BuildOutcome::Busy);
+    assert_eq!(
+        commands_since_reset(&server),
+        [("set".to_owned(), 2)],
+        "one SET NX per instance that found the interval claimed"
+    );
+    assert_eq!(queries(), 1, "one source query per interval");
+
+    // The interval passes: the next instance due builds.
+    server
+        .cli(&["DEL", "sc:b:{app:acme}:built"])
+        .expect("DEL the interval claim");
+    assert!(matches!(
+        due(&fleet[1]).await,
+        BuildOutcome::Activated { .. }
+    ));
+    assert_eq!(due(&fleet[2]).await, BuildOutcome::Busy);
+    assert_eq!(queries(), 2);
+}
+
 /// A catalogue in "the database": creates commit here first, then their
 /// event is applied (`add_member`), as with an outbox. Reads are snapshots
 /// streamed slowly, so creates land in the middle of builds.

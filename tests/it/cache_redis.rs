@@ -212,6 +212,14 @@ async fn negative_entries_are_shared_across_instances() {
     assert_eq!(x_cache(&client::get(&a.url(missing)).await), "NEGATIVE");
 }
 
+/// A `store:` section with the near cache on, `max_age` far beyond any test.
+fn near_store(redis: &RedisServer) -> String {
+    format!(
+        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
+        redis.url()
+    )
+}
+
 /// Two instances with their near caches (max_age far beyond the test): hits
 /// on A come from A's memory, and an invalidation made through B reaches A
 /// through Redis's push, not through A's entry growing old.
@@ -219,10 +227,7 @@ async fn negative_entries_are_shared_across_instances() {
 async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
-    let store = format!(
-        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 60s }}\n",
-        redis.url()
-    );
+    let store = near_store(&redis);
     let a = builder(&redis, &origin, "").store(&store).start().await;
     let b = builder(&redis, &origin, "").store(&store).start().await;
     // The tracked connection comes up beside the first; until then reads
@@ -259,6 +264,112 @@ async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
     )
     .await;
     assert_eq!(origin.hits(P), 2);
+}
+
+/// Issue 20, point 4: how long after another writer replaced the
+/// generation does an instance still answer from its near cache (the push
+/// is in flight)? Eight readers hammer one object on A; 100 times, the
+/// origin's body changes and the generation is replaced directly in Redis
+/// (`lua/invalidate.lua`, as any other instance would). Per trial, the lag
+/// is from the script's reply to the start of the last request that still
+/// got the old body (0 if none). The figures are printed (README, "Near
+/// cache"); the bound only catches a near cache that stopped following
+/// pushes (it would answer the old body until `max_age`, 60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_cache_lag_after_another_writer_invalidates() {
+    const TRIALS: usize = 100;
+    const READERS: usize = 8;
+    const BOUND: Duration = Duration::from_millis(100);
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let store = near_store(&redis);
+    let a = builder(&redis, &origin, "").store(&store).start().await;
+    eventually("A's tracked connection", Duration::from_secs(5), || async {
+        a.metric_sum("sidecache_near_cache_tracking", &[]).await == 1.0
+    })
+    .await;
+    origin.reply(P, Reply::ok("v0"));
+    let answers = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Instant, String)>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let (answers, stop, url) = (answers.clone(), stop.clone(), a.url(P));
+        readers.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let start = Instant::now();
+                let body = client::get(&url).await.text();
+                answers.lock().expect("answers").push((start, body));
+            }
+        }));
+    }
+    let script = redis::Script::new(include_str!("../../lua/invalidate.lua"));
+    let mut conn = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let latest = |version: String| {
+        let answers = answers.clone();
+        move || {
+            let version = version.clone();
+            let answers = answers.clone();
+            async move {
+                answers
+                    .lock()
+                    .expect("answers")
+                    .iter()
+                    .rev()
+                    .take(READERS)
+                    .any(|(_, b)| *b == version)
+            }
+        }
+    };
+    eventually("A answers v0", Duration::from_secs(5), latest("v0".into())).await;
+    let (mut lags, mut stale) = (Vec::new(), 0);
+    for trial in 1..=TRIALS {
+        let (old, new) = (format!("v{}", trial - 1), format!("v{trial}"));
+        origin.reply(P, Reply::ok(new.clone()));
+        answers.lock().expect("answers").clear();
+        let _: String = script
+            .key(format!("{OBJECT}:g"))
+            .arg(format!("lag{trial}"))
+            .arg(600_000)
+            .invoke_async(&mut conn)
+            .await
+            .expect("invalidate");
+        let replaced = Instant::now();
+        eventually(
+            "A answers the new body",
+            Duration::from_secs(5),
+            latest(new),
+        )
+        .await;
+        let after: Vec<Duration> = answers
+            .lock()
+            .expect("answers")
+            .iter()
+            .filter(|(start, body)| *start > replaced && *body == old)
+            .map(|(start, _)| *start - replaced)
+            .collect();
+        stale += after.len();
+        lags.push(after.into_iter().max().unwrap_or_default());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.await.expect("reader");
+    }
+    let mut ms: Vec<f64> = lags.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    println!(
+        "near cache lag, {READERS} readers: replaced -> last old answer ms p50 {:.2} p99 {:.2} max {:.2}; {stale} old answers in {TRIALS} trials",
+        ms[TRIALS / 2],
+        ms[TRIALS * 99 / 100],
+        ms[TRIALS - 1]
+    );
+    assert!(
+        lags.iter().all(|l| *l < BOUND),
+        "an old answer more than {BOUND:?} after the generation was replaced"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
-//! No feed waits for a stopped consumer (issue 19, point 2): with one
-//! instance SIGSTOPped while it holds events (a stream entry the consumer
-//! group delivered to it, outbox rows it claimed), the other instances apply
-//! every event within a bound far below `claim_idle` (30 s), on the real
-//! binary. Each event is for an object of its own, so its generation key
+//! No feed waits for one instance (issue 19, point 2; issue 20, point 1):
+//! with one instance SIGSTOPped while it holds events (a stream entry the
+//! consumer group delivered to it, outbox rows it claimed), or with one
+//! instance's Redis connections reset before every event (`CLIENT KILL`,
+//! a network blip on one host), the other instances apply every event
+//! within a bound, on the real binary. Each event is for an object of its own, so its generation key
 //! appearing in Redis is the moment the event was applied; the figures
 //! (commit → applied) are printed.
 
@@ -11,6 +12,8 @@ use crate::support::redis::RedisServer;
 use crate::support::{eventually, Origin, Sidecache, SidecacheBuilder};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Far below `claim_idle` (30 s) and the pauses of issue 19 (4 s); loose
@@ -24,10 +27,13 @@ fn gen_key(id: u64) -> String {
 }
 
 fn instance(origin: &Origin, redis: &RedisServer, timeout: &str, feed: &str) -> SidecacheBuilder {
+    instance_at(origin, &redis.url(), timeout, feed)
+}
+
+fn instance_at(origin: &Origin, url: &str, timeout: &str, feed: &str) -> SidecacheBuilder {
     SidecacheBuilder::new(origin.url())
         .store(&format!(
-            "store:\n  redis:\n    url: \"{}\"\n    command_timeout: {timeout}\n  breaker:\n    cooldown: 500ms\n",
-            redis.url()
+            "store:\n  redis:\n    url: \"{url}\"\n    command_timeout: {timeout}\n  breaker:\n    cooldown: 500ms\n"
         ))
         .extra(feed)
 }
@@ -42,6 +48,15 @@ async fn conn(redis: &RedisServer) -> MultiplexedConnection {
 
 /// Polls (1 ms) until object `id`'s generation exists; the time it took.
 async fn applied_within(conn: &mut MultiplexedConnection, id: u64, since: Instant) -> Duration {
+    applied_within_bound(conn, id, since, BOUND).await
+}
+
+async fn applied_within_bound(
+    conn: &mut MultiplexedConnection,
+    id: u64,
+    since: Instant,
+    bound: Duration,
+) -> Duration {
     loop {
         let g: Option<Vec<u8>> = redis::cmd("GET")
             .arg(gen_key(id))
@@ -52,8 +67,8 @@ async fn applied_within(conn: &mut MultiplexedConnection, id: u64, since: Instan
             return since.elapsed();
         }
         assert!(
-            since.elapsed() < BOUND,
-            "event for object {id} not applied within {BOUND:?}: a stopped instance holds it"
+            since.elapsed() < bound,
+            "event for object {id} not applied within {bound:?}: one instance holds it"
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -71,7 +86,7 @@ fn report(feed: &str, latencies: &[Duration]) {
     let mut ms: Vec<f64> = latencies.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     ms.sort_by(f64::total_cmp);
     println!(
-        "{feed}, one instance stopped: commit -> applied ms p50 {:.1} max {:.1} (n={}) {ms:.1?}",
+        "{feed}: ms p50 {:.1} max {:.1} (n={}) {ms:.1?}",
         ms[ms.len() / 2],
         ms[ms.len() - 1],
         ms.len()
@@ -162,7 +177,10 @@ async fn stream_entries_are_applied_while_one_instance_is_stopped() {
             after_w += 1;
         }
     }
-    report("stream", &latencies);
+    report(
+        "stream, one instance stopped: commit -> applied",
+        &latencies,
+    );
     let held = consumer_of(&redis, &w).map(|c| c.1);
     assert_eq!(held, Some(1), "the stopped instance holds one entry");
 
@@ -257,7 +275,205 @@ async fn outbox_rows_are_applied_while_one_instance_is_stopped() {
         let at = Instant::now();
         latencies.push(applied_within(&mut conn, id as u64, at).await);
     }
-    report("outbox", &latencies);
+    report(
+        "outbox, one instance stopped: commit -> applied",
+        &latencies,
+    );
     stalled.cli(&["CLIENT", "UNPAUSE"]).expect("unpause");
     w.signal("CONT");
+}
+
+/// Issue 20's bound for the instances whose store works.
+const BLIP_BOUND: Duration = Duration::from_millis(50);
+const BLIP_EVENTS: u64 = 20;
+/// The warm-up event's object (the others are 1..=BLIP_EVENTS).
+const WARM: u64 = 1000;
+
+/// Three instances; B connects to Redis as ACL user `blip`, so `CLIENT
+/// KILL USER blip` resets all of B's connections (store, near cache,
+/// stream) and nobody else's.
+async fn blip_fleet(origin: &Origin, redis: &RedisServer, feed: &str) -> [Sidecache; 3] {
+    redis
+        .cli(&["ACL", "SETUSER", "blip", "on", ">pw", "~*", "&*", "+@all"])
+        .expect("ACL SETUSER");
+    let blip_url = format!("redis://blip:pw@127.0.0.1:{}/0", redis.port());
+    [
+        instance_at(origin, &blip_url, "300ms", feed).start().await,
+        instance(origin, redis, "300ms", feed).start().await,
+        instance(origin, redis, "300ms", feed).start().await,
+    ]
+}
+
+/// Resets B's connections every `BLIP_EVERY` until dropped, so B's store
+/// calls keep failing while events arrive; counts the connections reset.
+struct Blipper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+const BLIP_EVERY: Duration = Duration::from_millis(10);
+
+impl Blipper {
+    fn start(redis: &RedisServer) -> Blipper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let client = redis::Client::open(redis.url()).expect("redis url");
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut conn = client.get_connection().expect("blipper connection");
+            let mut reset = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let n: u64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("USER")
+                    .arg("blip")
+                    .query(&mut conn)
+                    .expect("CLIENT KILL USER");
+                reset += n;
+                std::thread::sleep(BLIP_EVERY);
+            }
+            reset
+        });
+        Blipper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops; the connections reset, which must be some or the test proved
+    /// nothing. Prints B's failed invalidations.
+    async fn finish(mut self, b: &Sidecache) {
+        self.stop.store(true, Ordering::Relaxed);
+        let reset = self
+            .thread
+            .take()
+            .map(|t| t.join().expect("blipper thread"))
+            .unwrap_or(0);
+        let failed = b
+            .metric_sum("sidecache_invalidations_total", &[("outcome", "failed")])
+            .await;
+        println!("blipping instance: {reset} connections reset, {failed} invalidations failed");
+        assert!(
+            reset >= 1,
+            "no connection of the blipping instance was reset"
+        );
+    }
+}
+
+impl Drop for Blipper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Outbox: B's connections are reset right before each commit. Every event
+/// is applied by the healthy instances within `BLIP_BOUND`, and every row
+/// is deleted soon after: B, whose store fails, takes no rows (without
+/// that, B's claims pushed rows at least 500 ms into backoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_events_are_applied_while_one_instance_blips() {
+    let origin = Origin::start().await;
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    pg.execute(&crate::invalidation_binary::ddl()).await;
+    let feed = format!(
+        "invalidation:\n  outbox:\n    url: \"{}\"\n    poll_interval: 1s\n",
+        pg.url()
+    );
+    let fleet = blip_fleet(&origin, &redis, &feed).await;
+    let db = pg.client().await;
+    let insert = |id: u64| {
+        let db = &db;
+        async move {
+            db.execute(
+                "INSERT INTO sidecache_outbox (route, params) VALUES ('app', jsonb_build_object('tenant', 'acme', 'id', $1::bigint))",
+                &[&(id as i64)],
+            )
+            .await
+            .expect("insert outbox row");
+        }
+    };
+    let mut conn = conn(&redis).await;
+    insert(WARM).await;
+    eventually("the workers are running", Duration::from_secs(15), || {
+        let mut conn = conn.clone();
+        async move { generation(&mut conn, WARM).await.is_some() }
+    })
+    .await;
+
+    let (mut latencies, mut deleted) = (Vec::new(), Vec::new());
+    let blipper = Blipper::start(&redis);
+    for id in 1..=BLIP_EVENTS {
+        tokio::time::sleep(BLIP_EVERY * 3).await;
+        insert(id).await;
+        let at = Instant::now();
+        latencies.push(applied_within_bound(&mut conn, id, at, BLIP_BOUND).await);
+        loop {
+            let left: i64 = db
+                .query_one("SELECT count(*) FROM sidecache_outbox", &[])
+                .await
+                .expect("count")
+                .get(0);
+            if left == 0 {
+                deleted.push(at.elapsed());
+                break;
+            }
+            assert!(
+                at.elapsed() < BOUND,
+                "row {id} not deleted within {BOUND:?}: a worker that failed it holds it in backoff"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    report(
+        "outbox, one instance blipping: commit -> applied",
+        &latencies,
+    );
+    report("outbox, one instance blipping: commit -> deleted", &deleted);
+    blipper.finish(&fleet[0]).await;
+}
+
+/// Stream: the same with the stream feed; every entry applied by the
+/// healthy instances within `BLIP_BOUND`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_entries_are_applied_while_one_instance_blips() {
+    let origin = Origin::start().await;
+    let redis = RedisServer::start();
+    let feed = format!(
+        "invalidation:\n  redis_stream:\n    stream: \"{STREAM}\"\n    group: {GROUP}\n    claim_idle: 30s\n"
+    );
+    let fleet = blip_fleet(&origin, &redis, &feed).await;
+    let mut conn = conn(&redis).await;
+    eventually(
+        "every instance's fan-out is reading",
+        Duration::from_secs(10),
+        || async {
+            xadd(&redis, WARM);
+            let mut all = true;
+            for sc in &fleet {
+                all &= sc
+                    .metric_sum(
+                        "sidecache_invalidations_total",
+                        &[("source", "stream_fanout")],
+                    )
+                    .await
+                    >= 1.0;
+            }
+            all
+        },
+    )
+    .await;
+
+    let mut latencies = Vec::new();
+    let blipper = Blipper::start(&redis);
+    for id in 1..=BLIP_EVENTS {
+        tokio::time::sleep(BLIP_EVERY * 3).await;
+        xadd(&redis, id);
+        let at = Instant::now();
+        latencies.push(applied_within_bound(&mut conn, id, at, BLIP_BOUND).await);
+    }
+    report(
+        "stream, one instance blipping: commit -> applied",
+        &latencies,
+    );
+    blipper.finish(&fleet[0]).await;
 }

@@ -253,6 +253,34 @@ async fn store_failure_leaves_entries_pending_until_they_apply() {
     consumer.stop().await;
 }
 
+/// A consumer (`start: latest`) running on both paths: an entry applied by
+/// each (the fan-out sees only entries appended after it connected, so add
+/// until it has one).
+async fn running_consumer(redis: &RedisServer) -> Background {
+    let cfg = crate::support::library_config(
+        &redis.url(),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: latest, claim_idle: 30s }}"#
+        ),
+    );
+    let consumer = start_consumer(cfg, redis).await;
+    eventually("consumer running", Duration::from_secs(10), || async {
+        add_event(redis, "warm", 1);
+        applied(&consumer, "stream") >= 1 && applied(&consumer, "stream_fanout") >= 1
+    })
+    .await;
+    consumer
+}
+
+/// Events `consumer` applied on the path `source`.
+fn applied(consumer: &Background, source: &str) -> u64 {
+    consumer
+        .metrics
+        .invalidations
+        .with_label_values(&[source, "applied", "object"])
+        .get()
+}
+
 /// Issue 20: Redis loses its data (a restart without persistence) while
 /// consumers run, and entries are appended before any consumer could
 /// re-create the group. `FLUSHALL` and the appends run in one `MULTI`, so
@@ -262,27 +290,8 @@ async fn store_failure_leaves_entries_pending_until_they_apply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
     let redis = RedisServer::start();
-    let cfg = crate::support::library_config(
-        &redis.url(),
-        &format!(
-            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: latest, claim_idle: 30s }}"#
-        ),
-    );
-    let consumer = start_consumer(cfg, &redis).await;
-    let applied = |source: &str| {
-        consumer
-            .metrics
-            .invalidations
-            .with_label_values(&[source, "applied", "object"])
-            .get()
-    };
-    // Running on both paths: an entry applied by each (the fan-out sees
-    // only entries appended after it connected, so add until it has one).
-    eventually("consumer running", Duration::from_secs(10), || async {
-        add_event(&redis, "warm", 1);
-        applied("stream") >= 1 && applied("stream_fanout") >= 1
-    })
-    .await;
+    let consumer = running_consumer(&redis).await;
+    let applied = |source: &str| applied(&consumer, source);
     let (group_before, fanout_before) = (applied("stream"), applied("stream_fanout"));
 
     let mut conn = ::redis::Client::open(redis.url())
@@ -311,6 +320,50 @@ async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
         || async {
             (1..=5).all(|id| has_generation(&redis, "lost", id))
                 && applied("stream") >= group_before + 5
+                && applied("stream_fanout") >= fanout_before + 5
+                && pending(&redis) == 0
+        },
+    )
+    .await;
+    consumer.stop().await;
+}
+
+/// Issue 20, point 5: Redis killed and restarted empty (no persistence),
+/// entries appended at once, before the consumers could reconnect and
+/// re-create their group. Every entry is applied within the reconnect cap
+/// (1 s, jittered) plus a round trip, by both paths, and acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_appended_right_after_a_redis_restart_are_applied_within_a_bound() {
+    const BOUND: Duration = Duration::from_millis(2500);
+    let redis = RedisServer::start();
+    let consumer = running_consumer(&redis).await;
+    let applied = |source: &str| applied(&consumer, source);
+    let (group_before, fanout_before) = (applied("stream"), applied("stream_fanout"));
+
+    redis.restart();
+    for id in 1..=5 {
+        add_event(&redis, "restart", id);
+    }
+    let appended = Instant::now();
+    loop {
+        if (1..=5).all(|id| has_generation(&redis, "restart", id)) {
+            break;
+        }
+        assert!(
+            appended.elapsed() < BOUND,
+            "entries appended after the restart not applied within {BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    println!(
+        "redis restart: append -> all 5 applied {:.1} ms",
+        appended.elapsed().as_secs_f64() * 1e3
+    );
+    eventually(
+        "both paths applied every entry; all acked",
+        Duration::from_secs(10),
+        || async {
+            applied("stream") >= group_before + 5
                 && applied("stream_fanout") >= fanout_before + 5
                 && pending(&redis) == 0
         },
