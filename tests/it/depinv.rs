@@ -329,12 +329,12 @@ async fn outbox_tag_rows_after_the_migration_and_old_tables_keep_working() {
     let origin = Origin::start().await;
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    // The table as `outbox-ddl` created it before tags.
+    // The table as `outbox-ddl` created it before tags: today's, without
+    // the column and with `route` required.
+    pg.execute(&crate::invalidation_binary::ddl()).await;
     pg.execute(
-        "CREATE TABLE sidecache_outbox (id bigserial PRIMARY KEY, route text NOT NULL, \
-         params jsonb NOT NULL, kind text NOT NULL DEFAULT 'invalidate', revision bigint, \
-         created_at timestamptz NOT NULL DEFAULT now(), attempts int NOT NULL DEFAULT 0, \
-         next_at timestamptz NOT NULL DEFAULT now(), last_error text, dead_at timestamptz)",
+        "ALTER TABLE sidecache_outbox DROP COLUMN tags; \
+         ALTER TABLE sidecache_outbox ALTER COLUMN route SET NOT NULL",
     )
     .await;
     let sc = builder(
