@@ -29,6 +29,13 @@ pub enum Answer {
     /// whose request was sent upstream): only the request that started the
     /// flight takes it; the others fetch their own.
     Exclusive(CacheStatus, Mutex<Option<Response<Body>>>),
+    /// An entry only the request that started the flight may receive: a
+    /// tag of the object was invalidated while the fill ran (or the fill
+    /// had no ticket for the tags its answer carries), and a request that
+    /// joined after that invalidation must not be handed an answer fetched
+    /// before it (issue 13: flights are keyed by the object's generation,
+    /// which a tag invalidation leaves alone). The others fetch their own.
+    Starter(CacheStatus, Arc<Entry>),
     Failed(CacheStatus, ProxyError),
 }
 

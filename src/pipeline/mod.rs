@@ -467,7 +467,7 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
             Some(checks) => checks,
             None => {
                 count_publish(fill, FillOutcome::TagsUnticketed);
-                return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
+                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
             }
         };
         let published = if checks == PublishChecks::default() {
@@ -500,7 +500,8 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
             }
             Ok(PublishOutcome::TagChanged) => {
                 tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: a tag was invalidated during the fill");
-                FillOutcome::Rejected
+                count_publish(fill, FillOutcome::Rejected);
+                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
             }
             Ok(PublishOutcome::BelowFloor) => {
                 tracing::info!(route = %route.name, key = %fill.key.keys.entry, version = ?checks.version, "publish refused: answer older than the object's floor");
@@ -726,7 +727,8 @@ fn to_client(
     match answer {
         Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),
-        Answer::Exclusive(..) if !started => None,
+        Answer::Exclusive(..) | Answer::Starter(..) if !started => None,
+        Answer::Starter(status, entry) => Some((*status, respond(route, entry, *status, ask))),
         Answer::Exclusive(status, slot) => {
             let taken = slot.lock().ok().and_then(|mut s| s.take())?;
             Some((*status, strip_body_for_head(taken, ask.head)))

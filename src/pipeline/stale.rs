@@ -103,8 +103,10 @@ pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
             ),
         ) => Some(StaleReason::UpstreamError),
         Answer::Failed(..) => None,
-        Answer::Shared(_, entry) if entry.status >= 500 => Some(StaleReason::UpstreamError),
-        Answer::Shared(..) => None,
+        Answer::Shared(_, entry) | Answer::Starter(_, entry) if entry.status >= 500 => {
+            Some(StaleReason::UpstreamError)
+        }
+        Answer::Shared(..) | Answer::Starter(..) => None,
         Answer::Exclusive(_, slot) => {
             let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
             slot.as_ref()

@@ -168,6 +168,19 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
             assert_eq!(admin(&sc, r#"{"tags": ["shared"]}"#).await, 200);
         }
         origin.reply(path, Reply::ok("new").header("surrogate-key", "t:1 shared"));
+        // A request after the invalidation joins the held fill in this
+        // instance (flights are per object generation, which a tag leaves
+        // alone): it must not be handed the fill's pre-invalidation answer.
+        let coalesced = || sc.metric_sum("sidecache_coalesced_total", &[("route", "tagged")]);
+        let coalesced_before = coalesced().await;
+        let joiner_url = sc.url(path);
+        let joiner = tokio::spawn(async move { client::get(&joiner_url).await });
+        eventually(
+            "the second read joins the held fill",
+            Duration::from_secs(10),
+            || async { coalesced().await > coalesced_before },
+        )
+        .await;
         let rejected = || {
             sc.metric_sum(
                 "sidecache_publish_total",
@@ -177,6 +190,12 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
         let rejected_before = rejected().await;
         gate.release();
         assert_eq!(held.await.expect("held read").text(), "old");
+        let joined = joiner.await.expect("joiner");
+        assert_eq!(
+            joined.text(),
+            "new",
+            "lose_tag={lose_tag}: the joiner got the old fill's answer"
+        );
         // Refused by the publish script itself (single node), not only
         // dead at the next hit check.
         assert_eq!(rejected().await, rejected_before + 1.0);
