@@ -16,7 +16,7 @@
 //!                       (revalidate) when the entry of the fill's
 //!                       generation is expired and has validators
 //!   7b degraded         fetch_only: same permits, nothing written
-//! 8 publish             publish::cacheability, publish::publish;
+//! 8 publish             publish::cacheability, GuardedStore::publish_checked;
 //!                       depends: version floor and cache tags
 //! 9 release             lease::release
 //! 10 answer             client_cc: the route's client_cache_control;
@@ -470,16 +470,12 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
                 return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
             }
         };
-        let published = if checks == PublishChecks::default() {
-            publish::publish(&sh.store, &fill.key, lease.owner(), &ticket, &entry, ttl).await
-        } else {
-            let (object, owner) = (&fill.key.keys, lease.owner());
-            let encoded = entry.encode();
-            let call = sh
-                .store
-                .publish_checked(object, owner, &ticket, encoded, ttl, &checks);
-            call.await
-        };
+        let (object, owner) = (&fill.key.keys, lease.owner());
+        let encoded = entry.encode();
+        let call = sh
+            .store
+            .publish_checked(object, owner, &ticket, encoded, ttl, &checks);
+        let published = call.await;
         let outcome = match published {
             Ok(PublishOutcome::Published) => FillOutcome::Published,
             Ok(PublishOutcome::LeaseLost) => {

@@ -7,7 +7,6 @@ use super::entry::Entry;
 use crate::config::{OriginCacheControl, Route, Ttl};
 use crate::keys::CacheKey;
 use crate::proxy::headers::strip_hop_by_hop;
-use crate::store::{GuardedStore, PublishOutcome, StoreError};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -365,21 +364,6 @@ pub fn build_entry(
         body,
         tags: Vec::new(),
     }
-}
-
-/// Publishes under the lease `owner` and generation `ticket`. The script
-/// refuses if either moved on (stale backfill).
-pub async fn publish(
-    store: &GuardedStore,
-    key: &CacheKey,
-    owner: &str,
-    ticket: &[u8],
-    entry: &Entry,
-    ttl: Duration,
-) -> Result<PublishOutcome, StoreError> {
-    store
-        .publish(&key.keys, owner, ticket, entry.encode(), ttl)
-        .await
 }
 
 #[cfg(test)]

@@ -533,15 +533,16 @@ mod tests {
         ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
             self.gate(self.inner.ticket(k, n, t))
         }
-        fn publish<'a>(
+        fn publish_checked<'a>(
             &'a self,
             k: &'a ObjectKeys,
             o: &'a str,
             tk: &'a [u8],
             e: Bytes,
             t: Duration,
+            c: &'a PublishChecks,
         ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
-            self.gate(self.inner.publish(k, o, tk, e, t))
+            self.gate(self.inner.publish_checked(k, o, tk, e, t, c))
         }
         fn renew_lease<'a>(
             &'a self,

@@ -249,22 +249,6 @@ impl Store for MemoryStore {
         })
     }
 
-    fn publish<'a>(
-        &'a self,
-        keys: &'a ObjectKeys,
-        owner: &'a str,
-        ticket: &'a [u8],
-        entry: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
-        Box::pin(async move {
-            let checks = PublishChecks::default();
-            Ok(self
-                .lock()
-                .publish(keys, owner, ticket, entry, ttl, &checks))
-        })
-    }
-
     fn publish_checked<'a>(
         &'a self,
         keys: &'a ObjectKeys,

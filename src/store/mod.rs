@@ -179,6 +179,21 @@ pub struct PublishChecks {
     pub tags: Vec<(String, Bytes)>,
 }
 
+/// No checks: a plain publish (generation and lease only).
+pub static NO_CHECKS: PublishChecks = PublishChecks {
+    floor_key: None,
+    version: None,
+    tags: Vec::new(),
+};
+
+impl PublishChecks {
+    /// Nothing to check besides generation and lease (a version without a
+    /// floor key is not compared with anything).
+    pub fn is_none(&self) -> bool {
+        self.floor_key.is_none() && self.tags.is_empty()
+    }
+}
+
 /// The Bloom operations are a supertrait ([`bloom::BloomStore`]) so they
 /// live in their own files.
 pub trait Store: bloom::BloomStore + Send + Sync + 'static {
@@ -240,7 +255,9 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         ticket: &'a [u8],
         entry: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
+        self.publish_checked(keys, owner, ticket, entry, ttl, &NO_CHECKS)
+    }
 
     /// [`Store::publish`] that also refuses an answer below the object's
     /// version floor or whose tags moved (`lua/publish_checked.lua`).
@@ -255,14 +272,7 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         entry: Bytes,
         ttl: Duration,
         checks: &'a PublishChecks,
-    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
-        let _ = (keys, owner, ticket, entry, ttl, checks);
-        Box::pin(async {
-            Err(StoreError::Protocol(
-                "publish_checked is not supported".into(),
-            ))
-        })
-    }
+    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
 
     /// The current generation of each tag key, created fresh where missing
     /// (`lua/tag_tickets.lua`), TTL refreshed to `gen_ttl`.
