@@ -7,6 +7,7 @@
 
 use crate::cache::invalidate;
 use crate::support::client::{self, x_cache};
+use crate::support::origin::Gate;
 use crate::support::redis::RedisServer;
 use crate::support::{app_routes, eventually, get_held, Origin, Sidecache, SidecacheBuilder};
 use std::time::Duration;
@@ -21,6 +22,24 @@ fn builder(redis: &RedisServer, origin: &Origin, route_keys: &str) -> SidecacheB
             "store:\n  redis:\n    url: \"{}\"\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
             redis.url()
         ))
+}
+
+/// The interleaving every test here starts from: a read through `filler`
+/// whose fill of v1 is held at the origin; then the object changes to v2
+/// and is invalidated through `invalidator`. Returns the gate, the held
+/// read, v1 and v2.
+async fn fill_held_then_invalidated(
+    origin: &Origin,
+    filler: &Sidecache,
+    invalidator: &Sidecache,
+) -> (Gate, tokio::task::JoinHandle<client::Resp>, String, String) {
+    let v1 = origin.default_body(P);
+    let (gate, before) = get_held(origin, P, filler.url(P)).await;
+    origin.bump(P);
+    let v2 = origin.default_body(P);
+    let inv = invalidate(invalidator, "app", PARAMS).await;
+    assert_eq!(inv.status, 200, "{}", inv.text());
+    (gate, before, v1, v2)
 }
 
 async fn publishes(sc: &Sidecache, outcome: &str) -> f64 {
@@ -42,13 +61,7 @@ async fn a_reader_after_an_invalidation_never_joins_the_older_fill() {
     let sc = builder(&redis, &origin, "lease: 5s\nwait: 5s")
         .start()
         .await;
-    let v1 = origin.default_body(P);
-    let (gate, before) = get_held(&origin, P, sc.url(P)).await;
-
-    origin.bump(P);
-    let v2 = origin.default_body(P);
-    let inv = invalidate(&sc, "app", PARAMS).await;
-    assert_eq!(inv.status, 200, "{}", inv.text());
+    let (gate, before, v1, v2) = fill_held_then_invalidated(&origin, &sc, &sc).await;
 
     // The first reader after the invalidation starts a fill of its own: it
     // reaches the origin while the old fill is still held there.
@@ -102,13 +115,7 @@ async fn another_instances_older_lease_is_superseded_not_waited_for() {
     let keys = "lease: 5s\nwait: 300ms";
     let a = builder(&redis, &origin, keys).start().await;
     let b = builder(&redis, &origin, keys).start().await;
-    let v1 = origin.default_body(P);
-    let (gate, before) = get_held(&origin, P, a.url(P)).await;
-
-    origin.bump(P);
-    let v2 = origin.default_body(P);
-    let inv = invalidate(&b, "app", PARAMS).await;
-    assert_eq!(inv.status, 200, "{}", inv.text());
+    let (gate, before, v1, v2) = fill_held_then_invalidated(&origin, &a, &b).await;
 
     let at_b = spawn_get(b.url(P));
     gate.arrived(2).await;
@@ -146,12 +153,7 @@ async fn a_reader_that_finds_no_generation_joins_no_older_fill() {
     let sc = builder(&redis, &origin, "lease: 5s\nwait: 5s")
         .start()
         .await;
-    let v1 = origin.default_body(P);
-    let (gate, before) = get_held(&origin, P, sc.url(P)).await;
-    origin.bump(P);
-    let v2 = origin.default_body(P);
-    let inv = invalidate(&sc, "app", PARAMS).await;
-    assert_eq!(inv.status, 200, "{}", inv.text());
+    let (gate, before, v1, v2) = fill_held_then_invalidated(&origin, &sc, &sc).await;
     redis
         .cli(&["DEL", "sc:o:{app:acme:1}:g"])
         .expect("DEL generation");
