@@ -99,16 +99,8 @@ has nginx && [[ ! -x $nginx_bin ]] && missing+=(nginx)
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
-if ((${#missing[@]} > 0)); then
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-        note "installing ${missing[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-        nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-    else
-        die "missing ${missing[*]}; install with: sudo apt-get install -y ${missing[*]}"
-    fi
-fi
+install_missing "${missing[@]}"
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 # Descriptors for wrk and the servers.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 

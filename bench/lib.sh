@@ -113,3 +113,16 @@ start_nginx() {
         die "nginx rejected the generated config $work/nginx/nginx.conf"
     start nginx "$bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf"
 }
+
+# install_missing PKG...: installs the Debian packages with apt-get when
+# running as root, else stops naming them. Nothing to do without arguments.
+install_missing() {
+    (($# > 0)) || return 0
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+        note "installing $* with apt-get"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    else
+        die "missing $*; install with: sudo apt-get install -y $*"
+    fi
+}

@@ -70,17 +70,9 @@ command -v curl >/dev/null || missing+=(curl)
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 command -v psql >/dev/null || missing+=(postgresql-client)
 [[ -n $pg_bin && -x $pg_bin/initdb && -x $pg_bin/postgres ]] || missing+=(postgresql)
-if ((${#missing[@]} > 0)); then
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-        note "installing ${missing[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-        # shellcheck disable=SC2012
-        pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)}
-    else
-        die "missing ${missing[*]}; install with: sudo apt-get install -y ${missing[*]}"
-    fi
-fi
+install_missing "${missing[@]}"
+# shellcheck disable=SC2012
+pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)}
 [[ -n $pg_bin && -x $pg_bin/initdb ]] || die "no Postgres server binaries (set PG_BIN)"
 
 # ---------------------------------------------------------------- build ----

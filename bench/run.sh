@@ -152,16 +152,8 @@ fi
 if ((need_redis)); then
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 fi
-if ((${#missing[@]} > 0)); then
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-        note "installing ${missing[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-        nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-    else
-        die "missing ${missing[*]}; install with: sudo apt-get install -y ${missing[*]}"
-    fi
-fi
+install_missing "${missing[@]}"
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 if ((pin)); then
     command -v taskset >/dev/null || die "taskset not found (util-linux); or set BENCH_PIN=0"
     taskset -c "$server_cpus" true 2>/dev/null || die "cannot pin to BENCH_SERVER_CPUS=$server_cpus (this machine has $(nproc) CPUs); set BENCH_PIN=0 or other CPUs"
