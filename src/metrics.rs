@@ -21,6 +21,7 @@ pub mod names {
     pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
     pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
     pub const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
+    pub const NODE_BREAKER_OPEN: &str = "sidecache_store_node_breaker_open";
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
@@ -93,7 +94,11 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     /// `{op}`: the store operation that failed or timed out.
     pub store_errors: IntCounterVec,
+    /// Single node: 1 while the breaker is open; cluster: how many node
+    /// breakers are open.
     pub breaker_open: IntGauge,
+    /// `{node}`: Redis Cluster only, 1 while that master's breaker is open.
+    pub node_breaker_open: IntGaugeVec,
     /// The invalidation feeds' own breaker (issue 20).
     pub feed_breaker_open: IntGauge,
     pub store_write_refusals: IntCounterVec,
@@ -227,8 +232,19 @@ impl Metrics {
             ),
             breaker_open: reg(
                 &registry,
-                IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open.")
+                IntGauge::new(BREAKER_OPEN, "1 while the store circuit breaker is open (Redis Cluster: how many masters' breakers are open).")
                     .expect("valid metric"),
+            ),
+            node_breaker_open: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        NODE_BREAKER_OPEN,
+                        "Redis Cluster: 1 while the store breaker of this master is open (its slots degrade).",
+                    ),
+                    &["node"],
+                )
+                .expect("valid metric"),
             ),
             feed_breaker_open: reg(
                 &registry,

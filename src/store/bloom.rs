@@ -141,7 +141,7 @@ impl GuardedStore {
         m: u64,
         positions: &[u64],
     ) -> Result<BloomAnswer, StoreError> {
-        self.call(Op::BloomCheck, |s| {
+        self.call(Op::BloomCheck, &keys.bits, |s| {
             s.bloom_check(keys, signature, m, positions)
         })
         .await
@@ -155,7 +155,7 @@ impl GuardedStore {
         m: u64,
         candidate_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, |s| {
+        self.call(Op::BloomBuild, &keys.bits, |s| {
             s.bloom_begin(keys, owner, lock_ttl, m, candidate_ttl)
         })
         .await
@@ -169,7 +169,9 @@ impl GuardedStore {
         if positions.is_empty() {
             return Ok(());
         }
-        self.call(Op::BloomBuild, |s| s.bloom_set_bits(candidate, positions))
+        self.call(Op::BloomBuild, candidate, |s| {
+            s.bloom_set_bits(candidate, positions)
+        })
             .await
     }
 
@@ -180,7 +182,7 @@ impl GuardedStore {
         lock_ttl: Duration,
         candidate_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, |s| {
+        self.call(Op::BloomBuild, &keys.bits, |s| {
             s.bloom_renew(keys, owner, lock_ttl, candidate_ttl)
         })
         .await
@@ -193,14 +195,14 @@ impl GuardedStore {
         signature: &str,
         m: u64,
     ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, |s| {
+        self.call(Op::BloomBuild, &keys.bits, |s| {
             s.bloom_activate(keys, owner, signature, m)
         })
         .await
     }
 
     pub async fn bloom_add(&self, keys: &BloomKeys, positions: &[u64]) -> Result<(), StoreError> {
-        self.call(Op::BloomAdd, |s| s.bloom_add(keys, positions))
+        self.call(Op::BloomAdd, &keys.bits, |s| s.bloom_add(keys, positions))
             .await
     }
 
@@ -209,12 +211,12 @@ impl GuardedStore {
         keys: &BloomKeys,
         owner: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.call(Op::BloomBuild, |s| s.bloom_disable(keys, owner))
+        self.call(Op::BloomBuild, &keys.bits, |s| s.bloom_disable(keys, owner))
             .await
     }
 
     pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
-        self.call(Op::BloomBuild, |s| s.bloom_bitcount(bits)).await
+        self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits)).await
     }
 
     pub async fn bloom_claim_interval(
@@ -223,7 +225,7 @@ impl GuardedStore {
         owner: &str,
         interval: Duration,
     ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, |s| {
+        self.call(Op::BloomBuild, &keys.bits, |s| {
             s.bloom_claim_interval(keys, owner, interval)
         })
         .await

@@ -50,8 +50,10 @@ pub struct Breaker {
     /// Mirrors `state == Closed` so the hot path needs no lock.
     closed: AtomicBool,
     state: Mutex<BreakerState>,
-    /// `sidecache_breaker_open`: 1 unless closed.
+    /// `sidecache_breaker_open`: 1 unless closed (per node on a cluster).
     gauge: IntGauge,
+    /// On a cluster, `sidecache_breaker_open`: how many breakers are open.
+    total: Option<IntGauge>,
 }
 
 /// Permission to make one store call. Report the outcome with
@@ -72,6 +74,28 @@ impl Breaker {
             closed: AtomicBool::new(true),
             state: Mutex::new(BreakerState::Closed),
             gauge,
+            total: None,
+        }
+    }
+
+    /// A breaker of a set (one per cluster node): `gauge` is its own,
+    /// `total` counts the open breakers of the set.
+    pub fn counted(cooldown: Duration, gauge: IntGauge, total: IntGauge) -> Breaker {
+        Breaker {
+            total: Some(total),
+            ..Breaker::new(cooldown, gauge)
+        }
+    }
+
+    /// Shows a move between closed and open in the gauges.
+    fn show(&self, open: bool) {
+        self.gauge.set(i64::from(open));
+        if let Some(total) = &self.total {
+            if open {
+                total.inc();
+            } else {
+                total.dec();
+            }
         }
     }
 
@@ -143,7 +167,7 @@ impl Breaker {
         if *state == BreakerState::HalfOpen {
             *state = BreakerState::Closed;
             self.closed.store(true, Ordering::Release);
-            self.gauge.set(0);
+            self.show(false);
             tracing::info!("store breaker closed: store reachable again");
         }
     }
@@ -158,7 +182,7 @@ impl Breaker {
             (BreakerState::Closed, false) => {
                 *state = BreakerState::Open { until };
                 self.closed.store(false, Ordering::Release);
-                self.gauge.set(1);
+                self.show(true);
                 tracing::warn!(
                     error = error.map(tracing::field::display),
                     cooldown_ms = self.cooldown.as_millis() as u64,

@@ -25,6 +25,7 @@
 
 use super::breaker::Breaker;
 use super::memory::MemoryStore;
+use super::node_breakers::NodeBreakers;
 use super::redis::RedisStore;
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
@@ -42,8 +43,8 @@ use std::time::Duration;
 /// [`open`] and shared (`Arc`) by the pipeline, admin and invalidation.
 pub struct GuardedStore {
     inner: Arc<dyn Store>,
-    /// The request path's breaker.
-    breaker: Breaker,
+    /// The request path's breaker (one per master on a cluster).
+    breakers: Breakers,
     /// The feeds' breaker: [`GuardedStore::invalidate_marked`] only.
     feeds: Breaker,
     /// `None` for backends that cannot block (the embedded store).
@@ -58,6 +59,35 @@ pub struct GuardedStore {
     /// Added to `timeout` for invalidations (`store.redis.replicas_timeout`).
     replicas_wait: Duration,
     shortfalls: IntCounter,
+}
+
+/// The request path's breakers: one for the store, or one per Redis
+/// Cluster master (a dead master degrades only its own slots).
+enum Breakers {
+    One(Breaker),
+    PerNode(NodeBreakers),
+}
+
+/// The breaker a call goes through.
+enum Guard<'a> {
+    One(&'a Breaker),
+    Node(Arc<Breaker>),
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Breaker;
+    fn deref(&self) -> &Breaker {
+        match self {
+            Guard::One(b) => b,
+            Guard::Node(b) => b,
+        }
+    }
+}
+
+impl Guard<'_> {
+    fn same(&self, other: &Guard<'_>) -> bool {
+        std::ptr::eq::<Breaker>(&**self, &**other)
+    }
 }
 
 /// Store operations, as named in the `op` label.
@@ -129,9 +159,18 @@ impl GuardedStore {
         cooldown: Duration,
         metrics: &Metrics,
     ) -> GuardedStore {
+        let slot_map = inner.slot_map();
         GuardedStore {
             inner,
-            breaker: Breaker::new(cooldown, metrics.breaker_open.clone()),
+            breakers: match slot_map {
+                Some(map) => Breakers::PerNode(NodeBreakers::new(
+                    map,
+                    cooldown,
+                    metrics.node_breaker_open.clone(),
+                    metrics.breaker_open.clone(),
+                )),
+                None => Breakers::One(Breaker::new(cooldown, metrics.breaker_open.clone())),
+            },
             feeds: Breaker::new(cooldown, metrics.feed_breaker_open.clone()),
             timeout,
             errors: Op::ALL.map(|op| metrics.store_errors.with_label_values(&[op.as_str()])),
@@ -158,9 +197,87 @@ impl GuardedStore {
         &self.inner
     }
 
-    /// True while the breaker is open or half-open (calls skip the store).
+    /// True while the breaker is open or half-open (calls skip the store);
+    /// on a cluster, while any master's is.
     pub fn breaker_is_open(&self) -> bool {
-        self.breaker.is_open()
+        match &self.breakers {
+            Breakers::One(b) => b.is_open(),
+            Breakers::PerNode(set) => set.any_open(),
+        }
+    }
+
+    /// True while the breaker guarding `key` is open or half-open.
+    pub fn breaker_is_open_for(&self, key: &str) -> bool {
+        self.guard(key.as_bytes()).is_open()
+    }
+
+    /// Redis Cluster: the master (`host:port`) whose breaker guards `key`,
+    /// once the slot table is known.
+    pub fn node_of(&self, key: &str) -> Option<String> {
+        match &self.breakers {
+            Breakers::One(_) => None,
+            Breakers::PerNode(set) => set.node_of(key.as_bytes()).map(|n| n.to_string()),
+        }
+    }
+
+    /// The breaker guarding calls on `key` (all keys of one object share a
+    /// slot, so any of them names the object's master).
+    fn guard(&self, key: &[u8]) -> Guard<'_> {
+        match &self.breakers {
+            Breakers::One(b) => Guard::One(b),
+            Breakers::PerNode(set) => Guard::Node(set.for_key(key)),
+        }
+    }
+
+    /// `keys`' indices grouped by the breaker guarding them: one group on a
+    /// single node, one per master involved on a cluster.
+    fn groups<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<(Guard<'_>, Vec<usize>)> {
+        let mut groups: Vec<(Guard<'_>, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let guard = self.guard(key.as_ref());
+            match groups.iter_mut().find(|(g, _)| g.same(&guard)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((guard, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// A multi-key call split by master: each group through its own breaker,
+    /// concurrently; one value per key, in `keys`' order. `call` gets the
+    /// group's keys.
+    async fn per_node<'a, K, T>(
+        &'a self,
+        op: Op,
+        keys: &'a [K],
+        call: impl Fn(&'a dyn Store, Vec<&'a K>) -> BoxFuture<'a, Result<Vec<T>, StoreError>>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        K: AsRef<[u8]> + Sync,
+        T: Send,
+    {
+        let groups = self.groups(keys);
+        let calls = groups.iter().map(|(guard, members)| {
+            let group: Vec<&K> = members.iter().map(|&i| &keys[i]).collect();
+            let call = &call;
+            self.call_through(guard, op, move |s| call(s, group))
+        });
+        let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+        for ((_, members), result) in groups
+            .iter()
+            .zip(futures_util::future::join_all(calls).await)
+        {
+            let values = result?;
+            if values.len() != members.len() {
+                return Err(StoreError::Protocol("one value per key expected".into()));
+            }
+            for (&i, value) in members.iter().zip(values) {
+                out[i] = Some(value);
+            }
+        }
+        out.into_iter()
+            .map(|v| v.ok_or_else(|| StoreError::Protocol("a key without a value".into())))
+            .collect()
     }
 
     /// `None` if a feed's store call would be let through now, else when
@@ -170,17 +287,20 @@ impl GuardedStore {
         self.feeds.admits_at()
     }
 
+    /// One call on `key`'s slot, through the breaker guarding it.
     pub(super) async fn call<'a, T>(
         &'a self,
         op: Op,
+        key: &str,
         call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.call_through(&self.breaker, op, call).await
+        let guard = self.guard(key.as_bytes());
+        self.call_through(&guard, op, call).await
     }
 
     async fn call_through<'a, T>(
         &'a self,
-        breaker: &'a Breaker,
+        breaker: &Breaker,
         op: Op,
         call: impl FnOnce(&'a dyn Store) -> BoxFuture<'a, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -245,12 +365,14 @@ impl GuardedStore {
         if let Some(snapshot) = self.inner.read_near(keys) {
             return Ok(snapshot);
         }
-        self.call(Op::Read, |s| s.read(keys)).await
+        self.call(Op::Read, &keys.generation, |s| s.read(keys))
+            .await
     }
 
     /// Everything stored for one variant, with TTLs (`/admin/lookup`).
     pub async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
-        self.call(Op::Inspect, |s| s.inspect(keys)).await
+        self.call(Op::Inspect, &keys.generation, |s| s.inspect(keys))
+            .await
     }
 
     /// What the near cache holds for `keys`, not counted as a lookup.
@@ -266,7 +388,7 @@ impl GuardedStore {
         ttl: Duration,
         gen_ttl: Duration,
     ) -> Result<LeaseReply, StoreError> {
-        self.call(Op::TakeLease, |s| {
+        self.call(Op::TakeLease, &keys.lease, |s| {
             s.take_lease(keys, owner, nonce, ttl, gen_ttl)
         })
         .await
@@ -278,7 +400,7 @@ impl GuardedStore {
         nonce: &str,
         gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        self.call(Op::Ticket, |s| s.ticket(gen_key, nonce, gen_ttl))
+        self.call(Op::Ticket, gen_key, |s| s.ticket(gen_key, nonce, gen_ttl))
             .await
     }
 
@@ -290,7 +412,9 @@ impl GuardedStore {
         entry: Bytes,
         ttl: Duration,
     ) -> Result<PublishOutcome, StoreError> {
-        self.call(Op::Publish, |s| s.publish(keys, owner, ticket, entry, ttl))
+        self.call(Op::Publish, &keys.entry, |s| {
+            s.publish(keys, owner, ticket, entry, ttl)
+        })
             .await
     }
 
@@ -303,7 +427,31 @@ impl GuardedStore {
         ttl: Duration,
         checks: &PublishChecks,
     ) -> Result<PublishOutcome, StoreError> {
-        self.call(Op::Publish, |s| {
+        if matches!(self.breakers, Breakers::PerNode(_)) && !checks.tags.is_empty() {
+            // Tag keys live on other masters: compared just before, each
+            // through its master's breaker (the hit check covers a change
+            // in between), then the object's script on its own master.
+            let tag_keys: Vec<&str> = checks.tags.iter().map(|(k, _)| k.as_str()).collect();
+            let current = self.read_tags_as(Op::Publish, &tag_keys).await?;
+            if current
+                .iter()
+                .zip(&checks.tags)
+                .any(|(now, (_, then))| now.as_ref() != Some(then))
+            {
+                return Ok(PublishOutcome::TagChanged);
+            }
+            let rest = PublishChecks {
+                floor_key: checks.floor_key.clone(),
+                version: checks.version,
+                tags: Vec::new(),
+            };
+            return self
+                .call(Op::Publish, &keys.entry, |s| {
+                    s.publish_checked(keys, owner, ticket, entry, ttl, &rest)
+                })
+                .await;
+        }
+        self.call(Op::Publish, &keys.entry, |s| {
             s.publish_checked(keys, owner, ticket, entry, ttl, checks)
         })
         .await
@@ -317,14 +465,35 @@ impl GuardedStore {
         nonce: &str,
         gen_ttl: Duration,
     ) -> Result<Vec<Bytes>, StoreError> {
-        self.call(Op::Ticket, |s| s.tag_tickets(tag_keys, nonce, gen_ttl))
-            .await
+        self.per_node(Op::Ticket, tag_keys, |s, group| {
+            let group: Vec<String> = group.into_iter().cloned().collect();
+            Box::pin(async move { s.tag_tickets(&group, nonce, gen_ttl).await })
+        })
+        .await
     }
 
     /// The current value of each key (tag generations, an object's tag
     /// list), from the near cache where it holds them all.
     pub async fn read_tags(&self, tag_keys: &[&str]) -> Result<Vec<Option<Bytes>>, StoreError> {
-        self.call(Op::Read, |s| s.read_tags(tag_keys)).await
+        self.read_tags_as(Op::Read, tag_keys).await
+    }
+
+    /// `read_tags` counted as `op`; split by master on a cluster, so a tag
+    /// on a dead master fails the call (nothing is served whose tags cannot
+    /// be shown current) without opening a healthy master's breaker.
+    async fn read_tags_as(
+        &self,
+        op: Op,
+        tag_keys: &[&str],
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        if let Breakers::One(b) = &self.breakers {
+            return self.call_through(b, op, |s| s.read_tags(tag_keys)).await;
+        }
+        self.per_node(op, tag_keys, |s, group| {
+            let group: Vec<&str> = group.into_iter().copied().collect();
+            Box::pin(async move { s.read_tags(&group).await })
+        })
+        .await
     }
 
     /// Whether every `(tag generation key, stamped generation)` is still
@@ -356,7 +525,7 @@ impl GuardedStore {
         tags: &str,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.call(Op::Publish, |s| s.remember_tags(list_key, tags, ttl))
+        self.call(Op::Publish, list_key, |s| s.remember_tags(list_key, tags, ttl))
             .await
     }
 
@@ -376,8 +545,21 @@ impl GuardedStore {
             let call = |s| Store::raise_floors(s, floors, gen_ttl);
             return self.call_through(&self.feeds, Op::Invalidate, call).await;
         }
-        self.call(Op::Invalidate, |s| s.raise_floors(floors, gen_ttl))
-            .await
+        let keys: Vec<&str> = floors.iter().map(|(k, _)| k.as_str()).collect();
+        self.per_node(Op::Invalidate, &keys, |s, group| {
+            let group: Vec<(String, i64)> = floors
+                .iter()
+                .filter(|(k, _)| group.iter().any(|g| **g == k.as_str()))
+                .cloned()
+                .collect();
+            let n = group.len();
+            Box::pin(async move {
+                s.raise_floors(&group, gen_ttl).await?;
+                Ok(vec![(); n])
+            })
+        })
+        .await
+        .map(drop)
     }
 
     pub async fn renew_lease(
@@ -386,16 +568,21 @@ impl GuardedStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.call(Op::RenewLease, |s| s.renew_lease(lease_key, owner, ttl))
+        self.call(Op::RenewLease, lease_key, |s| {
+            s.renew_lease(lease_key, owner, ttl)
+        })
             .await
     }
 
     pub async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
-        self.call(Op::Unlock, |s| s.unlock(lease_key, owner)).await
+        self.call(Op::Unlock, lease_key, |s| s.unlock(lease_key, owner))
+            .await
     }
 
     pub async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        self.call(Op::DeleteIfEquals, |s| s.delete_if_equals(key, expected))
+        self.call(Op::DeleteIfEquals, key, |s| {
+            s.delete_if_equals(key, expected)
+        })
             .await
     }
 
@@ -405,7 +592,9 @@ impl GuardedStore {
         nonce: &str,
         gen_ttl: Duration,
     ) -> Result<Bytes, StoreError> {
-        self.call(Op::Invalidate, |s| s.invalidate(gen_key, nonce, gen_ttl))
+        self.call(Op::Invalidate, gen_key, |s| {
+            s.invalidate(gen_key, nonce, gen_ttl)
+        })
             .await
     }
 
@@ -438,10 +627,15 @@ impl GuardedStore {
         if gen_keys.is_empty() {
             return Ok(());
         }
-        self.call(Op::Invalidate, |s| {
-            s.invalidate_many(gen_keys, nonce, gen_ttl)
+        self.per_node(Op::Invalidate, gen_keys, |s, group| {
+            let group: Vec<String> = group.into_iter().cloned().collect();
+            Box::pin(async move {
+                s.invalidate_many(&group, nonce, gen_ttl).await?;
+                Ok(vec![(); group.len()])
+            })
         })
         .await
+        .map(drop)
     }
 }
 

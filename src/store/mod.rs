@@ -3,7 +3,8 @@
 //! [`memory::MemoryStore`]), how redis-rs clients are built from the config
 //! (TLS: [`redis_client`]; Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
 //! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
-//! breaker ([`breaker`]) around every call.
+//! breaker ([`breaker`]; on Redis Cluster one per master, [`node_breakers`]
+//! over the [`slot_map`] that [`redis_slots`] keeps current) around every call.
 //!
 //! The trait speaks in keys the caller built (see `pipeline::key`), so both
 //! backends implement exactly the same protocol (SPEC §5.1):
@@ -34,10 +35,13 @@ pub mod breaker;
 pub mod guarded;
 pub mod memory;
 pub mod near;
+pub mod node_breakers;
 pub mod redis;
 pub mod redis_client;
 pub mod redis_sentinel;
+pub mod redis_slots;
 pub mod scripts;
+pub mod slot_map;
 
 use crate::keys::ObjectKeys;
 use bytes::Bytes;
@@ -199,6 +203,12 @@ impl PublishChecks {
 pub trait Store: bloom::BloomStore + Send + Sync + 'static {
     /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
     fn kind(&self) -> &'static str;
+
+    /// Redis Cluster: which master serves which slot, kept current by the
+    /// backend; the guard keeps one breaker per master with it.
+    fn slot_map(&self) -> Option<std::sync::Arc<slot_map::SlotMap>> {
+        None
+    }
 
     fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>>;
 

@@ -24,7 +24,9 @@
 use super::near::{self, NearCache};
 use super::redis_client;
 use super::redis_sentinel;
+use super::redis_slots;
 use super::scripts;
+use super::slot_map::SlotMap;
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
 };
@@ -65,6 +67,8 @@ pub struct RedisStore {
     /// their own, then `WAIT`. WAIT blocks the connection it is sent on and
     /// counts only that connection's writes, so it cannot share `conn`.
     replicated: Option<(Conn, ReplicasAck)>,
+    /// Cluster only: the slot table (per-master breakers).
+    slots: Option<Arc<SlotMap>>,
     /// Background tasks (heartbeat, near-cache keeper), aborted on drop so
     /// they do not outlive the store.
     tasks: Vec<tokio::task::AbortHandle>,
@@ -149,6 +153,7 @@ impl RedisStore {
         let mut near = None;
         let mut diagnose = None;
         let mut replicated = None;
+        let mut slots = None;
         let (conn, kind) = match &cfg.target {
             RedisTarget::Single(url) => {
                 let info = url
@@ -225,6 +230,11 @@ impl RedisStore {
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(command_timeout);
                 let conn = client.get_pending_async_connection_with_config(cluster_cfg);
+                let map = Arc::new(SlotMap::default());
+                let refresh =
+                    redis_slots::keep_current(map.clone(), conn.clone(), heartbeat, command_timeout);
+                tasks.push(tokio::spawn(refresh).abort_handle());
+                slots = Some(map);
                 (Conn::Cluster(conn), "redis-cluster")
             }
         };
@@ -242,6 +252,7 @@ impl RedisStore {
             kind,
             near,
             replicated,
+            slots,
             tasks,
         })
     }
@@ -407,6 +418,10 @@ fn px(d: Duration) -> u64 {
 impl Store for RedisStore {
     fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    fn slot_map(&self) -> Option<Arc<SlotMap>> {
+        self.slots.clone()
     }
 
     fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {

@@ -1,12 +1,17 @@
 //! Redis Cluster: the same protocol, with the keys of one object in one
 //! slot.
 
-use super::{eventually, keys, whole_suite, COMMAND_TIMEOUT};
+use super::{
+    eventually, keys, whole_suite, COMMAND_TIMEOUT, COOLDOWN, ENTRY_TTL, GEN_TTL, LEASE,
+};
 use crate::support::redis::RedisCluster;
+use bytes::Bytes;
 use sidecache::config::{RedisConfig, RedisTarget};
+use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::Store;
+use sidecache::store::{GuardedStore, LeaseReply, PublishOutcome, Store};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -51,4 +56,98 @@ async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
         store.read(&keys("cluster-paused")).await.is_ok()
     })
     .await;
+}
+
+/// Per-master breakers (issue 15): one of three masters is killed. Keys
+/// on the other two are still read (the entries published before are
+/// there), also after the cluster marked the dead master failed (node
+/// timeout 2 s; `cluster-require-full-coverage no`, else Redis itself
+/// refuses every key); keys on the dead one fail and open only its
+/// breaker; a tag check that needs the dead master fails instead of
+/// showing the tag current (SPEC §5.1); after a restart its keys are
+/// served again and every breaker closes.
+#[tokio::test]
+async fn a_dead_master_degrades_only_its_own_slots() {
+    let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let metrics = Metrics::new();
+    let store = GuardedStore::new(
+        Arc::new(cluster_store(&cluster, COMMAND_TIMEOUT)),
+        Some(COMMAND_TIMEOUT),
+        COOLDOWN,
+        &metrics,
+    );
+    let objects: Vec<ObjectKeys> = (0..30).map(|i| keys(&format!("spread-{i}"))).collect();
+    let tags: Vec<String> = (0..30).map(|i| format!("sc:t:{{tag-{i}}}:g")).collect();
+    eventually("the slot table is known", || async {
+        objects
+            .iter()
+            .map(|k| &k.generation)
+            .chain(&tags)
+            .all(|k| store.node_of(k).is_some())
+    })
+    .await;
+    for k in &objects {
+        let LeaseReply::Won { value, ticket, .. } = store
+            .take_lease(k, "owner", "n", LEASE, GEN_TTL)
+            .await
+            .expect("lease")
+        else {
+            panic!("lease held");
+        };
+        let published = store
+            .publish(k, &value, &ticket, Bytes::from_static(b"body"), ENTRY_TTL)
+            .await;
+        assert_eq!(published.expect("publish"), PublishOutcome::Published);
+    }
+    let tag_gens = store.tag_tickets(&tags, "n", GEN_TTL).await.expect("tag tickets");
+
+    let dead = format!("127.0.0.1:{}", cluster.nodes[0].port());
+    let on = |k: &String| store.node_of(k).expect("routed");
+    let (on_dead, on_live): (Vec<&ObjectKeys>, Vec<&ObjectKeys>) =
+        objects.iter().partition(|k| on(&k.generation) == dead);
+    let live_nodes: std::collections::HashSet<String> =
+        on_live.iter().map(|k| on(&k.generation)).collect();
+    assert!(!on_dead.is_empty(), "no object on the master to kill");
+    assert_eq!(live_nodes.len(), 2, "objects on both other masters");
+    let dead_tag = tags.iter().position(|t| on(t) == dead).expect("a tag on it");
+    let live_tag = tags.iter().position(|t| on(t) != dead).expect("a tag elsewhere");
+    let stamped = |i: usize| (Bytes::from(tags[i].clone()), tag_gens[i].clone());
+
+    cluster.nodes[0].kill();
+    // Past the node timeout, so the survivors have marked it failed.
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        for k in &on_live {
+            let read = store.read(k).await;
+            let entry = read.unwrap_or_else(|e| panic!("{} on a live master: {e}", k.entry));
+            assert_eq!(entry.entry.as_deref(), Some(&b"body"[..]), "{}", k.entry);
+        }
+        for k in &on_dead {
+            assert!(store.read(k).await.is_err(), "{} on the dead master", k.entry);
+        }
+        assert!(store.tags_current(&[stamped(live_tag)]).await.expect("live tag"));
+        let both = store.tags_current(&[stamped(live_tag), stamped(dead_tag)]).await;
+        assert!(both.is_err(), "a tag on the dead master shown current: {both:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(store.breaker_is_open_for(&on_dead[0].generation));
+    assert!(!store.breaker_is_open_for(&on_live[0].generation));
+    let node_gauge = |node: &str| metrics.node_breaker_open.with_label_values(&[node]).get();
+    assert_eq!(node_gauge(&dead), 1);
+    for node in &live_nodes {
+        assert_eq!(node_gauge(node), 0, "{node}");
+    }
+    assert_eq!(metrics.breaker_open.get(), 1, "one breaker open");
+
+    cluster.nodes[0].restart();
+    eventually("the restarted master's keys are read again", || async {
+        let mut all = true;
+        for k in &on_dead {
+            all &= store.read(k).await.is_ok();
+        }
+        all
+    })
+    .await;
+    assert_eq!(node_gauge(&dead), 0);
+    assert_eq!(metrics.breaker_open.get(), 0);
 }

@@ -327,7 +327,13 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
-        let args = [
+        RedisCluster::start_with(n, &[])
+    }
+
+    /// Like [`RedisCluster::start`], with extra `redis-server` arguments
+    /// for every node (e.g. `--cluster-require-full-coverage no`).
+    pub fn start_with(n: usize, extra_args: &[&str]) -> RedisCluster {
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -335,6 +341,7 @@ impl RedisCluster {
             "--cluster-node-timeout",
             "2000",
         ];
+        args.extend_from_slice(extra_args);
         let nodes: Vec<RedisServer> = (0..n).map(|_| RedisServer::start_with(&args)).collect();
         let addrs: Vec<String> = nodes
             .iter()

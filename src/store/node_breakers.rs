@@ -1,0 +1,139 @@
+//! One breaker per Redis Cluster master (issue 15): a call is admitted by
+//! the breaker of the master serving its key's slot ([`SlotMap`]), so a
+//! dead master degrades only the keys of its own slots while the others go
+//! on being served.
+//!
+//! Breakers are made on first use per `host:port` and kept (a handful per
+//! cluster; a failover adds one). Each has its own gauge
+//! `sidecache_store_node_breaker_open{node}`; `sidecache_breaker_open`
+//! counts the open ones, so it stays 0 when all is well, as on a single
+//! node. A key whose slot no known master serves (before the first
+//! `CLUSTER SLOTS`, or an uncovered slot) goes through the `unrouted`
+//! breaker.
+
+use super::breaker::Breaker;
+use super::slot_map::SlotMap;
+use arc_swap::ArcSwap;
+use prometheus::{IntGauge, IntGaugeVec};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The label of the breaker for keys no known master serves.
+pub const UNROUTED: &str = "unrouted";
+
+pub struct NodeBreakers {
+    map: Arc<SlotMap>,
+    cooldown: Duration,
+    gauges: IntGaugeVec,
+    total: IntGauge,
+    /// Copy-on-write: reads are lock-free, a new node (rare) copies it.
+    by_node: ArcSwap<HashMap<Arc<str>, Arc<Breaker>>>,
+    /// Serializes the copy-on-write insertions.
+    grow: Mutex<()>,
+    unrouted: Arc<Breaker>,
+}
+
+impl NodeBreakers {
+    /// `gauges{node}` per breaker; `total` counts the open ones.
+    pub fn new(
+        map: Arc<SlotMap>,
+        cooldown: Duration,
+        gauges: IntGaugeVec,
+        total: IntGauge,
+    ) -> NodeBreakers {
+        total.set(0);
+        let unrouted = Arc::new(Breaker::counted(
+            cooldown,
+            gauges.with_label_values(&[UNROUTED]),
+            total.clone(),
+        ));
+        NodeBreakers {
+            map,
+            cooldown,
+            gauges,
+            total,
+            by_node: ArcSwap::default(),
+            grow: Mutex::new(()),
+            unrouted,
+        }
+    }
+
+    /// The breaker guarding `key`.
+    pub fn for_key(&self, key: &[u8]) -> Arc<Breaker> {
+        match self.map.node_of(key) {
+            Some(node) => self.for_node(node),
+            None => self.unrouted.clone(),
+        }
+    }
+
+    /// The master serving `key`, if known.
+    pub fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
+        self.map.node_of(key)
+    }
+
+    fn for_node(&self, node: Arc<str>) -> Arc<Breaker> {
+        if let Some(breaker) = self.by_node.load().get(&node) {
+            return breaker.clone();
+        }
+        let _grow = self.grow.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.by_node.load_full();
+        if let Some(breaker) = current.get(&node) {
+            return breaker.clone();
+        }
+        let breaker = Arc::new(Breaker::counted(
+            self.cooldown,
+            self.gauges.with_label_values(&[&*node]),
+            self.total.clone(),
+        ));
+        let mut grown = (*current).clone();
+        grown.insert(node, breaker.clone());
+        self.by_node.store(Arc::new(grown));
+        breaker
+    }
+
+    /// True while any breaker of the set is open.
+    pub fn any_open(&self) -> bool {
+        self.unrouted.is_open() || self.by_node.load().values().any(|b| b.is_open())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::slot_map::{slot_of, SlotRange};
+    use super::super::StoreError;
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_opens_only_its_nodes_breaker() {
+        let map = Arc::new(SlotMap::default());
+        let gauges = IntGaugeVec::new(prometheus::Opts::new("g", "g"), &["node"]).unwrap();
+        let total = IntGauge::new("t", "t").unwrap();
+        let set = NodeBreakers::new(map.clone(), Duration::from_secs(2), gauges.clone(), total.clone());
+
+        // Before the first refresh every key shares the unrouted breaker.
+        assert!(Arc::ptr_eq(&set.for_key(b"a"), &set.for_key(b"b")));
+
+        let (a, b) = (b"{a}x".as_slice(), b"{b}x".as_slice());
+        let (sa, sb) = (slot_of(a), slot_of(b));
+        assert_ne!(sa, sb);
+        let n = |s: &str| Arc::<str>::from(s);
+        map.replace(vec![
+            SlotRange { start: 0, end: sa.max(sb) - 1, node: n(if sa < sb { "A" } else { "B" }) },
+            SlotRange { start: sa.max(sb), end: 16383, node: n(if sa < sb { "B" } else { "A" }) },
+        ]);
+        set.for_key(a).admit().unwrap().failure(&StoreError::Timeout);
+        assert!(set.for_key(a).is_open());
+        assert!(!set.for_key(b).is_open());
+        assert!(set.for_key(b).admit().is_ok());
+        assert_eq!(gauges.with_label_values(&["A"]).get(), 1);
+        assert_eq!(gauges.with_label_values(&["B"]).get(), 0);
+        assert_eq!(total.get(), 1);
+        assert!(set.any_open());
+
+        tokio::time::advance(Duration::from_secs(2)).await;
+        set.for_key(a).admit().unwrap().success();
+        assert_eq!(total.get(), 0);
+        assert!(!set.any_open());
+    }
+}
