@@ -336,10 +336,26 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     target: RedisTarget::Single(_),
                     ..
                 }) => {}
+                // The dead-letter stream `<stream>:dead` must live on the
+                // stream's node: one hash slot.
+                Some(RedisConfig {
+                    target: RedisTarget::Cluster(_),
+                    ..
+                }) if !has_hash_tag(&r.stream) => {
+                    return err(
+                        format!("{at}.stream"),
+                        "needs a hash tag with store.redis.cluster (e.g. \"{sidecache}:invalidations\"), \
+                         so that its dead-letter stream `<stream>:dead` shares its slot",
+                    )
+                }
+                Some(RedisConfig {
+                    target: RedisTarget::Cluster(_),
+                    ..
+                }) => {}
                 Some(_) => {
                     return err(
                         at,
-                        "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
+                        "not supported with store.redis.sentinel yet (needs store.redis.url or cluster)",
                     )
                 }
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
@@ -497,6 +513,13 @@ fn sentinel(s: &FileSentinel) -> Result<SentinelTarget> {
         password: s.password.clone(),
         db: s.db,
     })
+}
+
+/// Whether `key` has a non-empty `{hash tag}` (Redis Cluster slot rule).
+fn has_hash_tag(key: &str) -> bool {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .is_some_and(|(tag, _)| !tag.is_empty())
 }
 
 fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAck>> {

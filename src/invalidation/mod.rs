@@ -32,6 +32,7 @@ pub mod invalidator;
 pub mod outbox;
 pub mod recent;
 pub mod stream;
+pub mod stream_conn;
 
 pub use event::{Event, EventKind, Poison, Validated};
 pub use invalidator::{ApplyOutcome, Invalidator, Source};
@@ -57,14 +58,16 @@ pub fn spawn_sources(
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     if let Some(stream) = &cfg.invalidation.stream {
-        // Validation only accepts a stream with a single-node store.
+        // Validation only accepts a stream with a single-node or cluster store.
         if let Some(redis) = &cfg.store.redis {
-            let RedisTarget::Single(url) = &redis.target else {
-                return tasks;
+            let target = match &redis.target {
+                RedisTarget::Single(url) => stream_conn::StreamTarget::Single(url.clone()),
+                RedisTarget::Cluster(seeds) => stream_conn::StreamTarget::Cluster(seeds.clone()),
+                RedisTarget::Sentinel(_) => return tasks,
             };
             let consumer = stream::StreamConsumer::new(
                 stream.clone(),
-                url.clone(),
+                target,
                 redis.tls.clone(),
                 invalidator.clone(),
             );

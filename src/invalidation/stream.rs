@@ -41,17 +41,19 @@
 //!
 //! Each path has its own connection: a blocking `XREADGROUP`/`XREAD` on the
 //! store's multiplexed connection would stall every request behind it. Their
-//! response timeout exceeds `BLOCK`.
+//! response timeout exceeds `BLOCK`. Where they go (the single node, or the
+//! Cluster master of the stream's slot, following `MOVED`):
+//! [`super::stream_conn`].
 
 use super::backoff::Backoff;
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
+use super::stream_conn::{StreamConn, StreamTarget};
 use crate::config::{RedisTls, StreamConfig, StreamStart};
 use crate::metrics::Metrics;
-use crate::store::redis_client;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{RedisError, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -62,9 +64,6 @@ use tracing::{info, warn};
 const COUNT: usize = 100;
 /// Longest `BLOCK`; shorter when the claim period is shorter.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
-/// Response timeout beyond `BLOCK`, for the round trip itself.
-const BLOCK_MARGIN: Duration = Duration::from_secs(2);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RECONNECT_BASE: Duration = Duration::from_millis(100);
 /// Capped low like the outbox's (issue 20): after a Redis restart, events
 /// wait for the reconnect.
@@ -81,27 +80,25 @@ const DEAD_MAXLEN: usize = 100_000;
 /// The consumer. Build with [`StreamConsumer::new`], spawn [`StreamConsumer::run`].
 pub struct StreamConsumer {
     cfg: StreamConfig,
-    redis_url: String,
-    tls: Option<RedisTls>,
+    conn: StreamConn,
     consumer: String,
     invalidator: Arc<Invalidator>,
     metrics: Metrics,
 }
 
 impl StreamConsumer {
-    /// `redis_url` is the store's single-node URL (`tls` its certificates);
-    /// the consumer opens its own connection to it.
+    /// `target` is the store's Redis (`tls` its certificates); the consumer
+    /// opens its own connections to the stream's node.
     pub fn new(
         cfg: StreamConfig,
-        redis_url: String,
+        target: StreamTarget,
         tls: Option<RedisTls>,
         invalidator: Arc<Invalidator>,
     ) -> StreamConsumer {
         let metrics = invalidator.metrics().clone();
         StreamConsumer {
+            conn: StreamConn::new(target, tls, cfg.stream.clone()),
             cfg,
-            redis_url,
-            tls,
             consumer: consumer_name(),
             invalidator,
             metrics,
@@ -149,6 +146,7 @@ impl StreamConsumer {
             tokio::select! {
                 result = session => {
                     if let Err(e) = result {
+                        self.conn.follow(&e);
                         warn!(error = %e, "stream consumer lost Redis; reconnecting");
                     }
                 }
@@ -164,13 +162,7 @@ impl StreamConsumer {
 
     /// A connection of its own whose response timeout exceeds `block`.
     async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
-        let client = redis_client::client(self.redis_url.as_str(), self.tls.as_ref())?;
-        let conn_cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(block + BLOCK_MARGIN));
-        client
-            .get_multiplexed_async_connection_with_config(&conn_cfg)
-            .await
+        self.conn.connect(block).await
     }
 
     /// One connection's life on the group path; returns only on a Redis
@@ -365,6 +357,7 @@ impl StreamConsumer {
             tokio::select! {
                 result = self.fanout_session(&mut cursor, &mut reconnect) => {
                     if let Err(e) = result {
+                        self.conn.follow(&e);
                         warn!(error = %e, "stream fan-out lost Redis; reconnecting");
                     }
                 }

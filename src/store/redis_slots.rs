@@ -58,8 +58,9 @@ async fn ping_masters(map: &SlotMap, conn: &ClusterConnection, timeout: Duration
     futures_util::future::join_all(pings).await;
 }
 
-/// `CLUSTER SLOTS`: `[[start, end, [host, port, id, ...], replicas...], ...]`.
-fn parse(reply: &Value) -> Option<Vec<SlotRange>> {
+/// `CLUSTER SLOTS`: `[[start, end, [host, port, id, ...], replicas...], ...]`
+/// as slot ranges (`None`: not that shape).
+pub fn parse(reply: &Value) -> Option<Vec<SlotRange>> {
     let Value::Array(ranges) = reply else {
         return None;
     };

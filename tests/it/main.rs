@@ -38,4 +38,5 @@ mod status_page;
 mod store;
 mod store_refusals;
 mod stream;
+mod stream_cluster;
 mod tls;

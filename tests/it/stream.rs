@@ -8,6 +8,7 @@ use crate::support::redis::RedisServer;
 use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::stream::StreamConsumer;
+use sidecache::invalidation::stream_conn::StreamTarget;
 use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;
@@ -31,7 +32,8 @@ async fn start_consumer(cfg: Config, stream_redis: &RedisServer) -> Background {
     let url = stream_redis.url();
     Background::start(cfg, Source::Stream, move |cfg, invalidator, stopped| {
         let stream = cfg.invalidation.stream.clone().expect("stream configured");
-        tokio::spawn(StreamConsumer::new(stream, url, None, invalidator).run(stopped))
+        let target = StreamTarget::Single(url);
+        tokio::spawn(StreamConsumer::new(stream, target, None, invalidator).run(stopped))
     })
     .await
 }

@@ -131,6 +131,12 @@ where
 /// consumer) in-process: the Redis store at `redis_url`, the `app` route,
 /// and `invalidation` as the body of the `invalidation:` section.
 pub fn library_config(redis_url: &str, invalidation: &str) -> ::sidecache::config::Config {
+    library_config_on(&format!(r#"url: "{redis_url}""#), invalidation)
+}
+
+/// [`library_config`] with `store.redis` given as its target's YAML
+/// (`url: ...` or `cluster: [...]`).
+pub fn library_config_on(redis_target: &str, invalidation: &str) -> ::sidecache::config::Config {
     let yaml = format!(
         r#"
 version: 1
@@ -138,7 +144,7 @@ listen: 127.0.0.1:1
 admin: {{ listen: 127.0.0.1:2 }}
 upstream: {{ url: "http://127.0.0.1:9" }}
 store:
-  redis: {{ url: "{redis_url}", command_timeout: 500ms }}
+  redis: {{ {redis_target}, command_timeout: 500ms }}
   breaker: {{ cooldown: 200ms }}
 invalidation:
   {invalidation}

@@ -1,0 +1,100 @@
+//! Redis Stream invalidation on a Redis Cluster (issue 15): the consumer
+//! (group path and fan-out) reads the stream from the master of its slot
+//! over connections of its own, and applies entries whose objects live on
+//! every master through the cluster store.
+
+use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::{eventually, library_config_on, Background};
+use sidecache::invalidation::{spawn_sources, Source};
+use sidecache::keys;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// A hash tag: the dead-letter stream `{sc}:inv:dead` shares the slot.
+const STREAM: &str = "{sc}:inv";
+const GROUP: &str = "sidecache";
+
+fn gen_key(id: u64) -> String {
+    let id = id.to_string();
+    keys::generation_key("sc:", &keys::identity("app", &["t", id.as_str()]))
+}
+
+/// The node serving `key` (the one that does not answer `MOVED`), found
+/// with a harmless read.
+fn owner<'a>(cluster: &'a RedisCluster, key: &str) -> &'a RedisServer {
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.cli(&["TYPE", key]).is_ok())
+        .unwrap_or_else(|| panic!("no node serves {key}"))
+}
+
+fn value(node: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    match node.cli(&["GET", key]) {
+        Ok(redis::Value::BulkString(v)) => Some(v),
+        Ok(redis::Value::Nil) => None,
+        other => panic!("GET {key}: {other:?}"),
+    }
+}
+
+fn pending(node: &RedisServer) -> i64 {
+    match node.cli(&["XPENDING", STREAM, GROUP]) {
+        Ok(redis::Value::Array(items)) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING: {other:?}"),
+        },
+        other => panic!("XPENDING: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_invalidates_objects_on_every_master() {
+    let cluster = RedisCluster::start(3);
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let cfg = library_config_on(
+        &format!("cluster: [{}]", seeds.join(", ")),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: 30s }}"#
+        ),
+    );
+
+    // Objects on all three masters, each with a generation from before.
+    const N: u64 = 30;
+    let mut masters = HashSet::new();
+    for id in 1..=N {
+        let node = owner(&cluster, &gen_key(id));
+        masters.insert(node.port());
+        node.cli(&["SET", &gen_key(id), "before"]).expect("SET");
+    }
+    assert_eq!(masters.len(), 3, "objects on every master");
+    let stream_node = owner(&cluster, STREAM);
+
+    let consumer = Background::start(cfg, Source::Stream, |cfg, invalidator, stopped| {
+        let tasks = spawn_sources(cfg, &invalidator, &stopped);
+        assert_eq!(tasks.len(), 1, "the stream consumer runs on a cluster");
+        tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+    })
+    .await;
+    for id in 1..=N {
+        let params = format!(r#"{{"tenant":"t","id":{id}}}"#);
+        stream_node
+            .cli(&["XADD", STREAM, "*", "route", "app", "params", &params])
+            .expect("XADD");
+    }
+    eventually(
+        "every object's generation replaced and every entry acked",
+        Duration::from_secs(15),
+        || async {
+            (1..=N).all(|id| {
+                let key = gen_key(id);
+                value(owner(&cluster, &key), &key).is_some_and(|v| v != b"before")
+            }) && pending(stream_node) == 0
+        },
+    )
+    .await;
+    consumer.stop().await;
+}
