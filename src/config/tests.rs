@@ -362,6 +362,26 @@ fn near_cache_defaults_and_limits() {
 }
 
 #[test]
+fn a_stream_on_a_cluster_needs_a_hash_tag() {
+    let cluster = "store:\n  redis:\n    cluster: [redis://127.0.0.1:7000]\n";
+    let stream = |name: &str| {
+        format!("{cluster}invalidation: {{ redis_stream: {{ stream: \"{name}\" }} }}\n{APP}")
+    };
+    let e = err(&stream("sidecache:invalidations"));
+    assert!(e.contains("invalidation.redis_stream.stream"), "{e}");
+    assert!(e.contains("hash tag"), "{e}");
+    assert!(err(&stream("{}:inv")).contains("hash tag"), "empty tag");
+    let cfg = parse(&stream("{sidecache}:invalidations")).expect("valid");
+    assert!(cfg.invalidation.stream.is_some());
+    let sentinel =
+        "store:\n  redis:\n    sentinel: { master: m, nodes: [redis://127.0.0.1:26379] }\n";
+    let e = err(&format!(
+        "{sentinel}invalidation: {{ redis_stream: {{ stream: \"{{s}}:i\" }} }}\n{APP}"
+    ));
+    assert!(e.contains("invalidation.redis_stream"), "{e}");
+}
+
+#[test]
 fn admin_on_a_public_address_needs_a_token_or_an_explicit_opt_out() {
     let public = BASE.replace(
         "admin: { listen: 127.0.0.1:9090 }",

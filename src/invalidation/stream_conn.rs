@@ -170,7 +170,10 @@ mod tests {
 
     #[test]
     fn addresses_split_at_the_last_colon() {
-        assert_eq!(split_addr("127.0.0.1:7000"), Some(("127.0.0.1".into(), 7000)));
+        assert_eq!(
+            split_addr("127.0.0.1:7000"),
+            Some(("127.0.0.1".into(), 7000))
+        );
         assert_eq!(split_addr("::1:7000"), Some(("::1".into(), 7000)));
         assert_eq!(split_addr("nohost"), None);
         assert_eq!(split_addr("h:x"), None);

@@ -172,7 +172,7 @@ impl GuardedStore {
         self.call(Op::BloomBuild, candidate, |s| {
             s.bloom_set_bits(candidate, positions)
         })
-            .await
+        .await
     }
 
     pub async fn bloom_renew(
@@ -216,7 +216,8 @@ impl GuardedStore {
     }
 
     pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
-        self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits)).await
+        self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits))
+            .await
     }
 
     pub async fn bloom_claim_interval(

@@ -415,7 +415,7 @@ impl GuardedStore {
         self.call(Op::Publish, &keys.entry, |s| {
             s.publish(keys, owner, ticket, entry, ttl)
         })
-            .await
+        .await
     }
 
     pub async fn publish_checked(
@@ -525,8 +525,10 @@ impl GuardedStore {
         tags: &str,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.call(Op::Publish, list_key, |s| s.remember_tags(list_key, tags, ttl))
-            .await
+        self.call(Op::Publish, list_key, |s| {
+            s.remember_tags(list_key, tags, ttl)
+        })
+        .await
     }
 
     /// Raises version floors; counted and timed as one `invalidate` call.
@@ -571,7 +573,7 @@ impl GuardedStore {
         self.call(Op::RenewLease, lease_key, |s| {
             s.renew_lease(lease_key, owner, ttl)
         })
-            .await
+        .await
     }
 
     pub async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
@@ -583,7 +585,7 @@ impl GuardedStore {
         self.call(Op::DeleteIfEquals, key, |s| {
             s.delete_if_equals(key, expected)
         })
-            .await
+        .await
     }
 
     pub async fn invalidate(
@@ -595,7 +597,7 @@ impl GuardedStore {
         self.call(Op::Invalidate, gen_key, |s| {
             s.invalidate(gen_key, nonce, gen_ttl)
         })
-            .await
+        .await
     }
 
     /// [`Store::invalidate_marked`], counted and timed as one `invalidate`

@@ -109,7 +109,12 @@ mod tests {
         let map = Arc::new(SlotMap::default());
         let gauges = IntGaugeVec::new(prometheus::Opts::new("g", "g"), &["node"]).unwrap();
         let total = IntGauge::new("t", "t").unwrap();
-        let set = NodeBreakers::new(map.clone(), Duration::from_secs(2), gauges.clone(), total.clone());
+        let set = NodeBreakers::new(
+            map.clone(),
+            Duration::from_secs(2),
+            gauges.clone(),
+            total.clone(),
+        );
 
         // Before the first refresh every key shares the unrouted breaker.
         assert!(Arc::ptr_eq(&set.for_key(b"a"), &set.for_key(b"b")));
@@ -119,10 +124,21 @@ mod tests {
         assert_ne!(sa, sb);
         let n = |s: &str| Arc::<str>::from(s);
         map.replace(vec![
-            SlotRange { start: 0, end: sa.max(sb) - 1, node: n(if sa < sb { "A" } else { "B" }) },
-            SlotRange { start: sa.max(sb), end: 16383, node: n(if sa < sb { "B" } else { "A" }) },
+            SlotRange {
+                start: 0,
+                end: sa.max(sb) - 1,
+                node: n(if sa < sb { "A" } else { "B" }),
+            },
+            SlotRange {
+                start: sa.max(sb),
+                end: 16383,
+                node: n(if sa < sb { "B" } else { "A" }),
+            },
         ]);
-        set.for_key(a).admit().unwrap().failure(&StoreError::Timeout);
+        set.for_key(a)
+            .admit()
+            .unwrap()
+            .failure(&StoreError::Timeout);
         assert!(set.for_key(a).is_open());
         assert!(!set.for_key(b).is_open());
         assert!(set.for_key(b).admit().is_ok());

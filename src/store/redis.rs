@@ -231,8 +231,12 @@ impl RedisStore {
                     .set_response_timeout(command_timeout);
                 let conn = client.get_pending_async_connection_with_config(cluster_cfg);
                 let map = Arc::new(SlotMap::default());
-                let refresh =
-                    redis_slots::keep_current(map.clone(), conn.clone(), heartbeat, command_timeout);
+                let refresh = redis_slots::keep_current(
+                    map.clone(),
+                    conn.clone(),
+                    heartbeat,
+                    command_timeout,
+                );
                 tasks.push(tokio::spawn(refresh).abort_handle());
                 slots = Some(map);
                 (Conn::Cluster(conn), "redis-cluster")

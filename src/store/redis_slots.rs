@@ -51,8 +51,8 @@ async fn ping_masters(map: &SlotMap, conn: &ClusterConnection, timeout: Duration
                 slot,
                 SlotAddr::Master,
             )));
-            let _ = tokio::time::timeout(timeout, conn.route_command(redis::cmd("PING"), route))
-                .await;
+            let _ =
+                tokio::time::timeout(timeout, conn.route_command(redis::cmd("PING"), route)).await;
         }
     });
     futures_util::future::join_all(pings).await;

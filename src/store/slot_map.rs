@@ -98,7 +98,11 @@ mod tests {
         assert_eq!(slot_of(b"foo"), 12182);
         assert_eq!(slot_of(b"123456789"), 12739);
         assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
-        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"), "empty tag: whole key");
+        assert_eq!(
+            slot_of(b"foo{}{bar}"),
+            slot_of(b"foo{}{bar}"),
+            "empty tag: whole key"
+        );
         assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
         assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
     }
@@ -109,9 +113,21 @@ mod tests {
         assert_eq!(map.node_of_slot(0), None, "empty before the first refresh");
         let n = |s: &str| Arc::<str>::from(s);
         map.replace(vec![
-            SlotRange { start: 10923, end: 16383, node: n("c") },
-            SlotRange { start: 0, end: 5460, node: n("a") },
-            SlotRange { start: 5461, end: 10000, node: n("b") },
+            SlotRange {
+                start: 10923,
+                end: 16383,
+                node: n("c"),
+            },
+            SlotRange {
+                start: 0,
+                end: 5460,
+                node: n("a"),
+            },
+            SlotRange {
+                start: 5461,
+                end: 10000,
+                node: n("b"),
+            },
         ]);
         assert_eq!(map.node_of_slot(0).as_deref(), Some("a"));
         assert_eq!(map.node_of_slot(5460).as_deref(), Some("a"));

@@ -50,7 +50,12 @@ fn pending(node: &RedisServer) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_invalidates_objects_on_every_master() {
     let cluster = RedisCluster::start(3);
-    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let stream_node = owner(&cluster, STREAM);
+    // The stream's master last: a consumer that just used the first seed
+    // would be answered `MOVED`.
+    let mut seeds: Vec<String> = cluster.urls();
+    seeds.sort_by_key(|u| u.ends_with(&format!(":{}", stream_node.port())));
+    let seeds: Vec<String> = seeds.iter().map(|u| format!("\"{u}\"")).collect();
     let cfg = library_config_on(
         &format!("cluster: [{}]", seeds.join(", ")),
         &format!(
@@ -67,7 +72,6 @@ async fn stream_invalidates_objects_on_every_master() {
         node.cli(&["SET", &gen_key(id), "before"]).expect("SET");
     }
     assert_eq!(masters.len(), 3, "objects on every master");
-    let stream_node = owner(&cluster, STREAM);
 
     let consumer = Background::start(cfg, Source::Stream, |cfg, invalidator, stopped| {
         let tasks = spawn_sources(cfg, &invalidator, &stopped);

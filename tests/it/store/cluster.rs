@@ -1,9 +1,7 @@
 //! Redis Cluster: the same protocol, with the keys of one object in one
 //! slot.
 
-use super::{
-    eventually, keys, whole_suite, COMMAND_TIMEOUT, COOLDOWN, ENTRY_TTL, GEN_TTL, LEASE,
-};
+use super::{eventually, keys, whole_suite, COMMAND_TIMEOUT, COOLDOWN, ENTRY_TTL, GEN_TTL, LEASE};
 use crate::support::redis::RedisCluster;
 use bytes::Bytes;
 use sidecache::config::{RedisConfig, RedisTarget};
@@ -99,7 +97,10 @@ async fn a_dead_master_degrades_only_its_own_slots() {
             .await;
         assert_eq!(published.expect("publish"), PublishOutcome::Published);
     }
-    let tag_gens = store.tag_tickets(&tags, "n", GEN_TTL).await.expect("tag tickets");
+    let tag_gens = store
+        .tag_tickets(&tags, "n", GEN_TTL)
+        .await
+        .expect("tag tickets");
 
     let dead = format!("127.0.0.1:{}", cluster.nodes[0].port());
     let on = |k: &String| store.node_of(k).expect("routed");
@@ -109,8 +110,14 @@ async fn a_dead_master_degrades_only_its_own_slots() {
         on_live.iter().map(|k| on(&k.generation)).collect();
     assert!(!on_dead.is_empty(), "no object on the master to kill");
     assert_eq!(live_nodes.len(), 2, "objects on both other masters");
-    let dead_tag = tags.iter().position(|t| on(t) == dead).expect("a tag on it");
-    let live_tag = tags.iter().position(|t| on(t) != dead).expect("a tag elsewhere");
+    let dead_tag = tags
+        .iter()
+        .position(|t| on(t) == dead)
+        .expect("a tag on it");
+    let live_tag = tags
+        .iter()
+        .position(|t| on(t) != dead)
+        .expect("a tag elsewhere");
     let stamped = |i: usize| (Bytes::from(tags[i].clone()), tag_gens[i].clone());
 
     cluster.nodes[0].kill();
@@ -123,11 +130,23 @@ async fn a_dead_master_degrades_only_its_own_slots() {
             assert_eq!(entry.entry.as_deref(), Some(&b"body"[..]), "{}", k.entry);
         }
         for k in &on_dead {
-            assert!(store.read(k).await.is_err(), "{} on the dead master", k.entry);
+            assert!(
+                store.read(k).await.is_err(),
+                "{} on the dead master",
+                k.entry
+            );
         }
-        assert!(store.tags_current(&[stamped(live_tag)]).await.expect("live tag"));
-        let both = store.tags_current(&[stamped(live_tag), stamped(dead_tag)]).await;
-        assert!(both.is_err(), "a tag on the dead master shown current: {both:?}");
+        assert!(store
+            .tags_current(&[stamped(live_tag)])
+            .await
+            .expect("live tag"));
+        let both = store
+            .tags_current(&[stamped(live_tag), stamped(dead_tag)])
+            .await;
+        assert!(
+            both.is_err(),
+            "a tag on the dead master shown current: {both:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(store.breaker_is_open_for(&on_dead[0].generation));
