@@ -14,6 +14,7 @@ mod cache;
 mod cache_redis;
 mod check;
 mod client_cc;
+mod cluster_breaker;
 mod dashboards;
 mod depinv;
 mod example_postgres;

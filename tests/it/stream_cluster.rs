@@ -19,16 +19,6 @@ fn gen_key(id: u64) -> String {
     keys::generation_key("sc:", &keys::identity("app", &["t", id.as_str()]))
 }
 
-/// The node serving `key` (the one that does not answer `MOVED`), found
-/// with a harmless read.
-fn owner<'a>(cluster: &'a RedisCluster, key: &str) -> &'a RedisServer {
-    cluster
-        .nodes
-        .iter()
-        .find(|n| n.cli(&["TYPE", key]).is_ok())
-        .unwrap_or_else(|| panic!("no node serves {key}"))
-}
-
 fn value(node: &RedisServer, key: &str) -> Option<Vec<u8>> {
     match node.cli(&["GET", key]) {
         Ok(redis::Value::BulkString(v)) => Some(v),
@@ -50,7 +40,7 @@ fn pending(node: &RedisServer) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_invalidates_objects_on_every_master() {
     let cluster = RedisCluster::start(3);
-    let stream_node = owner(&cluster, STREAM);
+    let stream_node = cluster.owner(STREAM);
     // The stream's master last: a consumer that just used the first seed
     // would be answered `MOVED`.
     let mut seeds: Vec<String> = cluster.urls();
@@ -67,7 +57,7 @@ async fn stream_invalidates_objects_on_every_master() {
     const N: u64 = 30;
     let mut masters = HashSet::new();
     for id in 1..=N {
-        let node = owner(&cluster, &gen_key(id));
+        let node = cluster.owner(&gen_key(id));
         masters.insert(node.port());
         node.cli(&["SET", &gen_key(id), "before"]).expect("SET");
     }
@@ -95,7 +85,7 @@ async fn stream_invalidates_objects_on_every_master() {
         || async {
             (1..=N).all(|id| {
                 let key = gen_key(id);
-                value(owner(&cluster, &key), &key).is_some_and(|v| v != b"before")
+                value(cluster.owner(&key), &key).is_some_and(|v| v != b"before")
             }) && pending(stream_node) == 0
         },
     )

@@ -385,6 +385,15 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The node serving `key` (the one that answers a harmless read of it
+    /// instead of `MOVED`).
+    pub fn owner(&self, key: &str) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.cli(&["TYPE", key]).is_ok())
+            .unwrap_or_else(|| panic!("no cluster node serves {key}"))
+    }
+
     /// Runs one raw command on every node.
     pub fn cli_all(&self, args: &[&str]) {
         for node in &self.nodes {
