@@ -92,3 +92,102 @@ async fn stream_invalidates_objects_on_every_master() {
     .await;
     consumer.stop().await;
 }
+
+fn text(v: redis::RedisResult<redis::Value>) -> String {
+    match v {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(redis::Value::SimpleString(s)) => s,
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+/// Moves `slot` with its keys from `from` to `to` (the resharding steps
+/// `redis-cli --cluster reshard` takes), and tells every node.
+fn move_slot(cluster: &RedisCluster, slot: &str, from: &RedisServer, to: &RedisServer) {
+    let from_id = text(from.cli(&["CLUSTER", "MYID"]));
+    let to_id = text(to.cli(&["CLUSTER", "MYID"]));
+    to.cli(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id])
+        .expect("IMPORTING");
+    from.cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id])
+        .expect("MIGRATING");
+    let keys = match from.cli(&["CLUSTER", "GETKEYSINSLOT", slot, "100"]) {
+        Ok(redis::Value::Array(keys)) => keys,
+        other => panic!("GETKEYSINSLOT: {other:?}"),
+    };
+    let port = to.port().to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    let names: Vec<String> = keys.into_iter().map(|k| text(Ok(k))).collect();
+    migrate.extend(names.iter().map(String::as_str));
+    from.cli(&migrate).expect("MIGRATE");
+    for node in &cluster.nodes {
+        node.cli(&["CLUSTER", "SETSLOT", slot, "NODE", &to_id])
+            .expect("SETSLOT NODE");
+    }
+}
+
+/// The stream's slot is resharded to another master while the consumer
+/// runs: its sessions end on `MOVED` and resume on the new master, so
+/// entries appended there are applied and acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_follows_the_stream_to_another_master() {
+    let cluster = RedisCluster::start(3);
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let cfg = library_config_on(
+        &format!("cluster: [{}]", seeds.join(", ")),
+        &format!(
+            r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: 30s }}"#
+        ),
+    );
+    let consumer = Background::start(cfg, Source::Stream, |cfg, invalidator, stopped| {
+        let tasks = spawn_sources(cfg, &invalidator, &stopped);
+        tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+    })
+    .await;
+    let add = |node: &RedisServer, ids: std::ops::RangeInclusive<u64>| {
+        for id in ids {
+            let key = gen_key(id);
+            cluster.owner(&key).cli(&["SET", &key, "before"]).expect("SET");
+            let params = format!(r#"{{"tenant":"t","id":{id}}}"#);
+            node.cli(&["XADD", STREAM, "*", "route", "app", "params", &params])
+                .expect("XADD");
+        }
+    };
+    let applied = |node: &RedisServer, ids: std::ops::RangeInclusive<u64>| {
+        ids.clone().all(|id| {
+            let key = gen_key(id);
+            value(cluster.owner(&key), &key).is_some_and(|v| v != b"before")
+        }) && pending(node) == 0
+    };
+
+    let before = cluster.owner(STREAM);
+    add(before, 1..=10);
+    eventually("the first batch applied", Duration::from_secs(15), || async {
+        applied(before, 1..=10)
+    })
+    .await;
+
+    let slot = match before.cli(&["CLUSTER", "KEYSLOT", STREAM]) {
+        Ok(redis::Value::Int(n)) => n.to_string(),
+        other => panic!("KEYSLOT: {other:?}"),
+    };
+    let after = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port() != before.port())
+        .expect("another master");
+    move_slot(&cluster, &slot, before, after);
+    assert_eq!(cluster.owner(STREAM).port(), after.port(), "slot moved");
+
+    add(after, 11..=20);
+    eventually(
+        "entries appended on the new master applied and acked",
+        Duration::from_secs(15),
+        || async { applied(after, 11..=20) },
+    )
+    .await;
+    consumer.stop().await;
+}
