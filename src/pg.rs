@@ -183,6 +183,81 @@ impl PgConnector {
     }
 }
 
+/// A TLS setting given both in the connection string and in the config,
+/// with different values.
+#[derive(Debug, thiserror::Error)]
+#[error("{key} {config:?} conflicts with {key}={url:?} in the connection string")]
+pub struct SslConflict {
+    pub key: &'static str,
+    pub config: String,
+    pub url: String,
+}
+
+/// `conninfo` with `sslmode` / `sslrootcert` from the config added (the
+/// config keys `invalidation.outbox.sslmode` / `sslrootcert`), so every
+/// connection made from it has them. The same value in both places is
+/// fine; different values are a conflict. `mode` is checked here too.
+pub fn with_ssl(
+    conninfo: &str,
+    mode: Option<&str>,
+    rootcert: Option<&str>,
+) -> Result<String, SslSettingError> {
+    if let Some(mode) = mode {
+        SslMode::parse(mode).map_err(|e| SslSettingError::Invalid("sslmode", e.to_string()))?;
+    }
+    let (_, in_url) = split_ssl_params(conninfo);
+    let mut out = conninfo.trim().to_owned();
+    let url_form = out.starts_with("postgres://") || out.starts_with("postgresql://");
+    for (key, config, url) in [
+        ("sslmode", mode, in_url.mode),
+        ("sslrootcert", rootcert, in_url.rootcert),
+    ] {
+        let Some(config) = config else { continue };
+        match url {
+            Some(url) if url != config => {
+                return Err(SslSettingError::Conflict(SslConflict {
+                    key,
+                    config: config.to_owned(),
+                    url,
+                }))
+            }
+            Some(_) => {}
+            None if url_form => {
+                let sep = if out.contains('?') { '&' } else { '?' };
+                let value = percent_encoding::utf8_percent_encode(
+                    config,
+                    percent_encoding::NON_ALPHANUMERIC,
+                );
+                out = format!("{out}{sep}{key}={value}");
+            }
+            None => {
+                let value = config.replace('\\', "\\\\").replace('\'', "\\'");
+                out = format!("{out} {key}='{value}'");
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Why [`with_ssl`] refused the config's TLS settings.
+#[derive(Debug, thiserror::Error)]
+pub enum SslSettingError {
+    #[error("{1}")]
+    Invalid(&'static str, String),
+    #[error(transparent)]
+    Conflict(SslConflict),
+}
+
+impl SslSettingError {
+    /// The setting at fault (`sslmode` or `sslrootcert`).
+    pub fn key(&self) -> &'static str {
+        match self {
+            SslSettingError::Invalid(key, _) => key,
+            SslSettingError::Conflict(c) => c.key,
+        }
+    }
+}
+
 #[derive(Debug, Default, PartialEq, Eq)]
 struct SslParams {
     mode: Option<String>,
@@ -428,6 +503,31 @@ mod tests {
     fn split(s: &str) -> (String, Option<String>, Option<String>) {
         let (rest, ssl) = split_ssl_params(s);
         (rest, ssl.mode, ssl.rootcert)
+    }
+
+    #[test]
+    fn config_ssl_settings_join_the_string_or_conflict() {
+        let url = with_ssl("postgres://h/db", Some("require"), Some("/tmp/c a.pem")).unwrap();
+        assert_eq!(
+            url,
+            "postgres://h/db?sslmode=require&sslrootcert=%2Ftmp%2Fc%20a%2Epem"
+        );
+        let (_, mode, root) = split(&url);
+        assert_eq!(mode.as_deref(), Some("require"));
+        assert_eq!(root.as_deref(), Some("/tmp/c a.pem"));
+        let kv = with_ssl("host=h dbname=d", Some("verify-full"), Some("/x/it's.pem")).unwrap();
+        let (_, mode, root) = split(&kv);
+        assert_eq!(mode.as_deref(), Some("verify-full"));
+        assert_eq!(root.as_deref(), Some("/x/it's.pem"));
+        // Same value twice is fine; nothing is added.
+        let same = with_ssl("postgres://h/db?sslmode=require", Some("require"), None).unwrap();
+        assert_eq!(same, "postgres://h/db?sslmode=require");
+        let conflict = with_ssl("host=h sslmode=disable", Some("require"), None).unwrap_err();
+        assert_eq!(conflict.key(), "sslmode");
+        assert!(conflict.to_string().contains("conflicts"), "{conflict}");
+        let e = with_ssl("host=h", Some("allow"), None).unwrap_err();
+        assert_eq!(e.key(), "sslmode");
+        assert_eq!(with_ssl("host=h", None, None).unwrap(), "host=h");
     }
 
     #[test]

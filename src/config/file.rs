@@ -303,6 +303,12 @@ pub struct FileOutbox {
     pub batch: u32,
     #[serde(default = "defaults::outbox_table")]
     pub notify_channel: String,
+    /// Besides `url`: libpq's `sslmode` / `sslrootcert` (also for the
+    /// Bloom source, which uses the same database).
+    #[serde(default)]
+    pub sslmode: Option<String>,
+    #[serde(default)]
+    pub sslrootcert: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -362,6 +362,29 @@ fn near_cache_defaults_and_limits() {
 }
 
 #[test]
+fn outbox_tls_keys_join_the_url_and_conflicts_name_the_key() {
+    let outbox = |body: &str| format!("invalidation: {{ outbox: {{ {body} }} }}\n{APP}");
+    let cfg = parse(&outbox("url: 'postgres://h/d', sslmode: require")).expect("valid");
+    let url = &cfg.invalidation.outbox.as_ref().expect("outbox").url;
+    assert_eq!(url, "postgres://h/d?sslmode=require");
+    let e = err(&outbox(
+        "url: 'postgres://h/d?sslmode=disable', sslmode: require",
+    ));
+    assert!(e.contains("invalidation.outbox.sslmode"), "{e}");
+    assert!(e.contains("conflicts"), "{e}");
+    let e = err(&outbox(
+        "url: 'host=h sslrootcert=/a.pem', sslrootcert: /b.pem",
+    ));
+    assert!(e.contains("invalidation.outbox.sslrootcert"), "{e}");
+    let e = err(&outbox("url: 'host=h', sslmode: allow"));
+    assert!(e.contains("invalidation.outbox.sslmode"), "{e}");
+    let e = err(&outbox(
+        "url: 'host=h', sslmode: verify-ca, sslrootcert: /nonexistent/ca.pem",
+    ));
+    assert!(e.contains("invalidation.outbox.sslrootcert"), "{e}");
+}
+
+#[test]
 fn a_stream_on_a_cluster_needs_a_hash_tag() {
     let cluster = "store:\n  redis:\n    cluster: [redis://127.0.0.1:7000]\n";
     let stream = |name: &str| {

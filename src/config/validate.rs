@@ -296,11 +296,21 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     "must not be empty (is the variable set?)",
                 );
             }
+            // The config's TLS keys join the connection string, so the
+            // outbox worker and the Bloom source both connect with them.
+            let url = crate::pg::with_ssl(&o.url, o.sslmode.as_deref(), o.sslrootcert.as_deref())
+                .or_else(|e| err(format!("{at}.{}", e.key()), e.to_string()))?;
             // Parses sslmode and loads sslrootcert, so `check` refuses what
             // could not connect. The URL may hold a password: the error
             // names the problem, not the text.
-            if let Err(e) = crate::pg::PgConnector::parse(&o.url) {
-                return err(format!("{at}.url"), e.to_string());
+            if let Err(e) = crate::pg::PgConnector::parse(&url) {
+                let key = match (&o.sslrootcert, &e) {
+                    (Some(_), crate::pg::PgError::Config(m)) if m.contains("sslrootcert") => {
+                        "sslrootcert"
+                    }
+                    _ => "url",
+                };
+                return err(format!("{at}.{key}"), e.to_string());
             }
             check_identifier(&o.table).or_else(|m| err(format!("{at}.table"), m))?;
             check_identifier(&o.notify_channel)
@@ -318,7 +328,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                 return err(format!("{at}.batch"), "must be between 1 and 10000");
             }
             Some(OutboxConfig {
-                url: o.url.clone(),
+                url,
                 table: o.table.clone(),
                 poll_interval: o.poll_interval.0,
                 idle_poll_interval: o.idle_poll_interval.0,

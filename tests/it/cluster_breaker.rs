@@ -45,7 +45,10 @@ async fn a_dead_master_degrades_only_its_objects() {
     let dead = &cluster.nodes[0];
     let (on_dead, on_live): (Vec<u64>, Vec<u64>) =
         (1..=N).partition(|id| cluster.owner(&gen_key(*id)).port() == dead.port());
-    assert!(!on_dead.is_empty() && on_live.len() >= 2, "{on_dead:?} {on_live:?}");
+    assert!(
+        !on_dead.is_empty() && on_live.len() >= 2,
+        "{on_dead:?} {on_live:?}"
+    );
 
     dead.kill();
     // Past the cluster's node timeout (2 s): the survivors mark it failed.
@@ -63,16 +66,20 @@ async fn a_dead_master_degrades_only_its_objects() {
     }
     let node = format!("127.0.0.1:{}", dead.port());
     let open = sc
-        .metric(&format!(r#"sidecache_store_node_breaker_open{{node="{node}"}}"#))
+        .metric(&format!(
+            r#"sidecache_store_node_breaker_open{{node="{node}"}}"#
+        ))
         .await;
     assert_eq!(open, Some(1.0), "the dead master's breaker");
     assert_eq!(sc.metric("sidecache_breaker_open").await, Some(1.0));
 
     dead.restart();
     for id in &on_dead {
-        eventually("cached again after the restart", Duration::from_secs(10), || async {
-            x_cache(&client::get(&sc.url(&path(*id))).await) == "HIT"
-        })
+        eventually(
+            "cached again after the restart",
+            Duration::from_secs(10),
+            || async { x_cache(&client::get(&sc.url(&path(*id))).await) == "HIT" },
+        )
         .await;
     }
     assert_eq!(sc.metric("sidecache_breaker_open").await, Some(0.0));

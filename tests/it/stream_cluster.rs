@@ -150,7 +150,10 @@ async fn the_consumer_follows_the_stream_to_another_master() {
     let add = |node: &RedisServer, ids: std::ops::RangeInclusive<u64>| {
         for id in ids {
             let key = gen_key(id);
-            cluster.owner(&key).cli(&["SET", &key, "before"]).expect("SET");
+            cluster
+                .owner(&key)
+                .cli(&["SET", &key, "before"])
+                .expect("SET");
             let params = format!(r#"{{"tenant":"t","id":{id}}}"#);
             node.cli(&["XADD", STREAM, "*", "route", "app", "params", &params])
                 .expect("XADD");
@@ -165,9 +168,11 @@ async fn the_consumer_follows_the_stream_to_another_master() {
 
     let before = cluster.owner(STREAM);
     add(before, 1..=10);
-    eventually("the first batch applied", Duration::from_secs(15), || async {
-        applied(before, 1..=10)
-    })
+    eventually(
+        "the first batch applied",
+        Duration::from_secs(15),
+        || async { applied(before, 1..=10) },
+    )
     .await;
 
     let slot = match before.cli(&["CLUSTER", "KEYSLOT", STREAM]) {

@@ -140,6 +140,9 @@ mod postgres {
         Ok(())
     }
 
+    /// The TLS settings as config keys (`invalidation.outbox.sslmode`,
+    /// `sslrootcert`) beside a URL without them; the URL form is covered
+    /// by the Bloom source and the refusals below.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn outbox_worker_drains_over_verified_tls() {
         let certs = Certs::generate();
@@ -147,8 +150,15 @@ mod postgres {
         pg.execute(&outbox_ddl("sidecache_outbox", "sidecache_outbox").unwrap())
             .await;
         let redis = RedisServer::start();
-        let url = pg.url_with("127.0.0.1", &query(&certs, "verify-full", "ca"));
-        let cfg = library_config(&redis.url(), &format!(r#"outbox: {{ url: "{url}" }}"#));
+        let url = pg.url_with("127.0.0.1", "connect_timeout=5");
+        let ca = certs.cert("ca");
+        let cfg = library_config(
+            &redis.url(),
+            &format!(
+                r#"outbox: {{ url: "{url}", sslmode: verify-full, sslrootcert: "{}" }}"#,
+                ca.display()
+            ),
+        );
         let _worker = Background::outbox(cfg).await;
         pg.execute(
             "INSERT INTO sidecache_outbox (route, params) VALUES ('app', '{\"tenant\":\"t\",\"id\":7}')",
@@ -238,5 +248,25 @@ mod postgres {
         )
         .await;
         assert!(matches!(plain, PgError::Postgres { .. }));
+
+        // The config keys are applied, not just accepted: a wrong root
+        // given as `sslrootcert` refuses what the bare URL would accept.
+        let redis_url = "redis://127.0.0.1:1/0";
+        let bare = pg.url_with("127.0.0.1", "connect_timeout=5");
+        let cfg = library_config(
+            redis_url,
+            &format!(
+                r#"outbox: {{ url: "{bare}", sslmode: verify-full, sslrootcert: "{}" }}"#,
+                certs.cert("other-ca").display()
+            ),
+        );
+        let url = cfg.invalidation.outbox.expect("outbox").url;
+        let keyed = refused(
+            url,
+            "sslrootcert from the config",
+            ["sslrootcert=", "UnknownIssuer"],
+        )
+        .await;
+        assert!(matches!(keyed, PgError::Certificate { .. }));
     }
 }
