@@ -44,7 +44,8 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-/// One breaker per store; shared by every request of the process.
+/// One breaker per store (per master on Redis Cluster, see
+/// [`super::node_breakers`]); shared by every request of the process.
 pub struct Breaker {
     cooldown: Duration,
     /// Mirrors `state == Closed` so the hot path needs no lock.
