@@ -28,7 +28,7 @@ async fn a_dead_master_degrades_only_its_objects() {
     let sc = SidecacheBuilder::new(origin.url())
         .routes(&app_routes(""))
         .store(&format!(
-            "store:\n  redis:\n    cluster: [{}]\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
+            "store:\n  redis:\n    cluster: [{}]\n    command_timeout: 2s\n  breaker:\n    cooldown: 500ms\n",
             seeds.join(", ")
         ))
         .start()
