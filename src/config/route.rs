@@ -219,7 +219,7 @@ impl Route {
     pub fn match_path<'p>(&self, path: &'p str) -> Option<Result<Vec<&'p str>, &str>> {
         // `None` once the path is used up.
         let mut rest = Some(path.strip_prefix('/')?);
-        let mut values = Values::default();
+        let mut values: Vec<&'p str> = Vec::with_capacity(self.params.len());
         for seg in &self.segments {
             let remaining = rest?;
             if let Segment::Prefix(_) = seg {
@@ -245,7 +245,6 @@ impl Route {
         if rest.is_some() {
             return None;
         }
-        let values = values.into_vec();
         for (param, value) in self.params.iter().zip(&values) {
             if !param.pattern.is_match(value) {
                 return Some(Err(param.name.as_str()));
@@ -256,35 +255,6 @@ impl Route {
 
     pub fn is_cache_method(&self, m: &Method) -> bool {
         self.methods.contains(m)
-    }
-}
-
-/// Param values while a path is matched, on the stack: most paths a route
-/// is tried on are not its own (every forwarded request is tried on every
-/// route), and an allocation per try was a third of the matching's cost.
-#[derive(Default)]
-struct Values<'p> {
-    inline: [&'p str; 8],
-    len: usize,
-    /// Values past the eighth.
-    more: Vec<&'p str>,
-}
-
-impl<'p> Values<'p> {
-    fn push(&mut self, value: &'p str) {
-        match self.inline.get_mut(self.len) {
-            Some(slot) => *slot = value,
-            None => self.more.push(value),
-        }
-        self.len += 1;
-    }
-
-    fn into_vec(self) -> Vec<&'p str> {
-        let inline = &self.inline[..self.len.min(self.inline.len())];
-        let mut all = Vec::with_capacity(self.len);
-        all.extend_from_slice(inline);
-        all.extend(self.more);
-        all
     }
 }
 
