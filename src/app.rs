@@ -1,7 +1,9 @@
 //! Wiring, the one place that builds the parts and hands each what it
 //! needs: metrics, the store, the upstream client, the Bloom filter manager,
 //! the invalidator (and its background sources), the read pipeline; binds
-//! both listeners, starts the reload watcher, owns the readiness flag, and
+//! both listeners (the client one once per worker with `server.runtime:
+//! per_core`, see `server::layout`), starts the reload watcher, owns the
+//! readiness flag, and
 //! runs until a shutdown signal, then drains in-flight requests within a
 //! bounded time.
 
