@@ -384,6 +384,17 @@ pub struct FileRoute {
     /// Read RFC 9213 `CDN-Cache-Control` in place of `Cache-Control`.
     #[serde(default)]
     pub cdn_cache_control: bool,
+    /// Key each object's variants on the request headers its answers name
+    /// in `Vary` (learned per object), besides `vary`.
+    #[serde(default)]
+    pub vary_from_origin: bool,
+    /// With `vary_from_origin`: most header names learned from one answer.
+    #[serde(default)]
+    pub max_vary_headers: Option<usize>,
+    /// With `vary_from_origin`: longest value (bytes) of a learned header a
+    /// request may carry and still be cached.
+    #[serde(default)]
+    pub max_vary_value: Option<usize>,
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,

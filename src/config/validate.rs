@@ -8,7 +8,7 @@ use super::file::{
     FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
 use super::route::{
-    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
+    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param, QueryMode,
     Route, RouteTable, Ttl,
 };
 use super::units::HumanDuration;
@@ -737,6 +737,13 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         );
     }
     let fill_headers = fill_headers(at, r.fill_headers.unwrap_or_else(defaults::fill_headers))?;
+    let origin_vary = origin_vary(
+        at,
+        r.vary_from_origin,
+        r.max_vary_headers,
+        r.max_vary_value,
+        origin_cache_control,
+    )?;
     let fill_budget = match r.max_concurrency {
         None => default_budget,
         Some(n) if (1..=fill.max_concurrency).contains(&n) => n,
@@ -774,6 +781,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         fill_headers,
         origin_cache_control,
         cdn_cache_control: r.cdn_cache_control,
+        origin_vary,
         fill_budget,
         client_cache_control: client_cache_control(at, r.client_cache_control)?,
         etag: match r.etag {
@@ -784,6 +792,53 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         tags_from: optional_header(&format!("{at}.tags_from"), r.tags_from.as_deref())?,
         version_from: optional_header(&format!("{at}.version_from"), r.version_from.as_deref())?,
     })
+}
+
+/// `vary_from_origin` and its bounds (`max_vary_headers`, 1..=16, default
+/// 4; `max_vary_value`, 1..=8192 bytes, default 256). The bounds belong to
+/// it, and it needs `origin_cache_control: honor` (`ignore` drops `Vary`).
+fn origin_vary(
+    at: &str,
+    on: bool,
+    max_headers: Option<usize>,
+    max_value: Option<usize>,
+    origin_cache_control: OriginCacheControl,
+) -> Result<Option<OriginVary>> {
+    if !on {
+        for (key, set) in [
+            ("max_vary_headers", max_headers.is_some()),
+            ("max_vary_value", max_value.is_some()),
+        ] {
+            if set {
+                return err(format!("{at}.{key}"), "only with vary_from_origin: true");
+            }
+        }
+        return Ok(None);
+    }
+    if origin_cache_control == OriginCacheControl::Ignore {
+        return err(
+            format!("{at}.vary_from_origin"),
+            "needs origin_cache_control: honor (ignore drops the answer's Vary)",
+        );
+    }
+    let max_headers = max_headers.unwrap_or(4);
+    if !(1..=16).contains(&max_headers) {
+        return err(
+            format!("{at}.max_vary_headers"),
+            format!("{max_headers}: must be between 1 and 16"),
+        );
+    }
+    let max_value = max_value.unwrap_or(256);
+    if !(1..=8192).contains(&max_value) {
+        return err(
+            format!("{at}.max_vary_value"),
+            format!("{max_value}: must be between 1 and 8192"),
+        );
+    }
+    Ok(Some(OriginVary {
+        max_headers,
+        max_value,
+    }))
 }
 
 /// A header name setting (`tags_from`, `version_from`), if given.

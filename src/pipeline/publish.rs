@@ -2,7 +2,7 @@
 //! entry stamped with the generation ticket, and publish it with the
 //! publish script (which re-checks lease owner and generation atomically).
 
-use super::cache_control::{judge_vary, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime};
+use super::cache_control::{judge_vary, learned_vary_of, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime};
 use super::entry::Entry;
 use crate::config::{OriginCacheControl, Route, Ttl};
 use crate::keys::CacheKey;
@@ -192,7 +192,16 @@ pub fn cacheability(
     if let Some(reason) = refusal.filter(|_| !revalidatable) {
         return No(reason);
     }
-    match judge_vary(headers, &route.vary) {
+    // `vary_from_origin`: the names beyond `vary` become the object's key
+    // (the fill stage stores it under them), within the route's bound.
+    let verdict = match route.origin_vary {
+        None => judge_vary(headers, &route.vary),
+        Some(bounds) => match learned_vary_of(headers, &route.vary, bounds.max_headers) {
+            Ok(_) => VaryVerdict::Keyed,
+            Err(refused) => refused,
+        },
+    };
+    match verdict {
         VaryVerdict::Keyed => kind,
         VaryVerdict::Star => No(Uncacheable::VaryStar),
         VaryVerdict::Unkeyed => No(Uncacheable::VaryUnkeyed),
