@@ -354,6 +354,10 @@ pub struct FileRoute {
     /// Stale-while-revalidate window after expiry.
     #[serde(default = "defaults::zero")]
     pub grace: HumanDuration,
+    /// With `ttl: origin`: the widest stale window an answer's own
+    /// `stale-while-revalidate` may open (beyond `grace`).
+    #[serde(default)]
+    pub max_grace: Option<HumanDuration>,
     /// Window after expiry in which an entry answers instead of a failed refill.
     #[serde(default = "defaults::zero")]
     pub stale_if_error: HumanDuration,

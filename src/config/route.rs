@@ -55,6 +55,9 @@ pub struct Route {
     /// After expiry, how long an entry (still of the current generation)
     /// is served `STALE` at once while one background refresh runs.
     pub grace: Duration,
+    /// `ttl: origin`: how wide a stale window the origin's own
+    /// `stale-while-revalidate` may open (zero: it can only narrow `grace`).
+    pub max_grace: Duration,
     /// After expiry, how long an entry (still of the current generation)
     /// answers instead of a failed refill.
     pub stale_if_error: Duration,
@@ -189,7 +192,10 @@ impl Route {
     /// How long an entry may be kept after it expires: the widest of the
     /// stale windows and `keep`.
     pub fn stale_keep(&self) -> Duration {
-        self.grace.max(self.stale_if_error).max(self.keep)
+        self.grace
+            .max(self.max_grace)
+            .max(self.stale_if_error)
+            .max(self.keep)
     }
 
     /// The longest an entry of this route can be fresh.

@@ -181,6 +181,7 @@ routes:
             "routes[0].negative_status[0]",
             "304 cannot be cached",
         ),
+        ("max_grace: 5s", "routes[0].max_grace", "ttl: origin"),
         (
             "max_vary_headers: 2",
             "routes[0].max_vary_headers",

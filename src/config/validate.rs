@@ -710,7 +710,23 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         Ttl::Origin { max, .. } => max,
     }
     .max(r.negative_ttl.0);
-    stale_windows(at, fresh, r.grace.0, r.stale_if_error.0, r.keep.0)?;
+    let max_grace = match (r.max_grace, ttl) {
+        (None, _) => Duration::ZERO,
+        (Some(m), Ttl::Origin { .. }) => m.0,
+        (Some(_), Ttl::Fixed(_)) => {
+            return err(
+                format!("{at}.max_grace"),
+                "only with ttl: origin (the origin's stale-while-revalidate is read there)",
+            )
+        }
+    };
+    // The wider of the two names the field an error points at.
+    let grace = if max_grace > r.grace.0 {
+        ("max_grace", max_grace)
+    } else {
+        ("grace", r.grace.0)
+    };
+    stale_windows(at, fresh, grace, r.stale_if_error.0, r.keep.0)?;
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
@@ -769,6 +785,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         jitter: r.jitter.0,
         negative_ttl: r.negative_ttl.0,
         grace: r.grace.0,
+        max_grace,
         stale_if_error: r.stale_if_error.0,
         keep: r.keep.0,
         cache_status: r.cache_status,
@@ -1079,20 +1096,20 @@ const MAX_ENTRY_LIFE: Duration = Duration::from_secs(30 * 24 * 3600);
 fn stale_windows(
     at: &str,
     fresh: Duration,
-    grace: Duration,
+    grace: (&str, Duration),
     stale_if_error: Duration,
     keep: Duration,
 ) -> Result<()> {
     // The widest names the field (the first listed on a tie).
     let (field, widest) = [
-        ("grace", grace),
+        grace,
         ("stale_if_error", stale_if_error),
         ("keep", keep),
     ]
     .into_iter()
     .rev()
     .max_by_key(|&(_, window)| window)
-    .unwrap_or(("grace", grace));
+    .unwrap_or(grace);
     let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
         return err(
