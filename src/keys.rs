@@ -218,12 +218,7 @@ fn is_listed(names: &[String], pair: &str) -> bool {
 /// answer for exactly those names and values, whatever is learned later.
 /// An absent header and an empty one are different variants, and no value
 /// reads as "absent" (`\x01` cannot occur in a header value).
-pub fn variant(
-    query: &str,
-    route: &Route,
-    learned: &[HeaderName],
-    headers: &HeaderMap,
-) -> String {
+pub fn variant(query: &str, route: &Route, learned: &[HeaderName], headers: &HeaderMap) -> String {
     // The common case (no query, no vary) hashes nothing: its digest is
     // that of the empty input, a constant.
     if query.is_empty() && route.vary.is_empty() && learned.is_empty() {
@@ -425,7 +420,10 @@ mod tests {
         );
         assert_eq!(variant("", &plain, &[], &HeaderMap::new()), EMPTY_VARIANT);
         // With a query the digest is computed, and differs.
-        assert_ne!(variant("a=1", &plain, &[], &HeaderMap::new()), EMPTY_VARIANT);
+        assert_ne!(
+            variant("a=1", &plain, &[], &HeaderMap::new()),
+            EMPTY_VARIANT
+        );
         let mut hex = String::new();
         for b in &Sha256::digest(b"a=1")[..16] {
             let _ = write!(hex, "{b:02x}");

@@ -8,8 +8,8 @@ use super::file::{
     FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
 use super::route::{
-    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param, QueryMode,
-    Route, RouteTable, Ttl,
+    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param,
+    QueryMode, Route, RouteTable, Ttl,
 };
 use super::units::HumanDuration;
 use super::{
@@ -1101,15 +1101,11 @@ fn stale_windows(
     keep: Duration,
 ) -> Result<()> {
     // The widest names the field (the first listed on a tie).
-    let (field, widest) = [
-        grace,
-        ("stale_if_error", stale_if_error),
-        ("keep", keep),
-    ]
-    .into_iter()
-    .rev()
-    .max_by_key(|&(_, window)| window)
-    .unwrap_or(grace);
+    let (field, widest) = [grace, ("stale_if_error", stale_if_error), ("keep", keep)]
+        .into_iter()
+        .rev()
+        .max_by_key(|&(_, window)| window)
+        .unwrap_or(grace);
     let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
         return err(

@@ -357,8 +357,7 @@ pub fn learned_vary<'a>(
             if name == "*" {
                 return Err(VaryVerdict::Star);
             }
-            let name =
-                HeaderName::from_bytes(name.as_bytes()).map_err(|_| VaryVerdict::Unkeyed)?;
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| VaryVerdict::Unkeyed)?;
             if keyed.contains(&name) || names.contains(&name) {
                 continue;
             }
@@ -574,7 +573,10 @@ mod tests {
         );
         assert_eq!(learn(&[("vary", "Accept-Encoding")], 4), Ok(vec![]));
         assert_eq!(
-            learn(&[("vary", "Accept-Encoding"), ("content-encoding", "gzip")], 4),
+            learn(
+                &[("vary", "Accept-Encoding"), ("content-encoding", "gzip")],
+                4
+            ),
             Ok(vec!["accept-encoding".to_owned()])
         );
         assert_eq!(learn(&[("vary", "a, *")], 4), Err(VaryVerdict::Star));

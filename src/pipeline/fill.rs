@@ -61,9 +61,8 @@ pub fn fill_request(
     learned: &[HeaderName],
     client_headers: &HeaderMap,
 ) -> FillRequest {
-    let mut headers = HeaderMap::with_capacity(
-        route.vary.len() + learned.len() + route.fill_headers.len() + 1,
-    );
+    let mut headers =
+        HeaderMap::with_capacity(route.vary.len() + learned.len() + route.fill_headers.len() + 1);
     let carried = route.vary.iter().chain(learned);
     // A learned name may also be a `fill_headers` one: copied once.
     let tracing = route.fill_headers.iter().filter(|n| !learned.contains(n));

@@ -371,7 +371,8 @@ impl Pipeline {
             }
         }
         if may_relearn {
-            if let Some(names) = vary::not_this_variant(route, &answer, &fill.key.query, &req.headers)
+            if let Some(names) =
+                vary::not_this_variant(route, &answer, &fill.key.query, &req.headers)
             {
                 return Keyed::Relearn(names);
             }

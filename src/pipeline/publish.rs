@@ -2,7 +2,9 @@
 //! entry stamped with the generation ticket, and publish it with the
 //! publish script (which re-checks lease owner and generation atomically).
 
-use super::cache_control::{judge_vary, learned_vary_of, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime};
+use super::cache_control::{
+    judge_vary, learned_vary_of, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime,
+};
 use super::entry::Entry;
 use crate::config::{OriginCacheControl, Route, Ttl};
 use crate::keys::CacheKey;
@@ -612,15 +614,31 @@ mod tests {
             lifetime(r, Cacheability::Positive, &h, &CacheControl::parse(&h)).grace
         };
         let capped = origin_route(", max_grace: 10s");
-        assert_eq!(grace_of(&capped, "max-age=1, stale-while-revalidate=4"), s(4));
-        assert_eq!(grace_of(&capped, "max-age=1, stale-while-revalidate=99"), s(10));
-        assert_eq!(grace_of(&capped, "max-age=1"), s(0), "no directive, no window");
         assert_eq!(
-            grace_of(&capped, "max-age=1, stale-while-revalidate=4, must-revalidate"),
+            grace_of(&capped, "max-age=1, stale-while-revalidate=4"),
+            s(4)
+        );
+        assert_eq!(
+            grace_of(&capped, "max-age=1, stale-while-revalidate=99"),
+            s(10)
+        );
+        assert_eq!(
+            grace_of(&capped, "max-age=1"),
+            s(0),
+            "no directive, no window"
+        );
+        assert_eq!(
+            grace_of(
+                &capped,
+                "max-age=1, stale-while-revalidate=4, must-revalidate"
+            ),
             s(0)
         );
         // Without max_grace the directive only narrows the route's grace.
-        assert_eq!(grace_of(&origin_route(""), "max-age=1, stale-while-revalidate=4"), s(0));
+        assert_eq!(
+            grace_of(&origin_route(""), "max-age=1, stale-while-revalidate=4"),
+            s(0)
+        );
         let both = origin_route(", grace: 3s, max_grace: 2s");
         assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=9"), s(3));
         assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=1"), s(1));

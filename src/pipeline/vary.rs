@@ -110,7 +110,8 @@ pub fn not_this_variant(
             .filter(move |(n, _)| *n == h)
             .map(|(_, v)| v)
     };
-    let coded = named(header::CONTENT_ENCODING).any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let coded =
+        named(header::CONTENT_ENCODING).any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     let names = learned_vary(named(header::VARY), coded, &route.vary, bounds.max_headers).ok()?;
     let own = crate::keys::variant(query, route, &names, client);
     (own != entry.variant).then_some(names)
@@ -129,7 +130,10 @@ mod tests {
     #[test]
     fn stored_names_round_trip_within_the_bound() {
         let r = route();
-        let names = vec![HeaderName::from_static("abc"), HeaderName::from_static("zed")];
+        let names = vec![
+            HeaderName::from_static("abc"),
+            HeaderName::from_static("zed"),
+        ];
         assert_eq!(text(&names), "abc zed");
         assert_eq!(parse(b"zed abc", &r, 2), names);
         // Keyed names are not learned twice; garbage and excess are dropped.

@@ -53,7 +53,11 @@ fn fill_sent(r: &Resp, name: &str) -> Vec<String> {
     let body = r.json();
     body["headers"][name]
         .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap_or("").to_owned()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().unwrap_or("").to_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -76,16 +80,28 @@ async fn variants_follow_the_learned_names(redis: Option<RedisServer>) {
     // Each variant is served by its own value; absent is a variant too,
     // and it is the first fill's answer (nothing refetched).
     let r = get(&sc, &[("abc", "1")]).await;
-    assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("HIT".into(), vec!["1".into()]));
+    assert_eq!(
+        (x_cache(&r), fill_sent(&r, "abc")),
+        ("HIT".into(), vec!["1".into()])
+    );
     let r = get(&sc, &[]).await;
     assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("HIT".into(), vec![]));
     let r = get(&sc, &[("abc", "2")]).await;
-    assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("MISS".into(), vec!["2".into()]));
+    assert_eq!(
+        (x_cache(&r), fill_sent(&r, "abc")),
+        ("MISS".into(), vec!["2".into()])
+    );
     assert_eq!(origin.hits(P), 3, "a known name: one fill, no refetch");
     let r = get(&sc, &[("abc", "2")]).await;
-    assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("HIT".into(), vec!["2".into()]));
+    assert_eq!(
+        (x_cache(&r), fill_sent(&r, "abc")),
+        ("HIT".into(), vec!["2".into()])
+    );
     let r = get(&sc, &[("abc", "1")]).await;
-    assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("HIT".into(), vec!["1".into()]));
+    assert_eq!(
+        (x_cache(&r), fill_sent(&r, "abc")),
+        ("HIT".into(), vec!["1".into()])
+    );
 
     // The operator sees the learned names and the variant they select.
     let lookup = client::get(&sc.admin_url(&format!("/admin/lookup?url={P}&abc=2"))).await;
@@ -133,7 +149,10 @@ async fn a_client_cannot_change_or_pick_another_variant() {
     }
     // Clients with another value, or none, get their own answers.
     let r = get(&sc, &[("abc", "good")]).await;
-    assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("MISS".into(), vec!["good".into()]));
+    assert_eq!(
+        (x_cache(&r), fill_sent(&r, "abc")),
+        ("MISS".into(), vec!["good".into()])
+    );
     let r = get(&sc, &[]).await;
     assert_eq!((x_cache(&r), fill_sent(&r, "abc")), ("HIT".into(), vec![]));
     assert!(!r.text().contains("evil"), "{}", r.text());
@@ -188,7 +207,10 @@ async fn a_changed_vary_is_learned_again() {
     let sc = start(None, &origin, "").await;
     origin.reply(P, varies_on_abc());
     let r = get(&sc, &[("abc", "1"), ("def", "1")]).await;
-    assert_eq!((fill_sent(&r, "abc"), fill_sent(&r, "def")), (vec!["1".into()], vec![]));
+    assert_eq!(
+        (fill_sent(&r, "abc"), fill_sent(&r, "def")),
+        (vec!["1".into()], vec![])
+    );
     origin.reply(
         P,
         Reply::echo()
@@ -198,7 +220,10 @@ async fn a_changed_vary_is_learned_again() {
     assert_eq!(invalidate(&sc, "app", PARAMS).await.status.as_u16(), 200);
     // Keyed on Abc, the fill answers "Def": keyed again, now on Def only.
     let r = get(&sc, &[("abc", "1"), ("def", "2")]).await;
-    assert_eq!((fill_sent(&r, "abc"), fill_sent(&r, "def")), (vec![], vec!["2".into()]));
+    assert_eq!(
+        (fill_sent(&r, "abc"), fill_sent(&r, "def")),
+        (vec![], vec!["2".into()])
+    );
     let r = get(&sc, &[("abc", "9"), ("def", "2")]).await;
     assert_eq!(x_cache(&r), "HIT", "Abc no longer splits the object");
     let j = client::get(&sc.admin_url(&format!("/admin/lookup?url={P}")))

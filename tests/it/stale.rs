@@ -519,10 +519,14 @@ async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
     origin.reply(P, swr("v2"));
     until_stale(&sc, "v1").await;
     assert_eq!(stale_served(&sc, "revalidating").await, 1.0);
-    eventually("the refresh publishes v2", Duration::from_secs(10), || async {
-        let r = client::get(&sc.url(P)).await;
-        x_cache(&r) == "HIT" && r.text() == "v2"
-    })
+    eventually(
+        "the refresh publishes v2",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(P)).await;
+            x_cache(&r) == "HIT" && r.text() == "v2"
+        },
+    )
     .await;
     // Expired or not, an invalidated entry is never served STALE.
     origin.reply(P, swr("v3"));
@@ -535,10 +539,14 @@ async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
     origin.reply(plain, swr("p1"));
     assert_eq!(x_cache(&client::get(&sc.url(plain)).await), "MISS");
     origin.reply(plain, swr("p2"));
-    eventually("the plain entry expires", Duration::from_secs(10), || async {
-        let r = client::get(&sc.url(plain)).await;
-        assert_ne!(x_cache(&r), "STALE", "no grace without max_grace");
-        x_cache(&r) == "MISS" && r.text() == "p2"
-    })
+    eventually(
+        "the plain entry expires",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(plain)).await;
+            assert_ne!(x_cache(&r), "STALE", "no grace without max_grace");
+            x_cache(&r) == "MISS" && r.text() == "p2"
+        },
+    )
     .await;
 }
