@@ -268,7 +268,7 @@ impl Pipeline {
         let key = keys::cache_key(
             &cfg.store.namespace,
             route,
-            &params,
+            params,
             req.uri.query(),
             &learned,
             &req.headers,
@@ -292,7 +292,7 @@ impl Pipeline {
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
-            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, ask.head).await {
+            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, params, ask.head).await {
                 return Keyed::Served(rejected.0, rejected.1);
             }
         }
@@ -301,7 +301,7 @@ impl Pipeline {
             shared: Arc::clone(sh),
             request: fill::fill_request(
                 route,
-                &route.fill_path(&params),
+                &route.fill_path(params),
                 &key.query,
                 &learned,
                 &req.headers,
