@@ -552,8 +552,10 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
     };
-    if let Some(names) = deps.learned.as_ref().filter(|n| **n != fill.learned) {
-        remember_vary(fill, names).await;
+    // Written on every fill, not only on a change: the list then lives as
+    // long as the object is filled, instead of expiring under a hot object.
+    if let Some(names) = &deps.learned {
+        remember_vary(fill, names, *names != fill.learned).await;
     }
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
@@ -669,8 +671,9 @@ fn entry_keys<'f>(fill: &'f Fill, entry: &Entry) -> std::borrow::Cow<'f, keys::O
 }
 
 /// Stores the names an answer varies on for its object, so the next fill
-/// carries them and keys on them. A lost write costs a refetch later.
-async fn remember_vary(fill: &Fill, names: &[HeaderName]) {
+/// carries them and keys on them (`changed`: they differ from the names
+/// this fill was keyed with; counted). A lost write costs a refetch later.
+async fn remember_vary(fill: &Fill, names: &[HeaderName], changed: bool) {
     let key = keys::vary_names_key(&fill.cfg.store.namespace, &fill.key.identity);
     let text = vary::text(names);
     let stored = fill
@@ -678,12 +681,13 @@ async fn remember_vary(fill: &Fill, names: &[HeaderName]) {
         .store
         .remember_tags(&key, &text, fill.cfg.gen_ttl);
     match stored.await {
-        Ok(()) => fill
+        Ok(()) if changed => fill
             .shared
             .metrics
             .vary_learned
             .with_label_values(&[&fill.route.name])
             .inc(),
+        Ok(()) => {}
         Err(e) => {
             tracing::debug!(route = %fill.route.name, error = %e, "could not store the learned vary names")
         }
