@@ -10,7 +10,7 @@
 //! Redis Cluster slot and `MGET` and scripts work.
 
 use crate::config::{QueryMode, Route};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 use std::fmt::Write;
 
@@ -122,6 +122,14 @@ pub fn floor_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:f")
 }
 
+/// The request header names an object's answers vary on beyond the
+/// route's `vary` (`…:n`, space-separated, sorted; routes with
+/// `vary_from_origin`), learned from the answers' own `Vary`: which
+/// headers the next fill carries and the variant is keyed on.
+pub fn vary_names_key(namespace: &str, identity: &str) -> String {
+    format!("{namespace}o:{{{identity}}}:n")
+}
+
 /// The tags an object's last answer carried (`…:t`, space-separated), so
 /// a fill can take their tickets before its upstream call.
 pub fn tag_list_key(namespace: &str, identity: &str) -> String {
@@ -203,22 +211,27 @@ fn is_listed(names: &[String], pair: &str) -> bool {
     names.iter().any(|n| n == name)
 }
 
-/// Hex digest (128 bits) of the normalized query and the vary header values.
-/// An absent header and an empty one are different variants.
-pub fn variant(query: &str, route: &Route, headers: &HeaderMap) -> String {
+/// Hex digest (128 bits) of the normalized query, the values of the
+/// route's `vary` headers and of `learned` (the names an object's answers
+/// vary on, `vary_from_origin`; sorted, none of them in `vary`). Names are
+/// hashed with their values, so an entry stored under a variant is the
+/// answer for exactly those names and values, whatever is learned later.
+/// An absent header and an empty one are different variants, and no value
+/// reads as "absent" (`\x01` cannot occur in a header value).
+pub fn variant(query: &str, route: &Route, learned: &[HeaderName], headers: &HeaderMap) -> String {
     // The common case (no query, no vary) hashes nothing: its digest is
     // that of the empty input, a constant.
-    if query.is_empty() && route.vary.is_empty() {
+    if query.is_empty() && route.vary.is_empty() && learned.is_empty() {
         return EMPTY_VARIANT.to_owned();
     }
     let mut h = Sha256::new();
     h.update(query.as_bytes());
-    for name in &route.vary {
+    for name in route.vary.iter().chain(learned) {
         h.update(b"\n");
         h.update(name.as_str().as_bytes());
         let mut values = headers.get_all(name).iter().peekable();
         if values.peek().is_none() {
-            h.update(b"\x00absent");
+            h.update(b"\x01");
         }
         for v in values {
             h.update(b"\x00");
@@ -243,17 +256,19 @@ fn hex128(digest: &[u8]) -> String {
     out
 }
 
-/// Builds the whole key for a request on `route`.
+/// Builds the whole key for a request on `route`; `learned`: the header
+/// names the object varies on beyond `vary` (see [`variant`]).
 pub fn cache_key<S: AsRef<str>>(
     namespace: &str,
     route: &Route,
     params: &[S],
     raw_query: Option<&str>,
+    learned: &[HeaderName],
     headers: &HeaderMap,
 ) -> CacheKey {
     let identity = identity(&route.name, params);
     let query = normalize_query(&route.query, raw_query);
-    let variant = variant(&query, route, headers);
+    let variant = variant(&query, route, learned, headers);
     let keys = object_keys(namespace, &identity, &variant);
     CacheKey {
         identity,
@@ -360,13 +375,36 @@ mod tests {
         let none = HeaderMap::new();
         let mut other = HeaderMap::new();
         other.insert("user-agent", "x".parse().expect("value"));
-        let v = |q: &str, h: &HeaderMap| variant(q, &r, h);
+        let v = |q: &str, h: &HeaderMap| variant(q, &r, &[], h);
         assert_ne!(v("", &json), v("", &none));
         assert_ne!(v("", &empty), v("", &none));
         assert_ne!(v("a=1", &none), v("", &none));
         // Headers outside `vary` do not split the cache.
         assert_eq!(v("", &other), v("", &none));
         assert_eq!(v("", &json).len(), 32);
+        // No value reads as the header's absence.
+        let mut absent = HeaderMap::new();
+        absent.insert("accept", "absent".parse().expect("value"));
+        assert_ne!(v("", &absent), v("", &none));
+    }
+
+    #[test]
+    fn learned_names_split_variants_by_their_values() {
+        let r = route();
+        let abc = [HeaderName::from_static("abc")];
+        let with = |val: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("abc", val.parse().expect("value"));
+            h
+        };
+        let none = HeaderMap::new();
+        let v = |learned: &[HeaderName], h: &HeaderMap| variant("", &r, learned, h);
+        assert_ne!(v(&abc, &with("1")), v(&abc, &with("2")));
+        assert_ne!(v(&abc, &with("1")), v(&abc, &none));
+        // Learning a name is a different variant even for requests without it.
+        assert_ne!(v(&abc, &none), v(&[], &none));
+        // Unlearned headers do not split the cache.
+        assert_eq!(v(&[], &with("1")), v(&[], &none));
     }
 
     #[test]
@@ -377,16 +415,19 @@ mod tests {
             .vary
             .clear();
         assert_eq!(
-            variant("", &plain, &HeaderMap::new()),
+            variant("", &plain, &[], &HeaderMap::new()),
             hex128(&Sha256::digest(b""))
         );
-        assert_eq!(variant("", &plain, &HeaderMap::new()), EMPTY_VARIANT);
+        assert_eq!(variant("", &plain, &[], &HeaderMap::new()), EMPTY_VARIANT);
         // With a query the digest is computed, and differs.
-        assert_ne!(variant("a=1", &plain, &HeaderMap::new()), EMPTY_VARIANT);
+        assert_ne!(
+            variant("a=1", &plain, &[], &HeaderMap::new()),
+            EMPTY_VARIANT
+        );
         let mut hex = String::new();
         for b in &Sha256::digest(b"a=1")[..16] {
             let _ = write!(hex, "{b:02x}");
         }
-        assert_eq!(variant("a=1", &plain, &HeaderMap::new()), hex);
+        assert_eq!(variant("a=1", &plain, &[], &HeaderMap::new()), hex);
     }
 }

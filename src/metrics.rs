@@ -37,6 +37,8 @@ pub mod names {
     pub const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
     pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
     pub const COALESCED: &str = "sidecache_coalesced_total";
+    pub const VARY_RELEARNED: &str = "sidecache_vary_relearned_total";
+    pub const VARY_LEARNED: &str = "sidecache_vary_learned_total";
     pub const STALE_SERVED: &str = "sidecache_stale_served_total";
     pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
     pub const REVALIDATIONS: &str = "sidecache_revalidations_total";
@@ -120,6 +122,13 @@ pub struct Metrics {
     pub uncacheable: IntCounterVec,
     /// `{route}`: misses that joined a fill already running in this process.
     pub coalesced: IntCounterVec,
+    /// `{route}`: `vary_from_origin` requests keyed again because the
+    /// answer varied on a header the key had not included (each costs one
+    /// more upstream request).
+    pub vary_relearned: IntCounterVec,
+    /// `{route}`: `vary_from_origin` fills whose answer changed the names
+    /// stored for the object.
+    pub vary_learned: IntCounterVec,
     /// `{route, reason}`: expired entries served `STALE` (a
     /// `pipeline::stale::StaleReason` string).
     pub stale_served: IntCounterVec,
@@ -387,6 +396,16 @@ impl Metrics {
             coalesced: counter(
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
+                &["route"],
+            ),
+            vary_relearned: counter(
+                VARY_RELEARNED,
+                "vary_from_origin requests keyed again with the names the answer varied on.",
+                &["route"],
+            ),
+            vary_learned: counter(
+                VARY_LEARNED,
+                "vary_from_origin fills that changed the Vary names stored for the object.",
                 &["route"],
             ),
             stale_served: counter(

@@ -385,6 +385,10 @@ pub struct FileRoute {
     /// Stale-while-revalidate window after expiry.
     #[serde(default = "defaults::zero")]
     pub grace: HumanDuration,
+    /// With `ttl: origin`: the widest stale window an answer's own
+    /// `stale-while-revalidate` may open (beyond `grace`).
+    #[serde(default)]
+    pub max_grace: Option<HumanDuration>,
     /// Window after expiry in which an entry answers instead of a failed refill.
     #[serde(default = "defaults::zero")]
     pub stale_if_error: HumanDuration,
@@ -415,6 +419,17 @@ pub struct FileRoute {
     /// Read RFC 9213 `CDN-Cache-Control` in place of `Cache-Control`.
     #[serde(default)]
     pub cdn_cache_control: bool,
+    /// Key each object's variants on the request headers its answers name
+    /// in `Vary` (learned per object), besides `vary`.
+    #[serde(default)]
+    pub vary_from_origin: bool,
+    /// With `vary_from_origin`: most header names learned from one answer.
+    #[serde(default)]
+    pub max_vary_headers: Option<usize>,
+    /// With `vary_from_origin`: longest value (bytes) of a learned header a
+    /// request may carry and still be cached.
+    #[serde(default)]
+    pub max_vary_value: Option<usize>,
     /// This route's share of `fill.max_concurrency`; absent = the default share.
     #[serde(default)]
     pub max_concurrency: Option<usize>,

@@ -23,7 +23,8 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use route::{
-    ClientCacheControl, EtagMode, OriginCacheControl, QueryMode, Route, RouteMatch, RouteTable, Ttl,
+    ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteMatch,
+    RouteTable, Ttl,
 };
 
 /// A validated, typed configuration. Immutable once built; a reload builds a

@@ -55,6 +55,9 @@ pub struct Route {
     /// After expiry, how long an entry (still of the current generation)
     /// is served `STALE` at once while one background refresh runs.
     pub grace: Duration,
+    /// `ttl: origin`: how wide a stale window the origin's own
+    /// `stale-while-revalidate` may open (zero: it can only narrow `grace`).
+    pub max_grace: Duration,
     /// After expiry, how long an entry (still of the current generation)
     /// answers instead of a failed refill.
     pub stale_if_error: Duration,
@@ -79,6 +82,9 @@ pub struct Route {
     /// Stage 8 reads the answer's `CDN-Cache-Control` (RFC 9213), when it
     /// is present and valid, in place of its `Cache-Control`.
     pub cdn_cache_control: bool,
+    /// `vary_from_origin`: each object's variants are also keyed on the
+    /// request headers its answers name in `Vary` (learned per object).
+    pub origin_vary: Option<OriginVary>,
     /// Upstream fetches for fills this route may run at once, within
     /// `fill.max_concurrency`.
     pub fill_budget: usize,
@@ -104,6 +110,17 @@ pub enum Ttl {
     /// `ttl: origin`: from the answer's `s-maxage`, `max-age` or `Expires`,
     /// at most `max`; `default` when it gives none (zero: not stored).
     Origin { max: Duration, default: Duration },
+}
+
+/// The bounds of `vary_from_origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OriginVary {
+    /// `max_vary_headers`: an answer naming more headers (beyond `vary`)
+    /// is not stored.
+    pub max_headers: usize,
+    /// `max_vary_value`: a request with a longer value of a learned header
+    /// is forwarded uncached (BYPASS).
+    pub max_value: usize,
 }
 
 /// `client_cache_control`: what clients are told about keeping an answer
@@ -175,7 +192,10 @@ impl Route {
     /// How long an entry may be kept after it expires: the widest of the
     /// stale windows and `keep`.
     pub fn stale_keep(&self) -> Duration {
-        self.grace.max(self.stale_if_error).max(self.keep)
+        self.grace
+            .max(self.max_grace)
+            .max(self.stale_if_error)
+            .max(self.keep)
     }
 
     /// The longest an entry of this route can be fresh.

@@ -181,6 +181,27 @@ routes:
             "routes[0].negative_status[0]",
             "304 cannot be cached",
         ),
+        ("max_grace: 5s", "routes[0].max_grace", "ttl: origin"),
+        (
+            "max_vary_headers: 2",
+            "routes[0].max_vary_headers",
+            "vary_from_origin",
+        ),
+        (
+            "vary_from_origin: true, max_vary_headers: 17",
+            "routes[0].max_vary_headers",
+            "between 1 and 16",
+        ),
+        (
+            "vary_from_origin: true, max_vary_value: 0",
+            "routes[0].max_vary_value",
+            "between 1 and 8192",
+        ),
+        (
+            "vary_from_origin: true, origin_cache_control: ignore",
+            "routes[0].vary_from_origin",
+            "honor",
+        ),
     ] {
         let e = err(&route(extra));
         assert!(e.contains(path), "{extra}: {e}");

@@ -8,8 +8,8 @@ use super::file::{
     FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
 use super::route::{
-    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, Param, QueryMode,
-    Route, RouteTable, Ttl,
+    overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param,
+    QueryMode, Route, RouteTable, Ttl,
 };
 use super::units::HumanDuration;
 use super::{
@@ -766,7 +766,23 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         Ttl::Origin { max, .. } => max,
     }
     .max(r.negative_ttl.0);
-    stale_windows(at, fresh, r.grace.0, r.stale_if_error.0, r.keep.0)?;
+    let max_grace = match (r.max_grace, ttl) {
+        (None, _) => Duration::ZERO,
+        (Some(m), Ttl::Origin { .. }) => m.0,
+        (Some(_), Ttl::Fixed(_)) => {
+            return err(
+                format!("{at}.max_grace"),
+                "only with ttl: origin (the origin's stale-while-revalidate is read there)",
+            )
+        }
+    };
+    // The wider of the two names the field an error points at.
+    let grace = if max_grace > r.grace.0 {
+        ("max_grace", max_grace)
+    } else {
+        ("grace", r.grace.0)
+    };
+    stale_windows(at, fresh, grace, r.stale_if_error.0, r.keep.0)?;
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
@@ -793,6 +809,13 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         );
     }
     let fill_headers = fill_headers(at, r.fill_headers.unwrap_or_else(defaults::fill_headers))?;
+    let origin_vary = origin_vary(
+        at,
+        r.vary_from_origin,
+        r.max_vary_headers,
+        r.max_vary_value,
+        origin_cache_control,
+    )?;
     let fill_budget = match r.max_concurrency {
         None => default_budget,
         Some(n) if (1..=fill.max_concurrency).contains(&n) => n,
@@ -818,6 +841,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         jitter: r.jitter.0,
         negative_ttl: r.negative_ttl.0,
         grace: r.grace.0,
+        max_grace,
         stale_if_error: r.stale_if_error.0,
         keep: r.keep.0,
         cache_status: r.cache_status,
@@ -830,6 +854,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         fill_headers,
         origin_cache_control,
         cdn_cache_control: r.cdn_cache_control,
+        origin_vary,
         fill_budget,
         client_cache_control: client_cache_control(at, r.client_cache_control)?,
         etag: match r.etag {
@@ -840,6 +865,53 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         tags_from: optional_header(&format!("{at}.tags_from"), r.tags_from.as_deref())?,
         version_from: optional_header(&format!("{at}.version_from"), r.version_from.as_deref())?,
     })
+}
+
+/// `vary_from_origin` and its bounds (`max_vary_headers`, 1..=16, default
+/// 4; `max_vary_value`, 1..=8192 bytes, default 256). The bounds belong to
+/// it, and it needs `origin_cache_control: honor` (`ignore` drops `Vary`).
+fn origin_vary(
+    at: &str,
+    on: bool,
+    max_headers: Option<usize>,
+    max_value: Option<usize>,
+    origin_cache_control: OriginCacheControl,
+) -> Result<Option<OriginVary>> {
+    if !on {
+        for (key, set) in [
+            ("max_vary_headers", max_headers.is_some()),
+            ("max_vary_value", max_value.is_some()),
+        ] {
+            if set {
+                return err(format!("{at}.{key}"), "only with vary_from_origin: true");
+            }
+        }
+        return Ok(None);
+    }
+    if origin_cache_control == OriginCacheControl::Ignore {
+        return err(
+            format!("{at}.vary_from_origin"),
+            "needs origin_cache_control: honor (ignore drops the answer's Vary)",
+        );
+    }
+    let max_headers = max_headers.unwrap_or(4);
+    if !(1..=16).contains(&max_headers) {
+        return err(
+            format!("{at}.max_vary_headers"),
+            format!("{max_headers}: must be between 1 and 16"),
+        );
+    }
+    let max_value = max_value.unwrap_or(256);
+    if !(1..=8192).contains(&max_value) {
+        return err(
+            format!("{at}.max_vary_value"),
+            format!("{max_value}: must be between 1 and 8192"),
+        );
+    }
+    Ok(Some(OriginVary {
+        max_headers,
+        max_value,
+    }))
 }
 
 /// A header name setting (`tags_from`, `version_from`), if given.
@@ -1080,20 +1152,16 @@ const MAX_ENTRY_LIFE: Duration = Duration::from_secs(30 * 24 * 3600);
 fn stale_windows(
     at: &str,
     fresh: Duration,
-    grace: Duration,
+    grace: (&str, Duration),
     stale_if_error: Duration,
     keep: Duration,
 ) -> Result<()> {
     // The widest names the field (the first listed on a tie).
-    let (field, widest) = [
-        ("grace", grace),
-        ("stale_if_error", stale_if_error),
-        ("keep", keep),
-    ]
-    .into_iter()
-    .rev()
-    .max_by_key(|&(_, window)| window)
-    .unwrap_or(("grace", grace));
+    let (field, widest) = [grace, ("stale_if_error", stale_if_error), ("keep", keep)]
+        .into_iter()
+        .rev()
+        .max_by_key(|&(_, window)| window)
+        .unwrap_or(grace);
     let life = fresh + widest;
     if life > MAX_ENTRY_LIFE {
         return err(

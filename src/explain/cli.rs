@@ -111,7 +111,7 @@ pub async fn fetch(cfg: &Config, url: &str, headers: &[String]) -> Result<Value,
 
 /// The explanation as `field  value` lines, most telling first.
 pub fn table(v: &Value) -> String {
-    const ORDER: [&str; 20] = [
+    const ORDER: [&str; 21] = [
         "url",
         "verdict",
         "why",
@@ -122,6 +122,7 @@ pub fn table(v: &Value) -> String {
         "identity",
         "variant",
         "normalized_query",
+        "learned_vary",
         "vary",
         "entry",
         "generation",

@@ -180,21 +180,30 @@ pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
             .map(|(p, v)| (p.name.clone(), json!(v)))
             .collect(),
     );
-    let headers = request_headers(&route, subject, src.admin_headers);
+    let learned = crate::pipeline::vary::learned(src.store, cfg, &route, &params).await;
+    let headers = request_headers(&route, subject, &learned, src.admin_headers);
     let key = keys::cache_key(
         &cfg.store.namespace,
         &route,
         &params,
         subject.query(),
+        &learned,
         &headers,
     );
     out["identity"] = json!(key.identity);
     out["variant"] = json!(key.variant);
     out["normalized_query"] = json!(key.query);
+    // `vary_from_origin`: the names learned from the object's answers
+    // (null on other routes), whose values are in `vary` below as well.
+    out["learned_vary"] = match route.origin_vary {
+        Some(_) => json!(learned.iter().map(|n| n.as_str()).collect::<Vec<_>>()),
+        None => Value::Null,
+    };
     out["vary"] = Value::Object(
         route
             .vary
             .iter()
+            .chain(&learned)
             .map(|h| {
                 let v: Vec<String> = headers
                     .get_all(h)
@@ -288,11 +297,16 @@ pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
 }
 
 /// The headers of the explained request: the query's, then the admin
-/// request's `vary` headers that the query does not name (never its
+/// request's `vary` (and learned) headers that the query does not name (never its
 /// `Authorization`, which carries the admin token).
-fn request_headers(route: &Route, subject: &Subject, admin: &HeaderMap) -> HeaderMap {
+fn request_headers(
+    route: &Route,
+    subject: &Subject,
+    learned: &[http::HeaderName],
+    admin: &HeaderMap,
+) -> HeaderMap {
     let mut headers = subject.headers.clone();
-    for name in &route.vary {
+    for name in route.vary.iter().chain(learned) {
         if headers.contains_key(name) || name == http::header::AUTHORIZATION {
             continue;
         }

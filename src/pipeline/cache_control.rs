@@ -9,7 +9,7 @@
 //! caching: an unparseable `max-age` counts as 0 (RFC 9111 §4.2.1 calls such
 //! a response stale), a repeated `max-age` takes its smallest value.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::{Duration, SystemTime};
 
 /// The directives of a response that decide whether a shared cache may
@@ -317,6 +317,78 @@ pub fn judge_vary(headers: &HeaderMap, keyed: &[HeaderName]) -> VaryVerdict {
     verdict
 }
 
+/// `vary_from_origin`: the header names an answer varies on beyond the
+/// route's `keyed` ones, sorted and deduplicated: what the object's
+/// variants are keyed on and its fills carry from then on. `vary` are the
+/// answer's `Vary` lines, `coded` whether it is content-coded
+/// (`Accept-Encoding` is skipped on an uncoded answer, as in
+/// [`judge_vary`]). `Err`: not storable: `Vary: *` ([`VaryVerdict::Star`]),
+/// or ([`VaryVerdict::Unkeyed`]) an unreadable `Vary`, more than `max`
+/// names, or a name a fill cannot carry for the key (`Host`, which fills
+/// set themselves; hop-by-hop fields; conditionals and `Range`, which
+/// would make a fill ask for a 304 or 206).
+pub fn learned_vary<'a>(
+    vary: impl Iterator<Item = &'a HeaderValue>,
+    coded: bool,
+    keyed: &[HeaderName],
+    max: usize,
+) -> Result<Vec<HeaderName>, VaryVerdict> {
+    const UNCARRIABLE: &[&str] = &[
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "te",
+        "upgrade",
+        "transfer-encoding",
+        "content-length",
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-range",
+        "range",
+    ];
+    let mut names: Vec<HeaderName> = Vec::new();
+    for line in vary {
+        let line = line.to_str().map_err(|_| VaryVerdict::Unkeyed)?;
+        for name in line.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return Err(VaryVerdict::Star);
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| VaryVerdict::Unkeyed)?;
+            if keyed.contains(&name) || names.contains(&name) {
+                continue;
+            }
+            if name == header::ACCEPT_ENCODING && !coded {
+                continue;
+            }
+            if UNCARRIABLE.contains(&name.as_str()) {
+                return Err(VaryVerdict::Unkeyed);
+            }
+            // Bounded before it grows: a hostile origin cannot make this
+            // list (and every key built from it) long.
+            if names.len() == max {
+                return Err(VaryVerdict::Unkeyed);
+            }
+            names.push(name);
+        }
+    }
+    names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+    Ok(names)
+}
+
+/// [`learned_vary`] of an answer's headers.
+pub fn learned_vary_of(
+    headers: &HeaderMap,
+    keyed: &[HeaderName],
+    max: usize,
+) -> Result<Vec<HeaderName>, VaryVerdict> {
+    let vary = headers.get_all(header::VARY).iter();
+    learned_vary(vary, content_coded(headers), keyed, max)
+}
+
 fn content_coded(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::CONTENT_ENCODING)
@@ -327,7 +399,6 @@ fn content_coded(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     fn cc(lines: &[&'static str]) -> CacheControl {
         let mut h = HeaderMap::new();
@@ -482,6 +553,37 @@ mod tests {
         assert_eq!(fresh(&[("cache-control", "max-age=0")]), Spent);
         assert_eq!(fresh(&[("cache-control", "public")]), Unspecified);
         assert_eq!(fresh(&[]), Unspecified);
+    }
+
+    #[test]
+    fn vary_names_learned_from_the_answer() {
+        let keyed = [HeaderName::from_static("accept")];
+        let learn = |pairs: &[(&'static str, &'static str)], max: usize| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, HeaderValue::from_static(v));
+            }
+            learned_vary_of(&h, &keyed, max)
+                .map(|n| n.iter().map(|n| n.as_str().to_owned()).collect::<Vec<_>>())
+        };
+        assert_eq!(learn(&[], 4), Ok(vec![]));
+        assert_eq!(
+            learn(&[("vary", "Zed, Abc"), ("vary", "accept, abc")], 4),
+            Ok(vec!["abc".to_owned(), "zed".to_owned()])
+        );
+        assert_eq!(learn(&[("vary", "Accept-Encoding")], 4), Ok(vec![]));
+        assert_eq!(
+            learn(
+                &[("vary", "Accept-Encoding"), ("content-encoding", "gzip")],
+                4
+            ),
+            Ok(vec!["accept-encoding".to_owned()])
+        );
+        assert_eq!(learn(&[("vary", "a, *")], 4), Err(VaryVerdict::Star));
+        assert_eq!(learn(&[("vary", "a, b, c")], 2), Err(VaryVerdict::Unkeyed));
+        assert_eq!(learn(&[("vary", "Host")], 4), Err(VaryVerdict::Unkeyed));
+        assert_eq!(learn(&[("vary", "Range")], 4), Err(VaryVerdict::Unkeyed));
+        assert_eq!(learn(&[("vary", "bad name")], 4), Err(VaryVerdict::Unkeyed));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! What a fill sends: `GET`, the matched path in its normal form (the
 //! template with the key's params), the normalized query the key
 //! used, `Host` = the route's `host` or the upstream's authority, the
-//! client's values of the route's `vary` headers (they are in the key), and
+//! client's values of the route's `vary` headers and, with
+//! `vary_from_origin`, of the names learned from the object's answers
+//! (both are in the key), and
 //! the client's values of `fill_headers` (default `traceparent`,
 //! `tracestate`, `x-request-id`: tracing only, by the owner's promise they
 //! never change the answer). Nothing else: no `X-Forwarded-*` or
@@ -28,7 +30,7 @@ use crate::proxy::client::UpstreamClient;
 use crate::proxy::headers::strip_hop_by_hop;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use prometheus::IntGauge;
@@ -48,16 +50,23 @@ pub struct FillRequest {
 
 /// Builds the fill request from the key's parts: `path` is the normal form
 /// of the request path that matched the route ([`Route::fill_path`]: its
-/// params are the identity), `query` the normalized query of the key. Only `vary` and `fill_headers` values are
-/// taken from `client_headers` (see the module doc).
+/// params are the identity), `query` the normalized query of the key,
+/// `learned` the names the key has from the object's answers
+/// (`vary_from_origin`). Only `vary`, `learned` and `fill_headers` values
+/// are taken from `client_headers` (see the module doc).
 pub fn fill_request(
     route: &Route,
     path: &str,
     query: &str,
+    learned: &[HeaderName],
     client_headers: &HeaderMap,
 ) -> FillRequest {
-    let mut headers = HeaderMap::with_capacity(route.vary.len() + route.fill_headers.len() + 1);
-    for name in route.vary.iter().chain(&route.fill_headers) {
+    let mut headers =
+        HeaderMap::with_capacity(route.vary.len() + learned.len() + route.fill_headers.len() + 1);
+    let carried = route.vary.iter().chain(learned);
+    // A learned name may also be a `fill_headers` one: copied once.
+    let tracing = route.fill_headers.iter().filter(|n| !learned.contains(n));
+    for name in carried.chain(tracing) {
         for value in client_headers.get_all(name) {
             headers.append(name.clone(), value.clone());
         }

@@ -298,7 +298,7 @@ mod tests {
         let route = crate::config::testing::route(
             "  - { name: app, path: \"/a/{id}\", params: { id: \"[0-9]+\" }, ttl: 10s, lease: 5s }\n",
         );
-        let key = crate::keys::cache_key("sc:", &route, &["1"], None, &http::HeaderMap::new());
+        let key = crate::keys::cache_key("sc:", &route, &["1"], None, &[], &http::HeaderMap::new());
         (store, metrics, key, route)
     }
 

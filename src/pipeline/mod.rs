@@ -44,6 +44,7 @@ pub mod range;
 pub mod revalidate;
 pub mod stale;
 pub mod status;
+pub mod vary;
 
 use crate::bloom::Blooms;
 use crate::body::{self, Body};
@@ -60,7 +61,7 @@ use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
 use flight::{Answer, FlightKey, Flights};
 use futures_util::FutureExt;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
@@ -93,6 +94,17 @@ struct Fill {
     route: Arc<Route>,
     key: CacheKey,
     request: FillRequest,
+    /// `vary_from_origin`: the names the key and the fill request were
+    /// built with (learned so far); empty on other routes.
+    learned: Vec<HeaderName>,
+}
+
+/// What [`Pipeline::serve_keyed`] did with one key.
+enum Keyed {
+    Served(CacheStatus, Response<Body>),
+    /// `vary_from_origin`: the answer varies on names the key did not
+    /// include and is not this client's variant: key again with these.
+    Relearn(Vec<HeaderName>),
 }
 
 impl Pipeline {
@@ -185,13 +197,81 @@ impl Pipeline {
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
+        let Some(bounds) = route.origin_vary else {
+            let (parts, _) = req.into_parts();
+            let (status, resp) = match self
+                .serve_keyed(cfg, route, &params, Vec::new(), &parts, &ask, false)
+                .await
+            {
+                Keyed::Served(status, resp) => (status, resp),
+                Keyed::Relearn(_) => (
+                    CacheStatus::Miss,
+                    ProxyError::Bug("relearn without vary_from_origin".into()).to_response(),
+                ),
+            };
+            return (status, resp);
+        };
+        // `vary_from_origin`: the names this object's answers vary on.
+        let mut learned = vary::learned(&sh.store, &cfg, route, &params).await;
+        let (parts, body) = req.into_parts();
+        let mut may_relearn = true;
+        loop {
+            // A value longer than the route allows would make a variant of
+            // its own per hostile client: such a request is not cached.
+            if vary::too_long(&parts.headers, &learned, bounds.max_value) {
+                let req = Request::from_parts(parts, body);
+                let timeout = cfg.upstream.timeout;
+                let resp =
+                    crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
+                        .await;
+                return (CacheStatus::Bypass, resp);
+            }
+            let keyed = self.serve_keyed(
+                Arc::clone(&cfg),
+                route,
+                &params,
+                learned,
+                &parts,
+                &ask,
+                may_relearn,
+            );
+            match keyed.await {
+                Keyed::Served(status, resp) => return (status, resp),
+                // Once: an origin that changes its `Vary` on every answer
+                // gets the second answer served as it is.
+                Keyed::Relearn(names) => {
+                    sh.metrics
+                        .vary_relearned
+                        .with_label_values(&[&route.name])
+                        .inc();
+                    learned = names;
+                    may_relearn = false;
+                }
+            }
+        }
+    }
+
+    /// Stages 1-10 for the key built with `learned` (see [`Fill::learned`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_keyed(
+        &self,
+        cfg: Arc<Config>,
+        route: &Arc<Route>,
+        params: &[String],
+        learned: Vec<HeaderName>,
+        req: &http::request::Parts,
+        ask: &ClientAsk,
+        may_relearn: bool,
+    ) -> Keyed {
+        let sh = &self.shared;
         // Stage 1.
         let key = keys::cache_key(
             &cfg.store.namespace,
             route,
-            &params,
-            req.uri().query(),
-            req.headers(),
+            params,
+            req.uri.query(),
+            &learned,
+            &req.headers,
         );
         // Stages 2 + 3. With the store unavailable there is no entry, so
         // nothing to serve stale either: the degraded path as before.
@@ -199,7 +279,7 @@ impl Pipeline {
             match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
                 Ok(Found::Fresh(entry)) => {
                     let status = hit_status(&entry);
-                    return (status, respond(route, &entry, status, &ask));
+                    return Keyed::Served(status, respond(route, &entry, status, ask));
                 }
                 Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry)), None),
                 Ok(Found::Miss(generation)) => (false, None, generation),
@@ -212,8 +292,8 @@ impl Pipeline {
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
-            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, &params, ask.head).await {
-                return rejected;
+            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, params, ask.head).await {
+                return Keyed::Served(rejected.0, rejected.1);
             }
         }
         // Stage 5 (in-process): join or start the fill for this key.
@@ -221,15 +301,16 @@ impl Pipeline {
             shared: Arc::clone(sh),
             request: fill::fill_request(
                 route,
-                &route.fill_path(&params),
+                &route.fill_path(params),
                 &key.query,
-                req.headers(),
+                &learned,
+                &req.headers,
             ),
             cfg,
             route: Arc::clone(route),
             key,
+            learned,
         };
-        drop(req);
         let fill = Arc::new(fill);
         // Stage 3b: within grace the expired entry answers at once.
         if let Some(entry) = expired
@@ -237,7 +318,8 @@ impl Pipeline {
             .filter(|e| e.within_grace(publish::now_ms()))
         {
             self.start_refresh(&fill, entry.generation.clone());
-            return self.serve_stale(route, entry, StaleReason::Revalidating, &ask);
+            let (status, resp) = self.serve_stale(route, entry, StaleReason::Revalidating, ask);
+            return Keyed::Served(status, resp);
         }
         let generation = match (&expired, read_generation) {
             _ if degraded => None,
@@ -279,26 +361,35 @@ impl Pipeline {
             match again.map(|found| stale::usable_after_failure(found, publish::now_ms())) {
                 Ok(Some(AfterFailure::Fresh(entry))) => {
                     let status = hit_status(&entry);
-                    return (status, respond(route, &entry, status, &ask));
+                    return Keyed::Served(status, respond(route, &entry, status, ask));
                 }
                 Ok(Some(AfterFailure::Stale(entry))) => {
-                    return self.serve_stale(route, &entry, reason, &ask);
+                    let (status, resp) = self.serve_stale(route, &entry, reason, ask);
+                    return Keyed::Served(status, resp);
                 }
                 Ok(None) | Err(_) => {}
             }
         }
-        if let Some(answered) = to_client(route, &answer, started, &ask) {
-            return answered;
+        if may_relearn {
+            if let Some(names) =
+                vary::not_this_variant(route, &answer, &fill.key.query, &req.headers)
+            {
+                return Keyed::Relearn(names);
+            }
+        }
+        if let Some((status, resp)) = to_client(route, &answer, started, ask) {
+            return Keyed::Served(status, resp);
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
         let own = fetch_only(&fill, CacheStatus::Miss).await;
-        to_client(route, &own, true, &ask).unwrap_or_else(|| {
+        let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
                 CacheStatus::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
-        })
+        });
+        Keyed::Served(status, resp)
     }
 }
 
@@ -461,6 +552,11 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
     };
+    // Written on every fill, not only on a change: the list then lives as
+    // long as the object is filled, instead of expiring under a hot object.
+    if let Some(names) = &deps.learned {
+        remember_vary(fill, names, *names != fill.learned).await;
+    }
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
         let checks = match publish_checks(fill, tag_tickets.as_ref(), &mut entry, deps).await {
@@ -470,11 +566,12 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
                 return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
             }
         };
-        let (object, owner) = (&fill.key.keys, lease.owner());
+        let object = entry_keys(fill, &entry);
+        let owner = lease.owner();
         let encoded = entry.encode();
         let call = sh
             .store
-            .publish_checked(object, owner, &ticket, encoded, ttl, &checks);
+            .publish_checked(&object, owner, &ticket, encoded, ttl, &checks);
         let published = call.await;
         let outcome = match published {
             Ok(PublishOutcome::Published) => FillOutcome::Published,
@@ -557,6 +654,46 @@ async fn publish_checks(
     }
 }
 
+/// Where `entry` is published: the fill's keys, or (`vary_from_origin`,
+/// the answer varies on other names than the key had) the entry key of its
+/// own variant, still under the fill's lease and generation.
+fn entry_keys<'f>(fill: &'f Fill, entry: &Entry) -> std::borrow::Cow<'f, keys::ObjectKeys> {
+    let own = &fill.key.keys;
+    if entry.variant == fill.key.variant {
+        return std::borrow::Cow::Borrowed(own);
+    }
+    let ns = &fill.cfg.store.namespace;
+    std::borrow::Cow::Owned(keys::ObjectKeys {
+        entry: keys::object_keys(ns, &fill.key.identity, &entry.variant).entry,
+        generation: own.generation.clone(),
+        lease: own.lease.clone(),
+    })
+}
+
+/// Stores the names an answer varies on for its object, so the next fill
+/// carries them and keys on them (`changed`: they differ from the names
+/// this fill was keyed with; counted). A lost write costs a refetch later.
+async fn remember_vary(fill: &Fill, names: &[HeaderName], changed: bool) {
+    let key = keys::vary_names_key(&fill.cfg.store.namespace, &fill.key.identity);
+    let text = vary::text(names);
+    let stored = fill
+        .shared
+        .store
+        .remember_tags(&key, &text, fill.cfg.gen_ttl);
+    match stored.await {
+        Ok(()) if changed => fill
+            .shared
+            .metrics
+            .vary_learned
+            .with_label_values(&[&fill.route.name])
+            .inc(),
+        Ok(()) => {}
+        Err(e) => {
+            tracing::debug!(route = %fill.route.name, error = %e, "could not store the learned vary names")
+        }
+    }
+}
+
 /// Stage 7b (and the fallback for one-client answers): fetch under the
 /// same permits, write nothing.
 async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
@@ -584,11 +721,13 @@ enum Judged {
     OneClient(Response<Body>, Uncacheable),
 }
 
-/// The answer's version (`version_from`) and tags (`tags_from`, sorted).
+/// The answer's version (`version_from`), tags (`tags_from`, sorted) and
+/// `Vary` names beyond the route's (`vary_from_origin`).
 #[derive(Default)]
 struct Deps {
     version: Option<i64>,
     tags: Vec<String>,
+    learned: Option<Vec<HeaderName>>,
 }
 
 /// Turns what upstream answered into a shareable entry stamped with
@@ -624,13 +763,23 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     }
     let life = publish::lifetime(&fill.route, kind, &headers, &cc);
     let origin_age = cache_control::origin_age(&headers);
+    if let Some(bounds) = fill.route.origin_vary {
+        deps.learned =
+            cache_control::learned_vary_of(&headers, &fill.route.vary, bounds.max_headers).ok();
+    }
     let mut headers = publish::replayable_headers(headers);
     if kind == Cacheability::Positive {
         etag::ensure(fill.route.etag, &mut headers, &body);
     }
-    let entry = publish::build_entry(
+    let mut entry = publish::build_entry(
         &fill.key, generation, kind, life, origin_age, code, headers, body,
     );
+    // Keyed by the names the answer declares and the values its fill sent
+    // (see `vary`): the origin's answer for exactly that variant.
+    if let Some(names) = &deps.learned {
+        let query = &fill.key.query;
+        entry.variant = keys::variant(query, &fill.route, names, &fill.request.headers);
+    }
     Judged::Shareable(entry, kind, life, deps)
 }
 

@@ -2,7 +2,9 @@
 //! entry stamped with the generation ticket, and publish it with the
 //! publish script (which re-checks lease owner and generation atomically).
 
-use super::cache_control::{judge_vary, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime};
+use super::cache_control::{
+    judge_vary, learned_vary_of, CacheControl, OriginFreshness, VaryVerdict, ZeroLifetime,
+};
 use super::entry::Entry;
 use crate::config::{OriginCacheControl, Route, Ttl};
 use crate::keys::CacheKey;
@@ -192,7 +194,16 @@ pub fn cacheability(
     if let Some(reason) = refusal.filter(|_| !revalidatable) {
         return No(reason);
     }
-    match judge_vary(headers, &route.vary) {
+    // `vary_from_origin`: the names beyond `vary` become the object's key
+    // (the fill stage stores it under them), within the route's bound.
+    let verdict = match route.origin_vary {
+        None => judge_vary(headers, &route.vary),
+        Some(bounds) => match learned_vary_of(headers, &route.vary, bounds.max_headers) {
+            Ok(_) => VaryVerdict::Keyed,
+            Err(refused) => refused,
+        },
+    };
+    match verdict {
         VaryVerdict::Keyed => kind,
         VaryVerdict::Star => No(Uncacheable::VaryStar),
         VaryVerdict::Unkeyed => No(Uncacheable::VaryUnkeyed),
@@ -254,13 +265,26 @@ pub fn lifetime(
         } else {
             entry_ttl(route, kind, origin)
         },
-        grace: cc.narrow(route.grace, cc.stale_while_revalidate),
+        grace: grace(route, cc),
         stale_if_error: cc.narrow(route.stale_if_error, cc.stale_if_error),
         keep: if has_validators {
             route.keep
         } else {
             Duration::ZERO
         },
+    }
+}
+
+/// The grace window: the route's `grace`, narrowed by the origin's
+/// `stale-while-revalidate`; with `ttl: origin` that directive may also
+/// open a window up to the route's `max_grace` (RFC 5861). `no-cache`,
+/// `must-revalidate` and `proxy-revalidate` close both. Either way it is
+/// a window for entries of the current generation only (stage 3).
+fn grace(route: &Route, cc: &CacheControl) -> Duration {
+    let narrowed = cc.narrow(route.grace, cc.stale_while_revalidate);
+    match (route.ttl, cc.stale_while_revalidate) {
+        (Ttl::Origin { .. }, Some(secs)) => narrowed.max(cc.narrow(route.max_grace, Some(secs))),
+        _ => narrowed,
     }
 }
 
@@ -580,6 +604,44 @@ mod tests {
             let t = entry_ttl(&jittered, Cacheability::Positive, Fresh(s(20)));
             assert!(t >= s(18) && t <= s(20), "{t:?}");
         }
+    }
+
+    #[test]
+    fn stale_while_revalidate_opens_grace_up_to_max_grace_with_origin_ttl() {
+        let s = Duration::from_secs;
+        let grace_of = |r: &Route, cc: &'static str| {
+            let h = headers(&[("cache-control", cc)]);
+            lifetime(r, Cacheability::Positive, &h, &CacheControl::parse(&h)).grace
+        };
+        let capped = origin_route(", max_grace: 10s");
+        assert_eq!(
+            grace_of(&capped, "max-age=1, stale-while-revalidate=4"),
+            s(4)
+        );
+        assert_eq!(
+            grace_of(&capped, "max-age=1, stale-while-revalidate=99"),
+            s(10)
+        );
+        assert_eq!(
+            grace_of(&capped, "max-age=1"),
+            s(0),
+            "no directive, no window"
+        );
+        assert_eq!(
+            grace_of(
+                &capped,
+                "max-age=1, stale-while-revalidate=4, must-revalidate"
+            ),
+            s(0)
+        );
+        // Without max_grace the directive only narrows the route's grace.
+        assert_eq!(
+            grace_of(&origin_route(""), "max-age=1, stale-while-revalidate=4"),
+            s(0)
+        );
+        let both = origin_route(", grace: 3s, max_grace: 2s");
+        assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=9"), s(3));
+        assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=1"), s(1));
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod kubernetes;
 mod limits;
 mod lookup;
 mod origin_ttl;
+mod origin_vary;
 mod outbox;
 mod paused_instance;
 mod prefix;

@@ -495,3 +495,58 @@ fn stale_windows_are_validated_with_the_yaml_path() {
         assert!(stderr.contains(named), "{to}: expected {named} in {stderr}");
     }
 }
+
+/// `ttl: origin` with `max_grace`: the answer's own
+/// `stale-while-revalidate` opens the grace window (RFC 5861), capped by
+/// `max_grace`; the expired entry answers STALE at once while one refresh
+/// fetches the new body, and an invalidated entry never does. Without
+/// `max_grace` the same answer is refetched on expiry (MISS), as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let routes = app_routes(
+        "max_ttl: 1m\nmax_grace: 10s\njitter: 0s\nkeep: 0s\nnegative_ttl: 1s",
+    )
+    .replace("ttl: 60s", "ttl: origin")
+    + "  - name: plain\n    path: /plain/{id}\n    params: { id: \"[0-9]+\" }\n    ttl: origin\n    max_ttl: 60s\n    keep: 0s\n";
+    let sc = builder(&redis, &origin, "").routes(&routes).start().await;
+    let swr = |body: &'static str| {
+        Reply::ok(body).header("cache-control", "max-age=1, stale-while-revalidate=30")
+    };
+    origin.reply(P, swr("v1"));
+    fill(&sc, "v1").await;
+    origin.reply(P, swr("v2"));
+    until_stale(&sc, "v1").await;
+    assert_eq!(stale_served(&sc, "revalidating").await, 1.0);
+    eventually(
+        "the refresh publishes v2",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(P)).await;
+            x_cache(&r) == "HIT" && r.text() == "v2"
+        },
+    )
+    .await;
+    // Expired or not, an invalidated entry is never served STALE.
+    origin.reply(P, swr("v3"));
+    assert_eq!(invalidate(&sc, "app", PARAMS).await.status.as_u16(), 200);
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!((x_cache(&r), r.text()), ("MISS".into(), "v3".into()));
+
+    // The route without max_grace: the directive opens nothing.
+    let plain = "/plain/1";
+    origin.reply(plain, swr("p1"));
+    assert_eq!(x_cache(&client::get(&sc.url(plain)).await), "MISS");
+    origin.reply(plain, swr("p2"));
+    eventually(
+        "the plain entry expires",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(&sc.url(plain)).await;
+            assert_ne!(x_cache(&r), "STALE", "no grace without max_grace");
+            x_cache(&r) == "MISS" && r.text() == "p2"
+        },
+    )
+    .await;
+}
