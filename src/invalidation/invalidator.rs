@@ -110,6 +110,26 @@ impl Invalidator {
         &self.metrics
     }
 
+    /// The store's key namespace (`store.namespace`).
+    pub fn namespace(&self) -> String {
+        self.config.load().store.namespace.clone()
+    }
+
+    /// Takes or renews a witness slot ([`super::witness`]).
+    pub async fn witness(
+        &self,
+        slots: &[String],
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<usize>, StoreError> {
+        self.store.witness(slots, owner, ttl).await
+    }
+
+    /// Deletes a witness slot if `owner` still holds it.
+    pub async fn release_witness(&self, slot: &str, owner: &str) -> Result<bool, StoreError> {
+        self.store.delete_if_equals(slot, owner.as_bytes()).await
+    }
+
     /// `None` while the feeds' store calls go through; else when the feeds'
     /// breaker lets the next one probe. A feed takes no events before then
     /// (issue 20): instances whose store works take them meanwhile.

@@ -75,10 +75,11 @@ pub(super) enum Op {
     BloomBuild,
     BloomAdd,
     Inspect,
+    Witness,
 }
 
 impl Op {
-    const COUNT: usize = 12;
+    const COUNT: usize = 13;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TakeLease,
@@ -92,6 +93,7 @@ impl Op {
         Op::BloomBuild,
         Op::BloomAdd,
         Op::Inspect,
+        Op::Witness,
     ];
 
     /// The writes a fill needs: a success shows the store accepts writes
@@ -115,6 +117,7 @@ impl Op {
             Op::BloomBuild => "bloom_build",
             Op::BloomAdd => "bloom_add",
             Op::Inspect => "inspect",
+            Op::Witness => "witness",
         }
     }
 }
@@ -427,6 +430,20 @@ impl GuardedStore {
         .await
     }
 
+    /// [`Store::witness`], through the feeds' breaker: it is feed work,
+    /// and a witness whose feeds' store fails should not hold its slot.
+    pub async fn witness(
+        &self,
+        slots: &[String],
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<usize>, StoreError> {
+        self.call_through(&self.feeds, Op::Witness, |s| {
+            s.witness(slots, owner, ttl)
+        })
+        .await
+    }
+
     /// Invalidates every key in one call (one round trip on a single Redis
     /// node). Counted and timed as one `invalidate` call.
     pub async fn invalidate_many(
@@ -569,6 +586,14 @@ mod tests {
             t: Duration,
         ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
             self.gate(self.inner.invalidate(k, n, t))
+        }
+        fn witness<'a>(
+            &'a self,
+            k: &'a [String],
+            o: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
+            self.gate(self.inner.witness(k, o, t))
         }
     }
 

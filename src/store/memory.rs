@@ -403,6 +403,16 @@ impl Store for MemoryStore {
             Ok(())
         })
     }
+
+    /// The embedded store serves one process: it is always the witness.
+    fn witness<'a>(
+        &'a self,
+        _slots: &'a [String],
+        _owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
+        Box::pin(async { Ok(Some(0)) })
+    }
 }
 
 #[cfg(test)]

@@ -398,6 +398,17 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         let _ = marks;
         self.invalidate_many(gen_keys, nonce, gen_ttl)
     }
+
+    /// Takes or renews one of a feed's witness slots for `owner`
+    /// (`lua/witness.lua`; `slots` share one hash tag): the index of the
+    /// slot held now, or `None` when others hold every slot. Only
+    /// witnesses run the fan-out (`crate::invalidation::witness`).
+    fn witness<'a>(
+        &'a self,
+        slots: &'a [String],
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<usize>, StoreError>>;
 }
 pub use guarded::{open, GuardedStore};
 

@@ -883,6 +883,28 @@ impl Store for RedisStore {
             self.replicated().await
         })
     }
+
+    fn witness<'a>(
+        &'a self,
+        slots: &'a [String],
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.current();
+            let mut call = scripts::WITNESS.prepare_invoke();
+            for slot in slots {
+                call.key(slot);
+            }
+            let held: i64 = call
+                .arg(owner)
+                .arg(px(ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(usize::try_from(held).ok())
+        })
+    }
 }
 
 /// Entry and generation of one object in one round trip.
