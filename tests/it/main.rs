@@ -39,3 +39,4 @@ mod store;
 mod store_refusals;
 mod stream;
 mod tls;
+mod witness;
