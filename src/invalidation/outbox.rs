@@ -348,6 +348,7 @@ impl OutboxWorker {
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
         let mut listening = false;
+        let mut gauges_stale = false;
         // Always poll after (re)connecting: NOTIFYs sent meanwhile are lost.
         let mut poll_now = true;
         let mut next_poll = Instant::now();
@@ -402,9 +403,11 @@ impl OutboxWorker {
                 if let Some(at) = woke.store_back_at {
                     next_poll = next_poll.min(at);
                 }
-                // The leader's gauges miss what this wake-up changed until
-                // the next refresh: wake up for it.
-                if leader && !gauges && !woke.idle {
+                // The leader's gauges (read before its claims) miss what
+                // a wake-up that found rows changed: wake up for the next
+                // refresh.
+                gauges_stale = leader && (!woke.idle || (gauges_stale && !gauges));
+                if gauges_stale {
                     next_poll = next_poll.min(gauges_at);
                 }
             }
