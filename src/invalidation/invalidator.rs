@@ -17,7 +17,7 @@ use super::event::{Event, EventKind, Poison, Validated};
 use crate::bloom::Blooms;
 use crate::config::{Config, Route};
 use crate::metrics::Metrics;
-use crate::store::{GuardedStore, StoreError};
+use crate::store::{GuardedStore, StoreError, WitnessSlot};
 use arc_swap::ArcSwap;
 use rand::Rng;
 use std::sync::Arc;
@@ -121,7 +121,7 @@ impl Invalidator {
         slots: &[String],
         owner: &str,
         ttl: std::time::Duration,
-    ) -> Result<Option<usize>, StoreError> {
+    ) -> Result<WitnessSlot, StoreError> {
         self.store.witness(slots, owner, ttl).await
     }
 

@@ -49,7 +49,7 @@
 use super::backoff::Backoff;
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
-use super::witness::{Witness, BEAT_EVERY, SLOT_TTL};
+use super::witness::{Witness, RENEW_EVERY, SLOT_TTL};
 use crate::config::{RedisTls, StreamConfig, StreamStart};
 use crate::metrics::Metrics;
 use crate::store::redis_client;
@@ -80,8 +80,8 @@ const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
 const FANOUT_RETRY_BASE: Duration = Duration::from_millis(50);
 const FANOUT_RETRY_MAX: Duration = Duration::from_secs(1);
 /// A new witness's cursor starts this far before the stream's last entry:
-/// longer than a vacant slot lasts (its holder's TTL, then a beat).
-const LOOKBACK: Duration = Duration::from_secs(6);
+/// longer than a vacant slot lasts (its holder's last renewal, then TTL).
+const LOOKBACK: Duration = Duration::from_secs(3);
 /// Dead-letter stream length bound (approximate trim).
 const DEAD_MAXLEN: usize = 100_000;
 
@@ -416,15 +416,15 @@ impl StreamConsumer {
     /// One connection's life on the fan-out path; returns `Ok` when this
     /// instance stops being a witness, else on a Redis error. A batch that
     /// fails against the store is retried (capped backoff) before the
-    /// cursor moves past it. Reads block at most a beat long, so the beat
-    /// keeps its pace.
+    /// cursor moves past it. The witness renews its slot (through the
+    /// store, not this connection) while the read blocks.
     async fn fanout_session(
         &self,
         cursor: &mut Option<String>,
         reconnect: &mut Backoff,
         witness: &mut Witness,
     ) -> Result<(), RedisError> {
-        let mut conn = self.connect(BEAT_EVERY).await?;
+        let mut conn = self.connect(MAX_BLOCK).await?;
         let mut after = match cursor.clone() {
             Some(c) => c,
             None => self.lookback_id(&mut conn).await?,
@@ -436,16 +436,29 @@ impl StreamConsumer {
             if !witness.is_witness() {
                 return Ok(());
             }
-            let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+            let mut xread = redis::cmd("XREAD");
+            xread
                 .arg("COUNT")
                 .arg(COUNT)
                 .arg("BLOCK")
-                .arg(BEAT_EVERY.as_millis() as u64)
+                .arg(MAX_BLOCK.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&self.cfg.stream)
-                .arg(&after)
-                .query_async(&mut conn)
-                .await?;
+                .arg(&after);
+            let read = xread.query_async::<Option<StreamReadReply>>(&mut conn);
+            tokio::pin!(read);
+            let reply = loop {
+                tokio::select! {
+                    reply = &mut read => break reply?,
+                    _ = tokio::time::sleep_until(witness.due_at()) => {
+                        // Lost the slot: stop now (the connection goes
+                        // with the session, and the read with it).
+                        if witness.beat().await && !witness.is_witness() {
+                            return Ok(());
+                        }
+                    }
+                }
+            };
             reconnect.reset();
             let entries = flatten(reply);
             let Some(last) = entries.last() else {
@@ -476,7 +489,7 @@ impl StreamConsumer {
     /// vacant slot may have left to a stopped consumer are applied again
     /// (covered checks if they were not); older history is the group's.
     async fn lookback_id(&self, conn: &mut MultiplexedConnection) -> Result<String, RedisError> {
-        const _: () = assert!(LOOKBACK.as_millis() > SLOT_TTL.as_millis() + BEAT_EVERY.as_millis());
+        const _: () = assert!(LOOKBACK.as_millis() > SLOT_TTL.as_millis() + RENEW_EVERY.as_millis());
         let last: StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&self.cfg.stream)
             .arg("+")

@@ -11,27 +11,36 @@
 //!
 //! A witness holds one of the feed's `k` slots in the store
 //! (`lua/witness.lua`: keys `<ns>w:{<feed>}:<i>`, value this process's
-//! token, TTL [`SLOT_TTL`]). The feed's own loop beats every
-//! [`BEAT_EVERY`] (one script call: renew, or try to take a free slot), so
-//! a slot is held only while the feed runs. A slot whose holder stopped
-//! (SIGSTOP, crash, lost store) expires, and the next instance to beat takes
-//! it: `k` witnesses again within `SLOT_TTL + BEAT_EVERY`. Only `k`
-//! simultaneous stops leave events to the consumers meanwhile. A failed
-//! beat keeps what the instance believed: one witness too many costs a
-//! covered check per event, never a cache miss. The embedded store serves
-//! one process, which is always the witness.
+//! token, TTL [`SLOT_TTL`]). The feed's own loop beats (one script call):
+//! a witness renews its slot every [`RENEW_EVERY`], so a slot is held only
+//! while the feed runs; any other instance tries again when the first slot
+//! would expire (the script says when, [`WitnessSlot::free_in`]), so a
+//! slot whose holder stopped (SIGSTOP, crash, lost store) is taken as it
+//! expires: `k` witnesses again within about `SLOT_TTL` of the stop, at
+//! about one call per `SLOT_TTL` per instance. Only `k` simultaneous stops
+//! leave events to the consumers meanwhile. A failed beat keeps what the
+//! instance believed: one witness too many costs a covered check per
+//! event, never a cache miss. The embedded store serves one process, which
+//! is always the witness.
 
 use super::invalidator::Invalidator;
+use crate::store::WitnessSlot;
 use prometheus::IntGauge;
+use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-/// How long a slot outlives its holder's last beat.
-pub const SLOT_TTL: Duration = Duration::from_secs(3);
-/// How often a feed beats (renews its slot, or tries to take one).
-pub const BEAT_EVERY: Duration = Duration::from_secs(1);
+/// How long a slot outlives its holder's last renewal: the longest a
+/// stopped witness's slot stays vacant.
+pub const SLOT_TTL: Duration = Duration::from_millis(1500);
+/// How often a witness renews its slot.
+pub const RENEW_EVERY: Duration = Duration::from_millis(500);
+/// Spread of the retries of the instances waiting for a slot to expire.
+const RETRY_JITTER: Duration = Duration::from_millis(50);
+/// Bounds of that retry (a clock step or an odd reply cannot spin it).
+const RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// One feed's witness role in this process.
 pub struct Witness {
@@ -81,14 +90,24 @@ impl Witness {
     /// Renews the slot held, or tries to take a free one. True if this
     /// changed whether the process is a witness.
     pub async fn beat(&mut self) -> bool {
-        self.next_beat = Instant::now() + BEAT_EVERY;
         let was = self.is_witness();
-        match self
+        let reply = self
             .invalidator
             .witness(&self.slots, &self.owner, SLOT_TTL)
-            .await
-        {
-            Ok(slot) => {
+            .await;
+        self.next_beat = Instant::now()
+            + match &reply {
+                Ok(WitnessSlot {
+                    held: None,
+                    free_in,
+                }) => {
+                    let jitter = rand::rng().random_range(Duration::ZERO..=RETRY_JITTER);
+                    (*free_in).clamp(RETRY_MIN, SLOT_TTL) + jitter
+                }
+                _ => RENEW_EVERY,
+            };
+        match reply {
+            Ok(WitnessSlot { held: slot, .. }) => {
                 if slot != self.slot {
                     match slot {
                         Some(i) => info!(slot = i, key = %self.slots[i], "feed witness: slot taken"),
@@ -112,7 +131,7 @@ impl Witness {
     }
 
     /// Gives the slot up (shutdown): another instance takes it at its next
-    /// beat instead of after [`SLOT_TTL`].
+    /// try instead of after [`SLOT_TTL`].
     pub async fn release(&mut self) {
         if let Some(i) = self.slot.take() {
             let _ = self
@@ -127,7 +146,6 @@ impl Witness {
 /// `host-pid-random`: unique per process (a restarted process is a new
 /// owner), and names the process for an operator reading the slot keys.
 fn token() -> String {
-    use rand::Rng;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

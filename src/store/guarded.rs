@@ -27,7 +27,7 @@ use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::{
-    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError, WitnessSlot,
 };
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
@@ -437,7 +437,7 @@ impl GuardedStore {
         slots: &[String],
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<usize>, StoreError> {
+    ) -> Result<WitnessSlot, StoreError> {
         self.call_through(&self.feeds, Op::Witness, |s| {
             s.witness(slots, owner, ttl)
         })
@@ -592,7 +592,7 @@ mod tests {
             k: &'a [String],
             o: &'a str,
             t: Duration,
-        ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
+        ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
             self.gate(self.inner.witness(k, o, t))
         }
     }

@@ -14,7 +14,7 @@
 
 use super::{
     covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome,
-    Snapshot, Store, StoreError,
+    Snapshot, Store, StoreError, WitnessSlot,
 };
 use crate::keys::ObjectKeys;
 
@@ -409,9 +409,14 @@ impl Store for MemoryStore {
         &'a self,
         _slots: &'a [String],
         _owner: &'a str,
-        _ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
-        Box::pin(async { Ok(Some(0)) })
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
+        Box::pin(async move {
+            Ok(WitnessSlot {
+                held: Some(0),
+                free_in: ttl,
+            })
+        })
     }
 }
 

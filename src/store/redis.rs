@@ -27,6 +27,7 @@ use super::redis_sentinel;
 use super::scripts;
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+    WitnessSlot,
 };
 use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
@@ -889,20 +890,23 @@ impl Store for RedisStore {
         slots: &'a [String],
         owner: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<usize>, StoreError>> {
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn.current();
             let mut call = scripts::WITNESS.prepare_invoke();
             for slot in slots {
                 call.key(slot);
             }
-            let held: i64 = call
+            let (held, free_in): (i64, u64) = call
                 .arg(owner)
                 .arg(px(ttl))
                 .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
-            Ok(usize::try_from(held).ok())
+            Ok(WitnessSlot {
+                held: usize::try_from(held).ok(),
+                free_in: Duration::from_millis(free_in),
+            })
         })
     }
 }
