@@ -352,11 +352,9 @@ impl OutboxWorker {
         // Always poll after (re)connecting: NOTIFYs sent meanwhile are lost.
         let mut poll_now = true;
         let mut next_poll = Instant::now();
+        // The role first: a witness LISTENs before its first poll.
+        witness.beat_if_due().await;
         loop {
-            if witness.beat_if_due().await && witness.is_witness() {
-                // A new witness reads the pending rows at once.
-                poll_now = true;
-            }
             let is_witness = witness.is_witness();
             if is_witness != listening {
                 // LISTEN before the poll: a row committed after this
@@ -370,6 +368,8 @@ impl OutboxWorker {
                 if !is_witness {
                     seen.clear();
                     self.clear_gauges();
+                } else {
+                    poll_now = true;
                 }
             }
             let leader = is_witness && witness.slot() == Some(0);
@@ -410,6 +410,12 @@ impl OutboxWorker {
                 if gauges_stale {
                     next_poll = next_poll.min(gauges_at);
                 }
+            }
+            // After the wake-up: an event's read never waits for a beat.
+            if witness.beat_if_due().await {
+                // The role changed: (UN)LISTEN now; a new witness reads
+                // the pending rows at once.
+                continue;
             }
             tokio::select! {
                 biased;

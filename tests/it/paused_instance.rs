@@ -132,6 +132,29 @@ pub(crate) fn xadd(redis: &RedisServer, id: u64) {
         .expect("XADD");
 }
 
+/// Waits until `w` has just blocked in `XREADGROUP ... BLOCK 5000`: it then
+/// stays registered (and soon first in line) for seconds after a stop.
+/// Redis 7.0's consumer idle time restarts on a delivery, not on a new
+/// blocking read, so entries (objects 2000 on) are added until one was
+/// delivered to `w` under 0.3 s ago and `w` acknowledged it (and blocked
+/// again).
+pub(crate) async fn just_blocked(redis: &RedisServer, w: &Sidecache) {
+    let mut warm = 2000;
+    eventually(
+        "W just blocked in XREADGROUP",
+        Duration::from_secs(15),
+        || {
+            warm += 1;
+            xadd(redis, warm);
+            async {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                consumer_of(redis, w).is_some_and(|c| c.1 == 0 && c.2 < 300)
+            }
+        },
+    )
+    .await;
+}
+
 /// Three instances on one stream. Instance W is stopped right after it
 /// blocked in `XREADGROUP`, so Redis hands the next new entry to it (the
 /// longest-blocked consumer of the group) and W holds it, unacknowledged,
@@ -156,14 +179,7 @@ async fn stream_entries_are_applied_while_one_instance_is_stopped() {
         || async { consumers(&redis).len() == 3 },
     )
     .await;
-    // Its `XREADGROUP ... BLOCK 5000` is then under 0.3 s old: it stays
-    // registered (and first in line) for seconds after the stop.
-    eventually(
-        "W just blocked in XREADGROUP",
-        Duration::from_secs(15),
-        || async { consumer_of(&redis, &w).is_some_and(|c| c.2 < 300) },
-    )
-    .await;
+    just_blocked(&redis, &w).await;
     w.signal("STOP");
 
     let mut conn = conn(&redis).await;

@@ -7,7 +7,8 @@
 //! real binary, with real Redis and Postgres.
 
 use crate::paused_instance::{
-    applied_within, conn, consumer_of, consumers, instance, report, xadd, GROUP, STREAM,
+    applied_within, conn, consumer_of, consumers, instance, just_blocked, report, xadd, GROUP,
+    STREAM,
 };
 use crate::support::postgres::PostgresServer;
 use crate::support::redis::RedisServer;
@@ -103,12 +104,7 @@ async fn stream_a_stopped_witness_is_covered_and_its_slot_taken_over() {
         .find(|(i, _)| !witnesses.contains(i))
         .map(|(_, sc)| sc)
         .expect("a third instance");
-    eventually(
-        "W just blocked in XREADGROUP",
-        Duration::from_secs(15),
-        || async { consumer_of(&redis, w).is_some_and(|c| c.2 < 300) },
-    )
-    .await;
+    just_blocked(&redis, w).await;
     w.signal("STOP");
     let stopped = Instant::now();
 
