@@ -489,7 +489,8 @@ impl StreamConsumer {
     /// vacant slot may have left to a stopped consumer are applied again
     /// (covered checks if they were not); older history is the group's.
     async fn lookback_id(&self, conn: &mut MultiplexedConnection) -> Result<String, RedisError> {
-        const _: () = assert!(LOOKBACK.as_millis() > SLOT_TTL.as_millis() + RENEW_EVERY.as_millis());
+        const _: () =
+            assert!(LOOKBACK.as_millis() > SLOT_TTL.as_millis() + RENEW_EVERY.as_millis());
         let last: StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&self.cfg.stream)
             .arg("+")

@@ -57,7 +57,8 @@ impl Witness {
     /// `feed` is the metric label (`outbox`, `stream`); `name` the table
     /// or stream, so that two feeds never share slots.
     pub fn new(invalidator: Arc<Invalidator>, feed: &'static str, name: &str, k: u32) -> Witness {
-        let slots = crate::keys::witness_keys(&invalidator.namespace(), &format!("{feed}.{name}"), k);
+        let slots =
+            crate::keys::witness_keys(&invalidator.namespace(), &format!("{feed}.{name}"), k);
         let gauge = invalidator
             .metrics()
             .feed_witness
@@ -110,7 +111,9 @@ impl Witness {
             Ok(WitnessSlot { held: slot, .. }) => {
                 if slot != self.slot {
                     match slot {
-                        Some(i) => info!(slot = i, key = %self.slots[i], "feed witness: slot taken"),
+                        Some(i) => {
+                            info!(slot = i, key = %self.slots[i], "feed witness: slot taken")
+                        }
                         None => info!("feed witness: every slot held by others; fan-out stops"),
                     }
                 }

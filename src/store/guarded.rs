@@ -27,7 +27,8 @@ use super::breaker::Breaker;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::{
-    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError, WitnessSlot,
+    BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+    WitnessSlot,
 };
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
@@ -438,10 +439,8 @@ impl GuardedStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<WitnessSlot, StoreError> {
-        self.call_through(&self.feeds, Op::Witness, |s| {
-            s.witness(slots, owner, ttl)
-        })
-        .await
+        self.call_through(&self.feeds, Op::Witness, |s| s.witness(slots, owner, ttl))
+            .await
     }
 
     /// Invalidates every key in one call (one round trip on a single Redis

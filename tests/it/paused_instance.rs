@@ -26,7 +26,12 @@ pub(crate) fn gen_key(id: u64) -> String {
     format!("sc:o:{{app:acme:{id}}}:g")
 }
 
-pub(crate) fn instance(origin: &Origin, redis: &RedisServer, timeout: &str, feed: &str) -> SidecacheBuilder {
+pub(crate) fn instance(
+    origin: &Origin,
+    redis: &RedisServer,
+    timeout: &str,
+    feed: &str,
+) -> SidecacheBuilder {
     instance_at(origin, &redis.url(), timeout, feed)
 }
 
@@ -47,7 +52,11 @@ pub(crate) async fn conn(redis: &RedisServer) -> MultiplexedConnection {
 }
 
 /// Polls (1 ms) until object `id`'s generation exists; the time it took.
-pub(crate) async fn applied_within(conn: &mut MultiplexedConnection, id: u64, since: Instant) -> Duration {
+pub(crate) async fn applied_within(
+    conn: &mut MultiplexedConnection,
+    id: u64,
+    since: Instant,
+) -> Duration {
     applied_within_bound(conn, id, since, BOUND).await
 }
 

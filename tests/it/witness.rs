@@ -121,10 +121,7 @@ async fn stream_a_stopped_witness_is_covered_and_its_slot_taken_over() {
             after_w += 1;
         }
     }
-    report(
-        "stream, one witness stopped: commit -> applied",
-        &latencies,
-    );
+    report("stream, one witness stopped: commit -> applied", &latencies);
     assert_eq!(
         consumer_of(&redis, w).map(|c| c.1),
         Some(1),
@@ -147,7 +144,9 @@ async fn stream_a_stopped_witness_is_covered_and_its_slot_taken_over() {
     eventually(
         "W, resumed, acks and is no witness",
         Duration::from_secs(10),
-        || async { consumer_of(&redis, w).is_some_and(|c| c.1 == 0) && !is_witness(w, "stream").await },
+        || async {
+            consumer_of(&redis, w).is_some_and(|c| c.1 == 0) && !is_witness(w, "stream").await
+        },
     )
     .await;
     assert!(is_witness(other, "stream").await && is_witness(spare, "stream").await);
@@ -218,9 +217,10 @@ async fn stream_only_witnesses_fan_out() {
         "the group and both witnesses applied every entry",
         Duration::from_secs(10),
         || async {
-            let group: f64 = total("stream").await.iter().sum::<f64>() - group_before.iter().sum::<f64>();
-            let fanout: f64 =
-                total("stream_fanout").await.iter().sum::<f64>() - fanout_before.iter().sum::<f64>();
+            let group: f64 =
+                total("stream").await.iter().sum::<f64>() - group_before.iter().sum::<f64>();
+            let fanout: f64 = total("stream_fanout").await.iter().sum::<f64>()
+                - fanout_before.iter().sum::<f64>();
             group >= EVENTS as f64 && fanout >= 2.0 * EVENTS as f64
         },
     )
@@ -232,7 +232,10 @@ async fn stream_only_witnesses_fan_out() {
     for i in 0..fleet.len() {
         let fanned = delta(&fanout_after, &fanout_before, i);
         match witnesses.contains(&i) {
-            true => assert_eq!(fanned, EVENTS as f64, "witness {i} applies every entry once"),
+            true => assert_eq!(
+                fanned, EVENTS as f64,
+                "witness {i} applies every entry once"
+            ),
             false => assert_eq!(fanned, 0.0, "instance {i} is no witness but fanned out"),
         }
     }
@@ -290,7 +293,10 @@ async fn outbox_non_witnesses_do_nothing_per_event() {
     .await;
     let mut fanned = 0.0;
     for (i, sc) in fleet.iter().enumerate() {
-        let (any, fanout) = (all(sc).await - before[i].0, applied(sc, "outbox_fanout").await - before[i].1);
+        let (any, fanout) = (
+            all(sc).await - before[i].0,
+            applied(sc, "outbox_fanout").await - before[i].1,
+        );
         match witnesses.contains(&i) {
             true => fanned += fanout,
             false => assert_eq!(any, 0.0, "instance {i} is no witness but worked per event"),
@@ -333,10 +339,7 @@ async fn outbox_a_stopped_witness_is_covered_and_its_slot_taken_over() {
         insert(&db, id).await;
         latencies.push(applied_within(&mut conn, id, Instant::now()).await);
     }
-    report(
-        "outbox, one witness stopped: commit -> applied",
-        &latencies,
-    );
+    report("outbox, one witness stopped: commit -> applied", &latencies);
     eventually("the spare takes W's slot", HANDOVER, || async {
         is_witness(&fleet[spare], "outbox").await
     })
