@@ -52,7 +52,7 @@
 //!
 //! Gauges (`pending`, `oldest`, `dead`): reported by the holder of witness
 //! slot 0, from its fan-out read (the same statement returns them, at most
-//! every [`GAUGE_EVERY`]); the others report 0.
+//! every `GAUGE_EVERY`); the others report 0.
 
 use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
