@@ -145,8 +145,8 @@ pub(crate) fn xadd(redis: &RedisServer, id: u64) {
 /// stays registered (and soon first in line) for seconds after a stop.
 /// Redis 7.0's consumer idle time restarts on a delivery, not on a new
 /// blocking read, so entries (objects 2000 on) are added until one was
-/// delivered to `w` under 0.3 s ago and `w` acknowledged it (and blocked
-/// again).
+/// delivered to `w` under 0.3 s ago, `w` acknowledged it, and every group
+/// connection is blocked again (`CLIENT LIST`: `w`'s among them).
 pub(crate) async fn just_blocked(redis: &RedisServer, w: &Sidecache) {
     let mut warm = 2000;
     eventually(
@@ -158,10 +158,29 @@ pub(crate) async fn just_blocked(redis: &RedisServer, w: &Sidecache) {
             async {
                 tokio::time::sleep(Duration::from_millis(30)).await;
                 consumer_of(redis, w).is_some_and(|c| c.1 == 0 && c.2 < 300)
+                    && blocked_group_reads(redis) == consumers(redis).len()
             }
         },
     )
     .await;
+}
+
+/// Connections blocked in `XREADGROUP` now.
+fn blocked_group_reads(redis: &RedisServer) -> usize {
+    let list = match redis.cli(&["CLIENT", "LIST"]) {
+        Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(Value::VerbatimString { text, .. }) => text,
+        _ => return 0,
+    };
+    list.lines()
+        .filter(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            fields.contains(&"cmd=xreadgroup")
+                && fields
+                    .iter()
+                    .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+        })
+        .count()
 }
 
 /// Three instances on one stream. Instance W is stopped right after it
