@@ -314,20 +314,23 @@ async fn outbox_non_witnesses_do_nothing_per_event() {
         left == 0
     })
     .await;
-    let mut fanned = 0.0;
+    // A witness's claim may take a row its fan-out read had not seen yet
+    // (inserted in between): the witnesses' applications from either path.
+    let (mut fanned, mut by_witnesses) = (0.0, 0.0);
     for (i, sc) in fleet.iter().enumerate() {
         let (any, fanout) = (
             all(sc).await - before[i].0,
             applied(sc, "outbox_fanout").await - before[i].1,
         );
         match witnesses.contains(&i) {
-            true => fanned += fanout,
+            true => (fanned, by_witnesses) = (fanned + fanout, by_witnesses + any),
             false => assert_eq!(any, 0.0, "instance {i} is no witness but worked per event"),
         }
     }
+    println!("outbox, 2 witnesses of 4: {fanned} fan-out applications for {EVENTS} rows");
     assert!(
-        fanned >= EVENTS as f64,
-        "the witnesses' fan-out applied {fanned} of {EVENTS} rows"
+        fanned >= 1.0 && by_witnesses >= EVENTS as f64,
+        "the witnesses applied {by_witnesses} of {EVENTS} rows ({fanned} by their fan-out)"
     );
 }
 
