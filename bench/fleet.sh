@@ -9,7 +9,12 @@
 # carrying 50 events/s for as long. Reported per phase: Postgres statements/s
 # run by sidecache (pg_stat_statements, its own role), Redis commands/s
 # (INFO commandstats: the only clients are the instances), Bloom builds
-# activated per scope per interval, connections held, RSS per instance.
+# activated per scope per interval, connections held, RSS per instance; for
+# the event phase, per event: outbox statements (minus the idle phase's) and
+# invalidation scripts (`sidecache_invalidations_total{kind="object"}`
+# summed over the instances: one `invalidate_marked.lua` each), and which
+# instances are witnesses (`invalidation.witnesses`, $FLEET_WITNESSES,
+# default 2).
 # See bench/README.md ("Fleet") for results, docs/capacity.md for the model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +27,7 @@ SIZES=${FLEET_SIZES:-1 5 20}
 WINDOW=${FLEET_WINDOW:-30}
 SCOPES=200
 REBUILD=10
+WITNESSES=${FLEET_WITNESSES:-2}
 BIN=${SIDECACHE_BIN:-target/debug/sidecache}
 PGBIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)}
 [[ -x $PGBIN/postgres ]] || die "no Postgres under /usr/lib/postgresql/*/bin (set PG_BIN)"
@@ -64,6 +70,7 @@ store:
   redis: { url: "redis://127.0.0.1:$rport/0", near_cache: { max_bytes: 4MiB } }
 invalidation:
   outbox: { url: "postgres://sidecache@127.0.0.1:$pport/postgres" }
+  witnesses: $WITNESSES
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
@@ -104,8 +111,8 @@ redis_breakdown() {
 }
 reset_counts() { psql -c "SELECT pg_stat_statements_reset()" >/dev/null; rcli CONFIG RESETSTAT >/dev/null; }
 
-measure() { # measure PHASE N: counts over the last window
-    local phase=$1 n=$2 pg feed redis builds rconn pconn rss
+measure() { # measure PHASE N: counts over the last window (feed statements in $feed)
+    local phase=$1 n=$2 pg redis builds rconn pconn rss
     pg=$(pg_calls)
     feed=$(pg_calls "$FEED")
     redis=$(redis_calls)
@@ -153,8 +160,10 @@ EOF
     reset_counts
     sleep "$WINDOW"
     measure idle "$n"
+    idle_feed=$feed
 
     builds_before=$(metric_sum sidecache_bloom_builds_total 'outcome="activated"' | cut -d. -f1)
+    scripts_before=$(metric_sum sidecache_invalidations_total 'kind="object"')
     reset_counts
     # 50 events/s: 5 rows every 100 ms, from psql (not counted: role postgres).
     end=$((SECONDS + WINDOW)); k=0
@@ -166,6 +175,12 @@ EOF
     events=$((k * 5))
     measure "50/s" "$n"
     printf '      %s events inserted (%.1f/s)\n' "$events" "$(awk -v e="$events" -v w="$WINDOW" 'BEGIN {print e / w}')"
+    sleep 2 # the last rows applied
+    scripts=$(awk -v a="$(metric_sum sidecache_invalidations_total 'kind="object"')" -v b="$scripts_before" 'BEGIN {print a - b}')
+    printf '      per event: outbox statements %.2f, invalidation scripts %.2f; witnesses %s of %s\n' \
+        "$(awk -v f="$feed" -v i="$idle_feed" -v e="$events" 'BEGIN {print (f - i) / e}')" \
+        "$(awk -v s="$scripts" -v e="$events" 'BEGIN {print s / e}')" \
+        "$(metric_sum sidecache_feed_witness 'feed="outbox"')" "$n"
     for i in $(seq "$n"); do kill "${pid_of[sc$i]}"; wait "${pid_of[sc$i]}" 2>/dev/null || true; unset "pid_of[sc$i]"; done
     psql -c "TRUNCATE sidecache_outbox"
     rcli FLUSHALL >/dev/null

@@ -136,6 +136,16 @@ pub fn tag_list_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:t")
 }
 
+/// A feed's witness slots: `<ns>w:{<feed>}:<i>` for `i` in `0..k`, one
+/// hash tag so that `lua/witness.lua` sees them all on Cluster.
+pub fn witness_keys(namespace: &str, feed: &str, k: u32) -> Vec<String> {
+    let mut tag = String::with_capacity(feed.len());
+    encode_param(feed, &mut tag);
+    (0..k)
+        .map(|i| format!("{namespace}w:{{{tag}}}:{i}"))
+        .collect()
+}
+
 /// The generation key of a cache tag: `<ns>t:{<tag>}:g`, the tag
 /// percent-encoded like a param. Each tag is its own hash slot.
 pub fn tag_generation_key(namespace: &str, tag: &str) -> String {

@@ -50,6 +50,7 @@ pub mod names {
     pub const OUTBOX_OLDEST: &str = "sidecache_outbox_oldest_seconds";
     pub const OUTBOX_DEAD: &str = "sidecache_outbox_dead";
     pub const STREAM_PENDING: &str = "sidecache_stream_pending";
+    pub const FEED_WITNESS: &str = "sidecache_feed_witness";
     pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
     pub const NEAR_CACHE: &str = "sidecache_near_cache_total";
     pub const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
@@ -159,6 +160,9 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     /// Outbox rows not dead-lettered (due or backing off), as last measured.
     pub outbox_pending: IntGauge,
+    /// 1 while this instance holds a witness slot of the feed (runs its
+    /// fan-out), by `feed` (`outbox`, `stream`).
+    pub feed_witness: IntGaugeVec,
     /// Age of the oldest such row; 0 when none.
     pub outbox_oldest_seconds: Gauge,
     /// Dead-lettered outbox rows still in the table.
@@ -451,6 +455,17 @@ impl Metrics {
                 .expect("valid metric"),
             ),
             config_reloads: counter(CONFIG_RELOADS, "Config reloads by outcome.", &["outcome"]),
+            feed_witness: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        FEED_WITNESS,
+                        "1 while this instance is one of the feed's witnesses (runs its fan-out).",
+                    ),
+                    &["feed"],
+                )
+                .expect("valid metric"),
+            ),
             outbox_pending: reg(
                 &registry,
                 IntGauge::new(OUTBOX_PENDING, "Outbox rows waiting to be applied.")

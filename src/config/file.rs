@@ -305,13 +305,25 @@ impl Default for FileFill {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileInvalidation {
     #[serde(default)]
     pub outbox: Option<FileOutbox>,
     #[serde(default)]
     pub redis_stream: Option<FileRedisStream>,
+    #[serde(default = "defaults::witnesses")]
+    pub witnesses: u32,
+}
+
+impl Default for FileInvalidation {
+    fn default() -> Self {
+        FileInvalidation {
+            outbox: None,
+            redis_stream: None,
+            witnesses: defaults::witnesses(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -607,6 +619,9 @@ pub(super) mod defaults {
     }
     pub fn group() -> String {
         "sidecache".to_owned()
+    }
+    pub fn witnesses() -> u32 {
+        2
     }
     pub fn claim_idle() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))

@@ -224,10 +224,14 @@ pub struct FillConfig {
 
 /// Change feeds that invalidate cached objects (SPEC §7). Both optional,
 /// both may run at once.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidationConfig {
     pub outbox: Option<OutboxConfig>,
     pub stream: Option<StreamConfig>,
+    /// Instances per feed that run its fan-out (issue 21): every event is
+    /// applied by its consumer plus at most this many witnesses, whatever
+    /// the number of instances (`crate::invalidation::witness`).
+    pub witnesses: u32,
 }
 
 /// `invalidation.outbox`: the Postgres outbox worker.

@@ -311,8 +311,17 @@ invalidation:
     assert_eq!(stream.group, "sidecache");
     assert_eq!(stream.start, StreamStart::Earliest);
     assert_eq!(stream.claim_idle, std::time::Duration::from_secs(10));
+    assert_eq!(cfg.invalidation.witnesses, 2, "the default");
 
     let cases = [
+        (
+            "invalidation: { witnesses: 0 }",
+            "invalidation.witnesses",
+        ),
+        (
+            "invalidation: { witnesses: 17 }",
+            "invalidation.witnesses",
+        ),
         (
             "invalidation: { outbox: { url: 'postgres://h/d', table: 'x; drop' } }",
             "invalidation.outbox.table",

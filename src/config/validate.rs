@@ -288,6 +288,9 @@ fn near_cache(
     }))
 }
 
+/// Witness slots per feed: each is one more covered check per event.
+const MAX_WITNESSES: u32 = 16;
+
 fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationConfig> {
     let outbox = match &raw.invalidation.outbox {
         None => None,
@@ -399,7 +402,18 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
             })
         }
     };
-    Ok(InvalidationConfig { outbox, stream })
+    let witnesses = raw.invalidation.witnesses;
+    if !(1..=MAX_WITNESSES).contains(&witnesses) {
+        return err(
+            "invalidation.witnesses",
+            format!("must be between 1 and {MAX_WITNESSES}"),
+        );
+    }
+    Ok(InvalidationConfig {
+        outbox,
+        stream,
+        witnesses,
+    })
 }
 
 fn access_log(raw: &FileConfig) -> Result<AccessLogConfig> {

@@ -17,7 +17,7 @@ use super::event::{Event, EventKind, Poison, Validated};
 use crate::bloom::Blooms;
 use crate::config::{Config, Route};
 use crate::metrics::Metrics;
-use crate::store::{GuardedStore, StoreError};
+use crate::store::{GuardedStore, StoreError, WitnessSlot};
 use arc_swap::ArcSwap;
 use rand::Rng;
 use std::sync::Arc;
@@ -108,6 +108,26 @@ impl Invalidator {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The store's key namespace (`store.namespace`).
+    pub fn namespace(&self) -> String {
+        self.config.load().store.namespace.clone()
+    }
+
+    /// Takes or renews a witness slot ([`super::witness`]).
+    pub async fn witness(
+        &self,
+        slots: &[String],
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<WitnessSlot, StoreError> {
+        self.store.witness(slots, owner, ttl).await
+    }
+
+    /// Deletes a witness slot if `owner` still holds it.
+    pub async fn release_witness(&self, slot: &str, owner: &str) -> Result<bool, StoreError> {
+        self.store.delete_if_equals(slot, owner.as_bytes()).await
     }
 
     /// `None` while the feeds' store calls go through; else when the feeds'

@@ -15,11 +15,14 @@
 //!   claim from dead consumers, dead-letter stream; the fan-out of every
 //!   entry from a cursor of its own).
 //!
-//! Both feeds fan out so that no instance waits for another: every instance
-//! applies every event as soon as it sees it, marked with the event's
-//! position in its feed so that only the first application replaces the
-//! generation (`lua/invalidate_marked.lua`); the claim and the group stay
-//! the reliable path.
+//! - [`witness`]: which instances run the fan-out (`k` slots in the store).
+//!
+//! Both feeds fan out so that no instance waits for another: besides the
+//! consumer the feed hands an event to, `k` witnesses apply every event as
+//! soon as they see it, marked with the event's position in its feed so
+//! that only the first application replaces the generation
+//! (`lua/invalidate_marked.lua`); the claim and the group stay the reliable
+//! path.
 //!
 //! Other sources: `POST /admin/invalidate` (admin) and write-through
 //! (the client-facing server), through the same [`Invalidator`]. Delivery is at least once everywhere: applying an event
@@ -33,6 +36,7 @@ pub mod outbox;
 pub mod recent;
 pub mod stream;
 pub mod stream_conn;
+pub mod witness;
 
 pub use event::{Event, EventKind, Poison, Validated};
 pub use invalidator::{ApplyOutcome, Invalidator, Source};
@@ -54,7 +58,8 @@ pub fn spawn_sources(
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     if let Some(outbox) = &cfg.invalidation.outbox {
-        let worker = outbox::OutboxWorker::new(outbox.clone(), invalidator.clone());
+        let worker = outbox::OutboxWorker::new(outbox.clone(), invalidator.clone())
+            .with_witnesses(cfg.invalidation.witnesses);
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     if let Some(stream) = &cfg.invalidation.stream {
@@ -70,7 +75,8 @@ pub fn spawn_sources(
                 target,
                 redis.tls.clone(),
                 invalidator.clone(),
-            );
+            )
+            .with_witnesses(cfg.invalidation.witnesses);
             tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
         }
     }

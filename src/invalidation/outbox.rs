@@ -22,34 +22,42 @@
 //! (SIGSTOP, a GC pause, CPU throttling) keeps its rows locked, and `SKIP
 //! LOCKED` hides them from every other worker until it resumes; a worker
 //! whose store fails pushes its rows into backoff, where the others' claims
-//! do not look either. So on every wake-up each worker first reads the
-//! pending rows (not dead-lettered, due or in backoff) without locking them
-//! (a plain `SELECT` is never blocked by row locks) and applies those it has
-//! not applied yet, with the mark `o:<id>:<created_at µs>`
-//! (`lua/invalidate_marked.lua`): the first worker replaces the generation,
-//! the others find it covered and change nothing. No lock is held while it
-//! applies. The claim cycle stays the reliable path (delete, retry with
-//! backoff, dead letters, a backlog shared out between workers); rows this
-//! worker already applied are deleted there without another store call.
+//! do not look either. So on every wake-up each *witness* (issue 21: `k`
+//! instances, [`super::witness`]) first reads the pending rows (not
+//! dead-lettered, due or in backoff) without locking them (a plain `SELECT`
+//! is never blocked by row locks) and applies those it has not applied yet,
+//! with the mark `o:<id>:<created_at µs>` (`lua/invalidate_marked.lua`):
+//! the first application replaces the generation, the others find it
+//! covered and change nothing. No lock is held while it applies. The claim
+//! cycle stays the reliable path (delete, retry with backoff, dead letters);
+//! rows this worker already applied are deleted there without another store
+//! call.
 //!
-//! Wake-ups: the worker's own connection `LISTEN`s on `notify_channel` (the
+//! Only witnesses LISTEN: a NOTIFY costs `k` wake-ups, not one per
+//! instance. The other instances poll every `idle_poll_interval` (a safety
+//! net that claims whatever is pending, e.g. while every witness is
+//! stopped) and beat for a slot; one that takes a slot LISTENs, then reads
+//! the pending rows at once.
+//!
+//! Wake-ups: a witness's connection `LISTEN`s on `notify_channel` (the
 //! `outbox-ddl` trigger notifies per inserting statement). Notifications
 //! only arrive on a connection whose `Connection` future we poll ourselves
 //! (`poll_message`), so the worker drives it and forwards notifications over
 //! a channel. The table is always polled after (re)connecting, because
-//! notifications sent while disconnected are lost; then every
+//! notifications sent while disconnected are lost; then, by a witness, every
 //! `poll_interval` while rows are pending, and every `idle_poll_interval`
 //! once none is (issue 21: LISTEN is up on this same connection, so that
 //! poll is a safety net, and idle instances cost Postgres almost nothing).
 //! The connection (TLS per the URL's `sslmode`) is made by [`crate::pg`].
 //!
-//! Gauges (`pending`, `oldest`, `dead`): one aggregate query by one worker
-//! at a time, the session holding an advisory lock (tried with the fan-out
-//! read at connect and every `idle_poll_interval`); the others report 0.
+//! Gauges (`pending`, `oldest`, `dead`): reported by the holder of witness
+//! slot 0, from its fan-out read (the same statement returns them, at most
+//! every `GAUGE_EVERY`); the others report 0.
 
 use super::backoff::{self, Reconnect};
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
+use super::witness::Witness;
 use crate::config::OutboxConfig;
 use crate::metrics::Metrics;
 use std::collections::HashSet;
@@ -84,8 +92,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one claim-apply-commit cycle; a hung server or network then
 /// costs a reconnect, not a stuck worker.
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the gauge leader refreshes the pending/oldest/dead gauges (one
-/// aggregate query); the other instances report 0.
+/// How often the gauge leader (witness slot 0) also reads the
+/// pending/oldest/dead gauges with its fan-out read; the others report 0.
 const GAUGE_EVERY: Duration = Duration::from_secs(2);
 /// `last_error` is for humans; keep rows small.
 const MAX_ERROR_TEXT: usize = 500;
@@ -124,8 +132,6 @@ impl OutboxError {
 struct WokeUp {
     /// Nothing pending: poll at `idle_poll_interval`.
     idle: bool,
-    /// Whether a leadership attempt took the gauge lock.
-    won_lead: Option<bool>,
     /// The store is unavailable to this instance until then.
     store_back_at: Option<Instant>,
 }
@@ -145,6 +151,8 @@ pub struct OutboxWorker {
     cfg: OutboxConfig,
     invalidator: Arc<Invalidator>,
     metrics: Metrics,
+    /// `invalidation.witnesses`.
+    witnesses: u32,
 }
 
 /// The SQL of one table, prepared once per connection.
@@ -152,16 +160,19 @@ struct Statements {
     /// The rows not dead-lettered, unlocked, also those in backoff (the
     /// fan-out).
     pending: Statement,
-    /// `pending`, also trying to become the gauge leader.
-    pending_lead: Statement,
+    /// `pending`, with the gauges (the leader's read, issue 21: no
+    /// statement of its own).
+    pending_gauges: Statement,
     claim: Statement,
     delete: Statement,
     retry: Statement,
     dead: Statement,
     /// `pg_notify($1, '')`: wakes the workers when rows are released.
     notify: Statement,
-    gauges: Statement,
 }
+
+/// Columns of `pending_gauges` after the row's own: pending, dead, oldest.
+const GAUGE_COLUMNS: usize = 8;
 
 impl Statements {
     async fn prepare(client: &Client, table: &str) -> Result<Statements, tokio_postgres::Error> {
@@ -175,13 +186,15 @@ impl Statements {
             format!("SELECT {columns} FROM {table} o WHERE dead_at IS NULL ORDER BY id LIMIT $1");
         Ok(Statements {
             pending: client.prepare(&pending).await?,
-            // One row at least (NULL id: nothing pending), with whether
-            // this session took the gauge lock (session-level: held until
-            // the connection ends).
-            pending_lead: client
+            // One row at least (NULL id: nothing pending), each with the
+            // table's gauges.
+            pending_gauges: client
                 .prepare(&format!(
-                    "SELECT p.*, l.leader FROM \
-                     (SELECT pg_try_advisory_lock(hashtext('sidecache gauges ' || $2)) AS leader) l \
+                    "SELECT p.*, g.* FROM \
+                     (SELECT count(*) FILTER (WHERE dead_at IS NULL) AS pending_rows, \
+                     count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead_rows, \
+                     COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) \
+                     FILTER (WHERE dead_at IS NULL)), 0)::float8 AS oldest FROM {table}) g \
                      LEFT JOIN LATERAL ({pending}) p ON true"
                 ))
                 .await?,
@@ -210,14 +223,6 @@ impl Statements {
                 ))
                 .await?,
             notify: client.prepare("SELECT pg_notify($1, '')").await?,
-            gauges: client
-                .prepare(&format!(
-                    "SELECT count(*) FILTER (WHERE dead_at IS NULL), \
-                     count(*) FILTER (WHERE dead_at IS NOT NULL), \
-                     COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) \
-                     FILTER (WHERE dead_at IS NULL)), 0)::float8 FROM {table}"
-                ))
-                .await?,
         })
     }
 }
@@ -238,7 +243,14 @@ impl OutboxWorker {
             cfg,
             invalidator,
             metrics,
+            witnesses: 2,
         }
+    }
+
+    /// `invalidation.witnesses` (default 2).
+    pub fn with_witnesses(mut self, k: u32) -> OutboxWorker {
+        self.witnesses = k;
+        self
     }
 
     /// Runs until `shutdown` becomes true (or its sender is dropped),
@@ -257,11 +269,19 @@ impl OutboxWorker {
             channel = %self.cfg.notify_channel,
             "outbox worker starting"
         );
+        // Survives reconnects: a short outage keeps the slot.
+        let mut witness = Witness::new(
+            self.invalidator.clone(),
+            "outbox",
+            &self.cfg.table,
+            self.witnesses,
+        );
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let refused = match self.session(&mut shutdown, &mut reconnect).await {
+            let session = self.session(&mut shutdown, &mut reconnect, &mut witness);
+            let refused = match session.await {
                 Ok(()) => break,
                 Err(e) => {
                     warn!(error = %e, "outbox worker lost Postgres; reconnecting");
@@ -274,15 +294,19 @@ impl OutboxWorker {
                 _ = shutdown.changed() => break,
             }
         }
+        witness.release().await;
+        self.clear_gauges();
         info!("outbox worker stopped");
     }
 
-    /// One connection's life: connect, LISTEN, poll, then wait for NOTIFY
-    /// or the poll interval, forever. `Ok` only on shutdown.
+    /// One connection's life: connect, beat, LISTEN if a witness, poll, then
+    /// wait for NOTIFY, the poll interval or the next beat, forever. `Ok`
+    /// only on shutdown.
     async fn session(
         &self,
         shutdown: &mut watch::Receiver<bool>,
         reconnect: &mut Reconnect,
+        witness: &mut Witness,
     ) -> Result<(), OutboxError> {
         let mut pg = crate::pg::PgConnector::parse(&self.cfg.url)?;
         pg.config
@@ -317,59 +341,81 @@ impl OutboxWorker {
             }
         });
         let _driver = AbortOnDrop(driver.abort_handle());
-
-        client
-            .batch_execute(&format!("LISTEN {}", self.cfg.notify_channel))
-            .await?;
         let statements = Statements::prepare(&client, &self.cfg.table).await?;
-        info!("outbox worker connected; listening");
+        info!("outbox worker connected");
 
         let mut gauges_at = Instant::now();
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
-        let (mut leader, mut lead_at) = (false, Instant::now());
+        let mut listening = false;
+        let mut gauges_stale = false;
+        // Always poll after (re)connecting: NOTIFYs sent meanwhile are lost.
+        let mut poll_now = true;
+        let mut next_poll = Instant::now();
+        // The role first: a witness LISTENs before its first poll.
+        witness.beat_if_due().await;
         loop {
-            let try_lead = !leader && Instant::now() >= lead_at;
-            let woke = self
-                .wake_up(
-                    &mut client,
-                    &statements,
-                    &mut seen,
-                    try_lead,
-                    shutdown,
-                    reconnect,
-                )
-                .await?;
-            if let Some(won) = woke.won_lead {
-                leader = won;
-                lead_at = Instant::now() + self.cfg.idle_poll_interval;
-                if !won {
+            let is_witness = witness.is_witness();
+            if is_witness != listening {
+                // LISTEN before the poll: a row committed after this
+                // statement comes with a NOTIFY, one before it is polled.
+                let verb = if is_witness { "LISTEN" } else { "UNLISTEN" };
+                client
+                    .batch_execute(&format!("{verb} {}", self.cfg.notify_channel))
+                    .await?;
+                listening = is_witness;
+                info!(listening, "outbox worker: witness role changed");
+                if !is_witness {
+                    seen.clear();
                     self.clear_gauges();
+                } else {
+                    poll_now = true;
                 }
             }
-            // The leader's gauges miss what this wake-up changed until the
-            // next refresh: wake up for it.
-            let mut gauges_stale = leader;
-            if leader && Instant::now() >= gauges_at {
-                self.refresh_gauges(&client, &statements).await?;
-                gauges_at = Instant::now() + GAUGE_EVERY;
-                gauges_stale = false;
+            let leader = is_witness && witness.slot() == Some(0);
+            if poll_now || Instant::now() >= next_poll {
+                poll_now = false;
+                let gauges = leader && Instant::now() >= gauges_at;
+                let woke = self
+                    .wake_up(
+                        &mut client,
+                        &statements,
+                        &mut seen,
+                        witness,
+                        gauges,
+                        shutdown,
+                        reconnect,
+                    )
+                    .await?;
+                if gauges {
+                    gauges_at = Instant::now() + GAUGE_EVERY;
+                }
+                // Idle (nothing pending, LISTEN up on this very connection):
+                // the poll is only a safety net for a lost NOTIFY (issue 21).
+                // Not a witness: only a safety net, whatever is pending.
+                // Unavailable store: look again when the feeds' breaker
+                // lets a probe through.
+                next_poll = Instant::now()
+                    + match woke.idle || !is_witness {
+                        true => self.cfg.idle_poll_interval,
+                        false => self.cfg.poll_interval,
+                    };
+                if let Some(at) = woke.store_back_at {
+                    next_poll = next_poll.min(at);
+                }
+                // The leader's gauges (read before its claims) miss what
+                // a wake-up that found rows changed: wake up for the next
+                // refresh.
+                gauges_stale = leader && (!woke.idle || (gauges_stale && !gauges));
+                if gauges_stale {
+                    next_poll = next_poll.min(gauges_at);
+                }
             }
-            // Idle (nothing pending, LISTEN up on this very connection):
-            // the poll is only a safety net for a lost NOTIFY (issue 21).
-            // Unavailable store: look again when the feeds' breaker lets a
-            // probe through.
-            let now = Instant::now();
-            let mut next_poll = now
-                + match woke.idle {
-                    true => self.cfg.idle_poll_interval,
-                    false => self.cfg.poll_interval,
-                };
-            if let Some(at) = woke.store_back_at {
-                next_poll = next_poll.min(at);
-            }
-            if gauges_stale {
-                next_poll = next_poll.min(gauges_at);
+            // After the wake-up: an event's read never waits for a beat.
+            if witness.beat_if_due().await {
+                // The role changed: (UN)LISTEN now; a new witness reads
+                // the pending rows at once.
+                continue;
             }
             tokio::select! {
                 biased;
@@ -384,21 +430,26 @@ impl OutboxWorker {
                     }
                     // Many inserts, one cycle.
                     while wake_rx.try_recv().is_ok() {}
+                    poll_now = listening;
                 }
-                _ = tokio::time::sleep_until(next_poll) => {}
+                _ = tokio::time::sleep_until(next_poll.min(witness.due_at())) => {}
             }
         }
     }
 
-    /// One wake-up: the fan-out, then, if rows are pending, claim cycles
-    /// while full batches come back. Takes no rows while the store is
-    /// unavailable to this instance (issue 20).
+    /// One wake-up: a witness's fan-out (anyone else only looks whether
+    /// rows are pending), then, if rows are pending, claim cycles while full
+    /// batches come back. Takes no rows while the store is unavailable to
+    /// this instance (issue 20). `gauges`: the fan-out read also refreshes
+    /// the gauges.
+    #[allow(clippy::too_many_arguments)]
     async fn wake_up(
         &self,
         client: &mut Client,
         statements: &Statements,
         seen: &mut HashSet<i64>,
-        try_lead: bool,
+        witness: &mut Witness,
+        gauges: bool,
         shutdown: &watch::Receiver<bool>,
         reconnect: &mut Reconnect,
     ) -> Result<WokeUp, OutboxError> {
@@ -407,11 +458,10 @@ impl OutboxWorker {
             woke.store_back_at = Some(at);
             return Ok(woke);
         }
-        let fan_out = self.fan_out(client, statements, seen, try_lead);
-        let (pending, won_lead) = tokio::time::timeout(CYCLE_TIMEOUT, fan_out)
+        let fan_out = self.fan_out(client, statements, seen, witness.is_witness(), gauges);
+        let pending = tokio::time::timeout(CYCLE_TIMEOUT, fan_out)
             .await
             .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-        woke.won_lead = won_lead;
         // The session works: forget earlier reconnect failures (a session
         // that connects but fails every statement keeps backing off).
         reconnect.reset();
@@ -421,7 +471,7 @@ impl OutboxWorker {
             return Ok(woke);
         }
         // Drain: keep claiming while full batches come back and the store
-        // takes them.
+        // takes them; a long drain keeps beating (or the slot expires).
         loop {
             if let Some(at) = self.invalidator.feeds_ready_at() {
                 woke.store_back_at = Some(at);
@@ -436,52 +486,51 @@ impl OutboxWorker {
                 woke.store_back_at = self.invalidator.feeds_ready_at();
                 return Ok(woke);
             }
+            witness.beat_if_due().await;
         }
     }
 
     /// The fan-out (module doc): applies the pending rows not in `seen`,
     /// without locking them, and remembers those applied. `seen` keeps only
     /// rows still pending, so it is bounded by `batch`. Returns how many
-    /// rows are pending (at most `batch`) and, if `try_lead`, whether this
-    /// session took the gauge lock.
+    /// rows are pending (at most `batch`). `apply` false (not a witness):
+    /// only counts them. `gauges`: reads the gauges with the rows.
     async fn fan_out(
         &self,
         client: &Client,
         st: &Statements,
         seen: &mut HashSet<i64>,
-        try_lead: bool,
-    ) -> Result<(usize, Option<bool>), OutboxError> {
+        apply: bool,
+        gauges: bool,
+    ) -> Result<usize, OutboxError> {
         let batch = i64::from(self.cfg.batch);
-        let (rows, won_lead) = match try_lead {
-            false => (client.query(&st.pending, &[&batch]).await?, None),
+        let rows = match gauges {
+            false => client.query(&st.pending, &[&batch]).await?,
             true => {
-                let rows = client
-                    .query(&st.pending_lead, &[&batch, &self.cfg.table])
-                    .await?;
-                let won = match rows.first() {
-                    Some(row) => row.try_get::<_, bool>("leader")?,
-                    None => false,
-                };
-                (rows, Some(won))
+                let rows = client.query(&st.pending_gauges, &[&batch]).await?;
+                if let Some(row) = rows.first() {
+                    self.set_gauges(row)?;
+                }
+                rows
             }
         };
         let mut due = HashSet::with_capacity(rows.len());
         let mut fresh = Vec::new();
         let mut events = Vec::new();
         for row in &rows {
-            // NULL: the lead query's row when nothing is pending.
+            // NULL: the gauge read's row when nothing is pending.
             let Some(id) = row.try_get::<_, Option<i64>>(0)? else {
                 continue;
             };
             due.insert(id);
-            if !seen.contains(&id) {
+            if apply && !seen.contains(&id) {
                 fresh.push(id);
                 events.push((row_event(row), row_mark(row)?));
             }
         }
         seen.retain(|id| due.contains(id));
         if events.is_empty() {
-            return Ok((due.len(), won_lead));
+            return Ok(due.len());
         }
         let outcomes = self
             .invalidator
@@ -493,7 +542,7 @@ impl OutboxWorker {
                 seen.insert(id);
             }
         }
-        Ok((due.len(), won_lead))
+        Ok(due.len())
     }
 
     /// One claim-apply-commit transaction. Rows in `seen` were applied by
@@ -626,13 +675,17 @@ impl OutboxWorker {
         self.metrics.outbox_oldest_seconds.set(0.0);
     }
 
-    async fn refresh_gauges(&self, client: &Client, st: &Statements) -> Result<(), OutboxError> {
-        let row = client.query_one(&st.gauges, &[]).await?;
-        self.metrics.outbox_pending.set(row.try_get::<_, i64>(0)?);
-        self.metrics.outbox_dead.set(row.try_get::<_, i64>(1)?);
+    /// The gauges from a `pending_gauges` row.
+    fn set_gauges(&self, row: &tokio_postgres::Row) -> Result<(), OutboxError> {
+        self.metrics
+            .outbox_pending
+            .set(row.try_get::<_, i64>(GAUGE_COLUMNS)?);
+        self.metrics
+            .outbox_dead
+            .set(row.try_get::<_, i64>(GAUGE_COLUMNS + 1)?);
         self.metrics
             .outbox_oldest_seconds
-            .set(row.try_get::<_, f64>(2)?);
+            .set(row.try_get::<_, f64>(GAUGE_COLUMNS + 2)?);
         Ok(())
     }
 }

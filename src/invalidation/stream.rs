@@ -19,10 +19,13 @@
 //!
 //! Fan-out (issue 19): the group gives each entry to one consumer, and a
 //! consumer that stops (SIGSTOP, a GC pause, CPU throttling) would hold the
-//! entries delivered to it until it resumes or `claim_idle` passes. So every
-//! instance also tails the stream with plain `XREAD` from its own cursor
-//! (in memory, starting at the stream's last entry) and applies every entry
-//! at once. Both paths apply with the entry's id as mark
+//! entries delivered to it until it resumes or `claim_idle` passes. So the
+//! feed's witnesses (issue 21: `k` instances, [`super::witness`]) also tail
+//! the stream with plain `XREAD` from a cursor of their own (in memory,
+//! starting [`LOOKBACK`] before the stream's last entry when the instance
+//! becomes a witness, which covers entries appended while a slot was
+//! vacant) and apply every entry at once; the other instances only consume
+//! through the group. Both paths apply with the entry's id as mark
 //! (`lua/invalidate_marked.lua`): the first application replaces the
 //! generation, every later one (other instances, the group path, a consumer
 //! resuming with a backlog) finds it covered and changes nothing. The group
@@ -49,6 +52,7 @@ use super::backoff::Backoff;
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use super::stream_conn::{StreamConn, StreamTarget};
+use super::witness::{Witness, RENEW_EVERY, SLOT_TTL};
 use crate::config::{RedisTls, StreamConfig, StreamStart};
 use crate::metrics::Metrics;
 use redis::aio::MultiplexedConnection;
@@ -74,6 +78,9 @@ const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
 /// long, doubling to one second (the group path keeps the entries anyway).
 const FANOUT_RETRY_BASE: Duration = Duration::from_millis(50);
 const FANOUT_RETRY_MAX: Duration = Duration::from_secs(1);
+/// A new witness's cursor starts this far before the stream's last entry:
+/// longer than a vacant slot lasts (its holder's last renewal, then TTL).
+const LOOKBACK: Duration = Duration::from_secs(3);
 /// Dead-letter stream length bound (approximate trim).
 const DEAD_MAXLEN: usize = 100_000;
 
@@ -84,6 +91,8 @@ pub struct StreamConsumer {
     consumer: String,
     invalidator: Arc<Invalidator>,
     metrics: Metrics,
+    /// `invalidation.witnesses`.
+    witnesses: u32,
 }
 
 impl StreamConsumer {
@@ -102,7 +111,14 @@ impl StreamConsumer {
             consumer: consumer_name(),
             invalidator,
             metrics,
+            witnesses: 2,
         }
+    }
+
+    /// `invalidation.witnesses` (default 2).
+    pub fn with_witnesses(mut self, k: u32) -> StreamConsumer {
+        self.witnesses = k;
+        self
     }
 
     /// This process's consumer name in the group.
@@ -344,21 +360,41 @@ impl StreamConsumer {
         self.invalidator.apply_marked(source, events).await
     }
 
-    /// The fan-out path: tails the stream from this process's own cursor.
+    /// The fan-out path, while this instance is a witness: tails the stream
+    /// from its own cursor. Otherwise it only beats for a slot.
     async fn run_fanout(&self, mut shutdown: watch::Receiver<bool>) {
+        let mut witness = Witness::new(
+            self.invalidator.clone(),
+            "stream",
+            &self.cfg.stream,
+            self.witnesses,
+        );
         let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
         // Survives reconnects: after a Redis restart the new entries' ids
         // are later than any this process read (ids follow Redis's clock).
+        // Dropped when the instance stops being a witness.
         let mut cursor: Option<String> = None;
         loop {
             if *shutdown.borrow() {
                 break;
             }
+            witness.beat_if_due().await;
+            if !witness.is_witness() {
+                cursor = None;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(witness.due_at()) => continue,
+                    _ = shutdown.changed() => break,
+                }
+            }
             tokio::select! {
-                result = self.fanout_session(&mut cursor, &mut reconnect) => {
-                    if let Err(e) = result {
-                        self.conn.follow(&e);
-                        warn!(error = %e, "stream fan-out lost Redis; reconnecting");
+                result = self.fanout_session(&mut cursor, &mut reconnect, &mut witness) => {
+                    match result {
+                        // No longer a witness.
+                        Ok(()) => continue,
+                        Err(e) => {
+                            self.conn.follow(&e);
+                            warn!(error = %e, "stream fan-out lost Redis; reconnecting");
+                        }
                     }
                 }
                 _ = shutdown.changed() => break,
@@ -369,34 +405,55 @@ impl StreamConsumer {
                 _ = shutdown.changed() => break,
             }
         }
+        witness.release().await;
     }
 
-    /// One connection's life on the fan-out path; returns only on a Redis
-    /// error. A batch that fails against the store is retried (capped
-    /// backoff) before the cursor moves past it.
+    /// One connection's life on the fan-out path; returns `Ok` when this
+    /// instance stops being a witness, else on a Redis error. A batch that
+    /// fails against the store is retried (capped backoff) before the
+    /// cursor moves past it. The witness renews its slot (through the
+    /// store, not this connection) while the read blocks.
     async fn fanout_session(
         &self,
         cursor: &mut Option<String>,
         reconnect: &mut Backoff,
+        witness: &mut Witness,
     ) -> Result<(), RedisError> {
         let mut conn = self.connect(MAX_BLOCK).await?;
         let mut after = match cursor.clone() {
             Some(c) => c,
-            None => self.tail_id(&mut conn).await?,
+            None => self.lookback_id(&mut conn).await?,
         };
         *cursor = Some(after.clone());
         let mut retry = Backoff::new(FANOUT_RETRY_BASE, FANOUT_RETRY_MAX);
         loop {
-            let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+            witness.beat_if_due().await;
+            if !witness.is_witness() {
+                return Ok(());
+            }
+            let mut xread = redis::cmd("XREAD");
+            xread
                 .arg("COUNT")
                 .arg(COUNT)
                 .arg("BLOCK")
                 .arg(MAX_BLOCK.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&self.cfg.stream)
-                .arg(&after)
-                .query_async(&mut conn)
-                .await?;
+                .arg(&after);
+            let read = xread.query_async::<Option<StreamReadReply>>(&mut conn);
+            tokio::pin!(read);
+            let reply = loop {
+                tokio::select! {
+                    reply = &mut read => break reply?,
+                    _ = tokio::time::sleep_until(witness.due_at()) => {
+                        // Lost the slot: stop now (the connection goes
+                        // with the session, and the read with it).
+                        if witness.beat().await && !witness.is_witness() {
+                            return Ok(());
+                        }
+                    }
+                }
+            };
             reconnect.reset();
             let entries = flatten(reply);
             let Some(last) = entries.last() else {
@@ -414,6 +471,7 @@ impl StreamConsumer {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => tokio::time::sleep(retry.next_delay()).await,
                 }
+                witness.beat_if_due().await;
             }
             retry.reset();
             after = last.id.clone();
@@ -421,9 +479,13 @@ impl StreamConsumer {
         }
     }
 
-    /// The id of the stream's last entry (`0-0` if it has none): the
-    /// fan-out starts after it; history is the group's.
-    async fn tail_id(&self, conn: &mut MultiplexedConnection) -> Result<String, RedisError> {
+    /// Where a new witness's cursor starts: [`LOOKBACK`] before the
+    /// stream's last entry (`0-0` if it has none or is younger). Entries a
+    /// vacant slot may have left to a stopped consumer are applied again
+    /// (covered checks if they were not); older history is the group's.
+    async fn lookback_id(&self, conn: &mut MultiplexedConnection) -> Result<String, RedisError> {
+        const _: () =
+            assert!(LOOKBACK.as_millis() > SLOT_TTL.as_millis() + RENEW_EVERY.as_millis());
         let last: StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&self.cfg.stream)
             .arg("+")
@@ -432,11 +494,13 @@ impl StreamConsumer {
             .arg(1)
             .query_async(conn)
             .await?;
-        Ok(last
+        let last_ms = last
             .ids
-            .into_iter()
-            .next()
-            .map_or_else(|| "0-0".to_owned(), |e| e.id))
+            .first()
+            .and_then(|e| e.id.split('-').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let from = last_ms.saturating_sub(LOOKBACK.as_millis() as u64);
+        Ok(format!("{from}-0"))
     }
 
     /// Applies entries, dead-letters poison ones, acks all but the failed.

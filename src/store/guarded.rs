@@ -29,6 +29,7 @@ use super::node_breakers::NodeBreakers;
 use super::redis::RedisStore;
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+    WitnessSlot,
 };
 use crate::config::StoreConfig;
 use crate::keys::ObjectKeys;
@@ -105,10 +106,11 @@ pub(super) enum Op {
     BloomBuild,
     BloomAdd,
     Inspect,
+    Witness,
 }
 
 impl Op {
-    const COUNT: usize = 12;
+    const COUNT: usize = 13;
     const ALL: [Op; Op::COUNT] = [
         Op::Read,
         Op::TakeLease,
@@ -122,6 +124,7 @@ impl Op {
         Op::BloomBuild,
         Op::BloomAdd,
         Op::Inspect,
+        Op::Witness,
     ];
 
     /// The writes a fill needs: a success shows the store accepts writes
@@ -145,6 +148,7 @@ impl Op {
             Op::BloomBuild => "bloom_build",
             Op::BloomAdd => "bloom_add",
             Op::Inspect => "inspect",
+            Op::Witness => "witness",
         }
     }
 }
@@ -618,6 +622,18 @@ impl GuardedStore {
         .await
     }
 
+    /// [`Store::witness`], through the feeds' breaker: it is feed work,
+    /// and a witness whose feeds' store fails should not hold its slot.
+    pub async fn witness(
+        &self,
+        slots: &[String],
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<WitnessSlot, StoreError> {
+        self.call_through(&self.feeds, Op::Witness, |s| s.witness(slots, owner, ttl))
+            .await
+    }
+
     /// Invalidates every key in one call (one round trip on a single Redis
     /// node). Counted and timed as one `invalidate` call.
     pub async fn invalidate_many(
@@ -765,6 +781,14 @@ mod tests {
             t: Duration,
         ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
             self.gate(self.inner.invalidate(k, n, t))
+        }
+        fn witness<'a>(
+            &'a self,
+            k: &'a [String],
+            o: &'a str,
+            t: Duration,
+        ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
+            self.gate(self.inner.witness(k, o, t))
         }
     }
 

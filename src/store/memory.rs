@@ -14,7 +14,7 @@
 
 use super::{
     covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome,
-    Snapshot, Store, StoreError,
+    Snapshot, Store, StoreError, WitnessSlot,
 };
 use crate::keys::ObjectKeys;
 
@@ -401,6 +401,21 @@ impl Store for MemoryStore {
                 inner.set(key, Bytes::from(generation), gen_ttl, now);
             }
             Ok(())
+        })
+    }
+
+    /// The embedded store serves one process: it is always the witness.
+    fn witness<'a>(
+        &'a self,
+        _slots: &'a [String],
+        _owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
+        Box::pin(async move {
+            Ok(WitnessSlot {
+                held: Some(0),
+                free_in: ttl,
+            })
         })
     }
 }

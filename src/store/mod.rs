@@ -408,8 +408,28 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         let _ = marks;
         self.invalidate_many(gen_keys, nonce, gen_ttl)
     }
+
+    /// Takes or renews one of a feed's witness slots for `owner`
+    /// (`lua/witness.lua`; `slots` share one hash tag). Only witnesses run
+    /// the fan-out (`crate::invalidation::witness`).
+    fn witness<'a>(
+        &'a self,
+        slots: &'a [String],
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>>;
 }
 pub use guarded::{open, GuardedStore};
+
+/// What [`Store::witness`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WitnessSlot {
+    /// The slot held now (renewed or just taken); `None`: others hold all.
+    pub held: Option<usize>,
+    /// Held: the TTL. Not held: until the first slot expires (when trying
+    /// again can succeed).
+    pub free_in: Duration,
+}
 
 #[cfg(test)]
 mod tests {

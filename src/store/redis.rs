@@ -29,6 +29,7 @@ use super::scripts;
 use super::slot_map::SlotMap;
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
+    WitnessSlot,
 };
 use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
@@ -900,6 +901,31 @@ impl Store for RedisStore {
                 self.forget(key);
             }
             self.replicated().await
+        })
+    }
+
+    fn witness<'a>(
+        &'a self,
+        slots: &'a [String],
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.current();
+            let mut call = scripts::WITNESS.prepare_invoke();
+            for slot in slots {
+                call.key(slot);
+            }
+            let (held, free_in): (i64, u64) = call
+                .arg(owner)
+                .arg(px(ttl))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(WitnessSlot {
+                held: usize::try_from(held).ok(),
+                free_in: Duration::from_millis(free_in),
+            })
         })
     }
 }

@@ -45,6 +45,11 @@ pub static INVALIDATE: LazyLock<Script> =
 pub static INVALIDATE_MARKED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/invalidate_marked.lua")));
 
+/// `witness.lua`: the index of the feed's witness slot the caller holds
+/// (renewed or taken), -1 if all are held by others.
+pub static WITNESS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/witness.lua")));
+
 /// `unlock.lua`: 1 deleted, 0 not the owner.
 pub static UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/unlock.lua")));

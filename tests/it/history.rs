@@ -181,6 +181,16 @@ impl Env {
     }
 
     async fn start_fleet(&mut self, slow: bool) {
+        // Shut down as a rolling update does (SIGTERM): the witnesses give
+        // their slots up. Killing every witness at once is the residual
+        // risk docs/invalidation.md states (the slots stay vacant for up to
+        // their TTL), not one of the nemeses.
+        for sc in &mut self.fleet {
+            sc.signal("TERM");
+        }
+        for sc in &mut self.fleet {
+            sc.wait_exit(Duration::from_secs(10)).await;
+        }
         self.fleet.clear();
         let upstream = if slow { &self.slow } else { &self.fast };
         let builder = self.instance(upstream);

@@ -43,3 +43,4 @@ mod store_refusals;
 mod stream;
 mod stream_cluster;
 mod tls;
+mod witness;

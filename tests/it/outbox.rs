@@ -508,7 +508,7 @@ async fn with_statement_stats(pg: &PostgresServer) -> tokio_postgres::Client {
 /// only every `idle_poll_interval`, not every `poll_interval`: over 3 s
 /// with `poll_interval: 100ms` it runs at most a wake-up for a NOTIFY that
 /// arrived while it worked (one fan-out read) and the gauge leader's one
-/// catch-up after the last row (a fan-out read and the gauge query); polling
+/// catch-up after the last row (a fan-out read with the gauges); polling
 /// at `poll_interval` it ran 29. A row inserted meanwhile still arrives by
 /// NOTIFY at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,7 +561,8 @@ async fn idle_worker_polls_only_at_the_idle_interval() {
 }
 
 /// Issue 21, point 2: the outbox gauges are computed by one worker at a
-/// time (the holder of an advisory lock); the others report 0.
+/// time (the holder of witness slot 0, with its fan-out read); the others
+/// report 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_gauges_are_reported_by_one_worker() {
     let (redis, pg, cfg) = setup("100ms", 100).await;
