@@ -19,7 +19,7 @@
 pub mod format;
 pub mod writer;
 
-use crate::body::{self, Body};
+use crate::body::BoxError;
 use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
@@ -27,18 +27,19 @@ use crate::proxy::timing::UpstreamTime;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
-use http_body::{Frame, SizeHint};
+use http_body::Frame;
 use prometheus::IntCounter;
 use rand::Rng;
+use smallvec::SmallVec;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// `reason` label values of `sidecache_access_log_dropped_total`.
 pub mod dropped {
@@ -51,21 +52,21 @@ pub mod dropped {
 /// The process's access log: the sending side of the buffer. Shared by all
 /// connections.
 pub struct AccessLog {
-    tx: SyncSender<Line>,
+    tx: SyncSender<Box<Line>>,
     dropped_full: IntCounter,
 }
 
-/// One request's line, filled in as the request goes.
+/// One request's line, filled in as the request goes. Boxed once per
+/// logged request (the buffer holds pointers); what it holds is its own
+/// copy, bounded (see [`Text`]), so a line waiting in the buffer keeps no
+/// part of a request alive.
 #[derive(Debug)]
 pub struct Line {
-    pub time: SystemTime,
+    /// When the request started; the writer turns it into wall-clock time
+    /// (one clock read per request saved: see `writer::Clock`).
+    pub start: Instant,
     pub peer: SocketAddr,
     pub method: Method,
-    /// Copies, cut at [`MAX_TARGET`] bytes: a line waiting in the buffer
-    /// must not keep a request's whole head alive.
-    pub path: String,
-    /// Only with `access_log.query`.
-    pub query: Option<String>,
     pub format: FileLogFormat,
     pub status: u16,
     /// The `X-Cache` word for requests on a cache route; `None` otherwise.
@@ -74,22 +75,89 @@ pub struct Line {
     pub duration: Duration,
     pub upstream: Option<Duration>,
     pub bytes: u64,
-    /// The trace id of a valid `traceparent`.
-    pub trace_id: Option<String>,
-    /// `X-Request-Id`, its first [`format::MAX_ID`] + 1 bytes (the writer
-    /// escapes it and marks a cut).
-    pub request_id: Option<Bytes>,
+    pub text: Text,
 }
 
 /// Path and query are each cut to this many bytes in a line.
 pub const MAX_TARGET: usize = 1024;
 
-/// The first [`MAX_TARGET`] bytes of `s` (URI text is ASCII), `…` if cut.
-fn bounded(s: &str) -> String {
-    match s.get(..MAX_TARGET) {
-        Some(head) if s.len() > MAX_TARGET => format!("{head}…"),
-        _ => s.to_owned(),
+/// Bytes of path, query and id a line holds without a heap allocation of
+/// its own: most API paths and a 32-digit id fit.
+const INLINE_TEXT: usize = 112;
+
+/// A line's client-sent text (path, the query, the id) in one buffer,
+/// one after another: path and query cut at [`MAX_TARGET`] bytes (`…`
+/// marks a cut), the id at [`format::MAX_ID`] + 1 (the writer escapes it
+/// and marks the cut).
+#[derive(Debug, Default)]
+pub struct Text {
+    buf: SmallVec<[u8; INLINE_TEXT]>,
+    path_end: u16,
+    /// `None`: no query logged.
+    query_end: Option<u16>,
+    id: IdKind,
+}
+
+/// What the id part of a [`Text`] is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    #[default]
+    None,
+    /// The trace id of a valid `traceparent` (32 hex digits).
+    Trace,
+    /// The raw `X-Request-Id` (escaped by the writer).
+    Request,
+}
+
+impl Text {
+    /// `path` and `query` (each cut at [`MAX_TARGET`]) and an id.
+    pub fn new(path: &str, query: Option<&str>, id: Option<(IdKind, &[u8])>) -> Text {
+        let mut text = Text::default();
+        push_bounded(&mut text.buf, path);
+        text.path_end = text.buf.len() as u16;
+        if let Some(query) = query {
+            push_bounded(&mut text.buf, query);
+            text.query_end = Some(text.buf.len() as u16);
+        }
+        if let Some((kind, raw)) = id {
+            let cut = match kind {
+                IdKind::Request => raw.len().min(format::MAX_ID + 1),
+                _ => raw.len(),
+            };
+            text.buf.extend_from_slice(&raw[..cut]);
+            text.id = kind;
+        }
+        text
     }
+
+    pub fn path(&self) -> &[u8] {
+        &self.buf[..usize::from(self.path_end)]
+    }
+
+    pub fn query(&self) -> Option<&[u8]> {
+        let end = usize::from(self.query_end?);
+        Some(&self.buf[usize::from(self.path_end)..end])
+    }
+
+    /// The id and what it is.
+    pub fn id(&self) -> (IdKind, &[u8]) {
+        let from = usize::from(self.query_end.unwrap_or(self.path_end));
+        (self.id, &self.buf[from..])
+    }
+}
+
+/// Appends the first [`MAX_TARGET`] bytes of `s` (cut at a character
+/// boundary), `…` if cut. Fits the `u16` ends of [`Text`].
+fn push_bounded(buf: &mut SmallVec<[u8; INLINE_TEXT]>, s: &str) {
+    if s.len() <= MAX_TARGET {
+        return buf.extend_from_slice(s.as_bytes());
+    }
+    let mut end = MAX_TARGET;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.extend_from_slice(&s.as_bytes()[..end]);
+    buf.extend_from_slice("…".as_bytes());
 }
 
 impl AccessLog {
@@ -102,7 +170,7 @@ impl AccessLog {
 
     /// A log whose lines arrive on the returned receiver (for a writer, or
     /// a test that looks at them).
-    pub fn new(capacity: usize, metrics: &Metrics) -> (Arc<AccessLog>, Receiver<Line>) {
+    pub fn new(capacity: usize, metrics: &Metrics) -> (Arc<AccessLog>, Receiver<Box<Line>>) {
         let (tx, rx) = sync_channel(capacity);
         let log = Arc::new(AccessLog {
             tx,
@@ -114,7 +182,7 @@ impl AccessLog {
     }
 
     /// Hands `line` to the writer without waiting; full buffer: dropped.
-    pub fn submit(&self, line: Line) {
+    pub fn submit(&self, line: Box<Line>) {
         match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => self.dropped_full.inc(),
@@ -136,14 +204,30 @@ pub struct Begun {
 pub struct Pending {
     log: Arc<AccessLog>,
     line: Box<Line>,
-    started: Instant,
     upstream: Arc<UpstreamTime>,
 }
 
 /// At the start of a request: applies `request_id` (a missing id is
 /// generated and added to the request, so forwarding and fills send it
-/// upstream) and decides whether this request is logged.
+/// upstream) and decides whether this request is logged. Inline: with the
+/// log off and ids passed through (the default) this is one branch.
+#[inline]
 pub fn begin<B>(
+    log: &Arc<AccessLog>,
+    cfg: &AccessLogConfig,
+    req: &mut Request<B>,
+    peer: SocketAddr,
+) -> Begun {
+    if !cfg.enabled && cfg.request_id == FileRequestId::Pass {
+        return Begun {
+            pending: None,
+            request_id: None,
+        };
+    }
+    begin_line(log, cfg, req, peer)
+}
+
+fn begin_line<B>(
     log: &Arc<AccessLog>,
     cfg: &AccessLogConfig,
     req: &mut Request<B>,
@@ -158,6 +242,7 @@ pub fn begin<B>(
                 .clone(),
         ),
     };
+    // Sampling first: a request left out costs nothing more.
     if !cfg.enabled || !sampled(cfg.sample, || rand::rng().random::<f64>()) {
         return Begun {
             pending: None,
@@ -165,12 +250,20 @@ pub fn begin<B>(
         };
     }
     let headers = req.headers();
+    let id = match headers
+        .get(&TRACEPARENT)
+        .and_then(|v| format::trace_id(v.as_bytes()))
+    {
+        Some(trace) => Some((IdKind::Trace, trace.as_bytes())),
+        None => headers
+            .get(&X_REQUEST_ID)
+            .map(|v| (IdKind::Request, v.as_bytes())),
+    };
+    let uri = req.uri();
     let line = Line {
-        time: SystemTime::now(),
+        start: Instant::now(),
         peer,
         method: req.method().clone(),
-        path: bounded(req.uri().path()),
-        query: req.uri().query().filter(|_| cfg.query).map(bounded),
         format: cfg.format,
         status: 0,
         cache: None,
@@ -178,20 +271,12 @@ pub fn begin<B>(
         duration: Duration::ZERO,
         upstream: None,
         bytes: 0,
-        trace_id: headers
-            .get(&TRACEPARENT)
-            .and_then(|v| format::trace_id(v.as_bytes()))
-            .map(str::to_owned),
-        request_id: headers.get(&X_REQUEST_ID).map(|v| {
-            let raw = v.as_bytes();
-            Bytes::copy_from_slice(&raw[..raw.len().min(format::MAX_ID + 1)])
-        }),
+        text: Text::new(uri.path(), uri.query().filter(|_| cfg.query), id),
     };
     Begun {
         pending: Some(Pending {
             log: Arc::clone(log),
             line: Box::new(line),
-            started: Instant::now(),
             upstream: Arc::default(),
         }),
         request_id,
@@ -222,86 +307,68 @@ impl Pending {
     }
 
     /// Takes the response head's facts; the line is written when the
-    /// returned response's body is done. `cached`: the request was a read
-    /// on a cache route, so its `X-Cache` header is sidecache's own.
-    pub fn respond(
-        mut self,
-        resp: Response<Body>,
-        route: Option<Arc<Route>>,
-        cached: bool,
-    ) -> Response<Body> {
+    /// returned [`Tail`], which goes with the response body, sees the body
+    /// end or is dropped. `cached`: the request was a read on a cache
+    /// route, so its `X-Cache` header is sidecache's own.
+    pub fn respond<B>(mut self, resp: &Response<B>, route: Option<Arc<Route>>, cached: bool) -> Tail {
         self.line.status = resp.status().as_u16();
         if cached {
-            self.line.cache = resp.headers().get("x-cache").cloned();
+            self.line.cache = resp.headers().get(&X_CACHE).cloned();
         }
         self.line.route = route;
-        resp.map(|inner| {
-            body::boxed(LoggedBody {
-                inner,
-                pending: Some(self),
-            })
-        })
+        Tail(Some(self))
     }
 
     /// Writes the line (its `bytes` counted by the body).
     fn finish(mut self) {
-        self.line.duration = self.started.elapsed();
+        self.line.duration = self.line.start.elapsed();
         self.line.upstream = self.upstream.get();
-        self.log.submit(*self.line);
+        self.log.submit(self.line);
     }
 }
 
-/// A response body that counts what it hands out and writes its request's
-/// line when it ends or is dropped.
-struct LoggedBody {
-    inner: Body,
-    /// `None` once the line is written.
-    pending: Option<Pending>,
-}
+/// The access log's part of a response body (kept by the server's body
+/// type, so a logged response costs no body wrapper of its own): counts
+/// the bytes handed out and writes the line when the body ends or is
+/// dropped (a client that went away).
+#[derive(Default)]
+pub struct Tail(Option<Pending>);
 
-impl LoggedBody {
+impl Tail {
+    /// After each poll of the body: counts a data frame's bytes, and
+    /// writes the line once the body is over (`ended`: the body says it has
+    /// nothing more after this frame).
+    #[inline]
+    pub fn polled(
+        &mut self,
+        polled: &Poll<Option<Result<Frame<Bytes>, BoxError>>>,
+        ended: impl FnOnce() -> bool,
+    ) {
+        let Some(pending) = self.0.as_mut() else {
+            return;
+        };
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    pending.line.bytes += data.len() as u64;
+                }
+                if ended() {
+                    self.done();
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.done(),
+            Poll::Pending => {}
+        }
+    }
+
     fn done(&mut self) {
-        if let Some(p) = self.pending.take() {
+        if let Some(p) = self.0.take() {
             p.finish();
         }
     }
 }
 
-impl http_body::Body for LoggedBody {
-    type Data = Bytes;
-    type Error = body::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(p)) = (frame.data_ref(), this.pending.as_mut()) {
-                    p.line.bytes += data.len() as u64;
-                }
-                if this.inner.is_end_stream() {
-                    this.done();
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.done(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for LoggedBody {
+impl Drop for Tail {
     fn drop(&mut self) {
         self.done();
     }
@@ -310,7 +377,9 @@ impl Drop for LoggedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
+    use crate::body::{self, Body};
+    use http_body::Body as _;
+    use std::pin::Pin;
 
     fn cfg(enabled: bool, request_id: FileRequestId) -> AccessLogConfig {
         AccessLogConfig {
@@ -327,6 +396,25 @@ mod tests {
         "192.0.2.7:4711".parse().expect("addr")
     }
 
+    /// Polls `body` to its end through `tail`, as the server's body does.
+    async fn drain(mut body: Body, mut tail: Tail) -> Vec<u8> {
+        let mut got = Vec::new();
+        loop {
+            let polled =
+                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx).map(Poll::Ready))
+                    .await;
+            tail.polled(&polled, || body.is_end_stream());
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        got.extend_from_slice(data);
+                    }
+                }
+                _ => return got,
+            }
+        }
+    }
+
     #[test]
     fn a_full_buffer_drops_and_counts_instead_of_waiting() {
         let metrics = Metrics::new();
@@ -335,8 +423,8 @@ mod tests {
             let mut req = Request::new(());
             let begun = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer());
             let pending = begun.pending.expect("logged");
-            // Dropping the response (its body unpolled) writes the line.
-            drop(pending.respond(Response::new(body::empty()), None, false));
+            // Dropping the tail (its body never polled) writes the line.
+            drop(pending.respond(&Response::new(()), None, false));
         }
         assert_eq!(rx.try_iter().count(), 2);
         assert_eq!(
@@ -367,17 +455,18 @@ mod tests {
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
             resp.headers_mut()
                 .insert("x-cache", HeaderValue::from_static("NEGATIVE"));
-            let resp = pending.respond(resp, None, cached);
-            let got = resp.into_body().collect().await.expect("body").to_bytes();
+            let tail = pending.respond(&resp, None, cached);
+            assert!(rx.try_recv().is_err(), "no line before the body is done");
+            let got = drain(resp.into_body(), tail).await;
             assert_eq!(&got[..], b"hello world");
             let line = rx.try_recv().expect("line written at the end of the body");
             assert_eq!((line.status, line.bytes), (404, 11));
-            assert_eq!(line.path, "/a/b");
-            assert_eq!(line.query, None, "query off");
+            assert_eq!(line.text.path(), b"/a/b");
+            assert_eq!(line.text.query(), None, "query off");
             assert_eq!(line.peer, peer());
             assert_eq!(
-                line.trace_id.as_deref(),
-                Some("4bf92f3577b34da6a3ce929d0e0e4736")
+                line.text.id(),
+                (IdKind::Trace, &b"4bf92f3577b34da6a3ce929d0e0e4736"[..])
             );
             assert_eq!(line.upstream, None);
             if cached {
@@ -427,6 +516,8 @@ mod tests {
             Some(&b"client-1"[..])
         );
         assert_eq!(req.headers().get_all(&X_REQUEST_ID).iter().count(), 1);
+        let pending = begun.pending.expect("logged");
+        assert_eq!(pending.line.text.id(), (IdKind::Request, &b"client-1"[..]));
     }
 
     #[test]
@@ -441,16 +532,23 @@ mod tests {
         let mut cfg = cfg(true, FileRequestId::Pass);
         cfg.query = true;
         let pending = begin(&log, &cfg, &mut req, peer()).pending.expect("logged");
-        let line = &pending.line;
-        assert_eq!(line.path.len(), MAX_TARGET + '…'.len_utf8());
+        let text = &pending.line.text;
+        assert_eq!(text.path().len(), MAX_TARGET + '…'.len_utf8());
+        assert!(text.path().ends_with("…".as_bytes()));
         assert_eq!(
-            line.query.as_ref().map(String::len),
+            text.query().map(<[u8]>::len),
             Some(MAX_TARGET + '…'.len_utf8())
         );
-        assert_eq!(
-            line.request_id.as_ref().map(Bytes::len),
-            Some(format::MAX_ID + 1)
-        );
+        assert_eq!(text.id().1.len(), format::MAX_ID + 1);
+    }
+
+    #[test]
+    fn a_cut_never_splits_a_character() {
+        // `é` is two bytes: a cut at MAX_TARGET would land inside one.
+        let path = format!("/{}", "é".repeat(MAX_TARGET));
+        let text = Text::new(&path, None, None);
+        let cut = std::str::from_utf8(text.path()).expect("whole characters");
+        assert!(cut.ends_with('…') && cut.len() <= MAX_TARGET + '…'.len_utf8());
     }
 
     #[test]

@@ -20,7 +20,6 @@ pub mod listener;
 
 use crate::access_log::{self, AccessLog};
 use crate::body::Body;
-use crate::config::file::FileRequestId;
 use crate::config::{Config, LimitsConfig, Route, RouteMatch};
 use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
@@ -140,11 +139,13 @@ async fn serve_client(
         let done = Finished(framing.clone());
         let answer = handle(state.clone(), ambiguous, req, peer);
         async move {
-            Ok::<_, Infallible>(answer.await.map(|body| ClientBody {
+            let (resp, log) = answer.await;
+            Ok::<_, Infallible>(resp.map(|body| ClientBody {
                 body,
                 done,
                 track: h2,
                 waiting: false,
+                log,
             }))
         }
     });
@@ -485,6 +486,8 @@ struct ClientBody {
     track: bool,
     /// Handed hyper a frame and not polled since (tracked bodies only).
     waiting: bool,
+    /// The access log's line for this response (empty when not logged).
+    log: access_log::Tail,
 }
 
 impl http_body::Body for ClientBody {
@@ -497,7 +500,9 @@ impl http_body::Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         if !this.track {
-            return Pin::new(&mut this.body).poll_frame(cx);
+            let polled = Pin::new(&mut this.body).poll_frame(cx);
+            this.log.polled(&polled, || this.body.is_end_stream());
+            return polled;
         }
         this.done.0.body_polled(std::mem::take(&mut this.waiting));
         let polled = Pin::new(&mut this.body).poll_frame(cx);
@@ -507,6 +512,7 @@ impl http_body::Body for ClientBody {
                 this.done.0.body_waiting();
             }
         }
+        this.log.polled(&polled, || this.body.is_end_stream());
         polled
     }
 
@@ -527,33 +533,17 @@ impl Drop for ClientBody {
     }
 }
 
-/// Per request: one config snapshot, and the access log and request id
-/// around [`answer`] when they are on.
+/// Per request: one config snapshot, the access log's line and the
+/// request id around [`answer`]. One path whether the log is on or off:
+/// the line is a pointer and a branch when off, and the answer's future is
+/// awaited in place (not boxed) when on.
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
-    req: Request<Incoming>,
-    peer: SocketAddr,
-) -> Response<Body> {
-    let cfg = state.config.load_full();
-    let log = cfg.access_log;
-    if !log.enabled && log.request_id == FileRequestId::Pass {
-        let mut routed = Routed::default();
-        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
-    }
-    // Boxed: this future is moved into a box per request, and it would
-    // otherwise keep room for a second `answer` beside the first.
-    Box::pin(logged(state, cfg, ambiguous, req, peer)).await
-}
-
-/// [`answer`] with the access log's line and the request id.
-async fn logged(
-    state: Arc<ProxyState>,
-    cfg: Arc<Config>,
-    ambiguous: bool,
     mut req: Request<Incoming>,
     peer: SocketAddr,
-) -> Response<Body> {
+) -> (Response<Body>, access_log::Tail) {
+    let cfg = state.config.load_full();
     let begun = access_log::begin(&state.access_log, &cfg.access_log, &mut req, peer);
     let timing = begun
         .pending
@@ -569,10 +559,11 @@ async fn logged(
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
     }
-    match begun.pending {
-        Some(line) => line.respond(resp, routed.route, routed.cached),
-        None => resp,
-    }
+    let tail = match begun.pending {
+        Some(line) => line.respond(&resp, routed.route, routed.cached),
+        None => access_log::Tail::default(),
+    };
+    (resp, tail)
 }
 
 /// Which route a request went to, for its access log line.
