@@ -5,6 +5,7 @@
 
 use super::{IdKind, Line};
 use crate::config::file::FileLogFormat;
+use crate::pipeline::status::CacheStatus;
 use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -73,63 +74,72 @@ pub struct Formatter {
 }
 
 /// The constant text around a line's values in one format: each field's
-/// separator and key (`,"status":` or ` status=`) is one slice, copied
-/// with one call. The writer formats every line, so the line is built from
-/// these and the values' bytes, without the formatting machinery.
-struct Keys {
-    json: bool,
-    time: &'static [u8],
+/// separator and key (`,"status":` or ` status=`) is one constant, so its
+/// copy is a few moves, not a call. The writer formats every line, so the
+/// line is built from these and the values' bytes, without the formatting
+/// machinery.
+trait Syntax {
+    const JSON: bool;
+    const TIME: &'static [u8];
     /// Closes the time and opens the peer.
-    peer: &'static [u8],
-    method: &'static [u8],
-    path: &'static [u8],
-    query: &'static [u8],
-    status: &'static [u8],
-    cache: &'static [u8],
-    route: &'static [u8],
-    duration: &'static [u8],
-    upstream: &'static [u8],
-    bytes: &'static [u8],
-    id: &'static [u8],
-    end: &'static [u8],
-    null: &'static [u8],
+    const PEER: &'static [u8];
+    /// Closes the peer and opens the method.
+    const METHOD: &'static [u8];
+    const PATH: &'static [u8];
+    const QUERY: &'static [u8];
+    const STATUS: &'static [u8];
+    const CACHE: &'static [u8];
+    const ROUTE: &'static [u8];
+    const DURATION: &'static [u8];
+    const UPSTREAM: &'static [u8];
+    const BYTES: &'static [u8];
+    const ID: &'static [u8];
+    const END: &'static [u8];
+    const NULL: &'static [u8];
+    /// Quotes around a value known to be plain (no escaping needed).
+    const QUOTE: &'static [u8];
 }
 
-static JSON: Keys = Keys {
-    json: true,
-    time: b"{\"time\":\"",
-    peer: b"Z\",\"peer\":\"",
-    method: b"\",\"method\":",
-    path: b",\"path\":",
-    query: b",\"query\":",
-    status: b",\"status\":",
-    cache: b",\"cache\":",
-    route: b",\"route\":",
-    duration: b",\"duration_ms\":",
-    upstream: b",\"upstream_ms\":",
-    bytes: b",\"bytes\":",
-    id: b",\"id\":",
-    end: b"}\n",
-    null: b"null",
-};
+struct Json;
+struct Logfmt;
 
-static TEXT: Keys = Keys {
-    json: false,
-    time: b"time=",
-    peer: b"Z peer=",
-    method: b" method=",
-    path: b" path=",
-    query: b" query=",
-    status: b" status=",
-    cache: b" cache=",
-    route: b" route=",
-    duration: b" duration_ms=",
-    upstream: b" upstream_ms=",
-    bytes: b" bytes=",
-    id: b" id=",
-    end: b"\n",
-    null: b"-",
-};
+impl Syntax for Json {
+    const JSON: bool = true;
+    const TIME: &'static [u8] = b"{\"time\":\"";
+    const PEER: &'static [u8] = b"Z\",\"peer\":\"";
+    const METHOD: &'static [u8] = b"\",\"method\":\"";
+    const PATH: &'static [u8] = b"\",\"path\":";
+    const QUERY: &'static [u8] = b",\"query\":";
+    const STATUS: &'static [u8] = b",\"status\":";
+    const CACHE: &'static [u8] = b",\"cache\":";
+    const ROUTE: &'static [u8] = b",\"route\":";
+    const DURATION: &'static [u8] = b",\"duration_ms\":";
+    const UPSTREAM: &'static [u8] = b",\"upstream_ms\":";
+    const BYTES: &'static [u8] = b",\"bytes\":";
+    const ID: &'static [u8] = b",\"id\":";
+    const END: &'static [u8] = b"}\n";
+    const NULL: &'static [u8] = b"null";
+    const QUOTE: &'static [u8] = b"\"";
+}
+
+impl Syntax for Logfmt {
+    const JSON: bool = false;
+    const TIME: &'static [u8] = b"time=";
+    const PEER: &'static [u8] = b"Z peer=";
+    const METHOD: &'static [u8] = b" method=";
+    const PATH: &'static [u8] = b" path=";
+    const QUERY: &'static [u8] = b" query=";
+    const STATUS: &'static [u8] = b" status=";
+    const CACHE: &'static [u8] = b" cache=";
+    const ROUTE: &'static [u8] = b" route=";
+    const DURATION: &'static [u8] = b" duration_ms=";
+    const UPSTREAM: &'static [u8] = b" upstream_ms=";
+    const BYTES: &'static [u8] = b" bytes=";
+    const ID: &'static [u8] = b" id=";
+    const END: &'static [u8] = b"\n";
+    const NULL: &'static [u8] = b"-";
+    const QUOTE: &'static [u8] = b"";
+}
 
 /// Bytes a JSON string (`json`) or a logfmt value (`!json`) takes as they
 /// are: printable ASCII but the quote and the backslash (and, for logfmt,
@@ -164,21 +174,27 @@ fn plain(v: &[u8], table: &[bool; 256]) -> bool {
 }
 
 /// A string value, quoted and escaped as the format needs.
-fn value(keys: &Keys, v: &[u8], out: &mut Vec<u8>) {
-    if keys.json {
+fn value<S: Syntax>(v: &[u8], out: &mut Vec<u8>) {
+    if S::JSON {
         if plain(v, &PLAIN_JSON) {
-            out.push(b'"');
-            out.extend_from_slice(v);
-            out.push(b'"');
-        } else {
-            // Serializing a string into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, &String::from_utf8_lossy(v));
+            return plain_value::<S>(v, out);
         }
+        // Serializing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &String::from_utf8_lossy(v));
     } else if !v.is_empty() && plain(v, &PLAIN_TEXT) {
         out.extend_from_slice(v);
     } else {
         quoted(&String::from_utf8_lossy(v), out);
     }
+}
+
+/// A value known to need no escaping in either format (sidecache's own
+/// words, a trace id's hex digits, a method: HTTP tokens have no quote,
+/// backslash, space or `=`), quoted for JSON.
+fn plain_value<S: Syntax>(v: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(S::QUOTE);
+    out.extend_from_slice(v);
+    out.extend_from_slice(S::QUOTE);
 }
 
 fn uint(n: u64, out: &mut Vec<u8>) {
@@ -202,46 +218,53 @@ impl Formatter {
     /// Appends `line`, which started at `time`, in its format, with a
     /// final newline.
     pub fn write_line(&mut self, line: &Line, time: SystemTime, out: &mut Vec<u8>) {
-        let keys = match line.format {
-            FileLogFormat::Json => &JSON,
-            FileLogFormat::Text => &TEXT,
-        };
-        out.extend_from_slice(keys.time);
-        self.time(time, out);
-        out.extend_from_slice(keys.peer);
-        peer_text(line.peer, out);
-        out.extend_from_slice(keys.method);
-        value(keys, line.method.as_str().as_bytes(), out);
-        out.extend_from_slice(keys.path);
-        value(keys, line.text.path(), out);
-        if let Some(query) = line.text.query() {
-            out.extend_from_slice(keys.query);
-            value(keys, query, out);
+        match line.format {
+            FileLogFormat::Json => self.write::<Json>(line, time, out),
+            FileLogFormat::Text => self.write::<Logfmt>(line, time, out),
         }
-        out.extend_from_slice(keys.status);
+    }
+
+    fn write<S: Syntax>(&mut self, line: &Line, time: SystemTime, out: &mut Vec<u8>) {
+        out.extend_from_slice(S::TIME);
+        self.time(time, out);
+        out.extend_from_slice(S::PEER);
+        peer_text(line.peer, out);
+        // The method: a token (see `plain_value`); JSON's quotes are in the
+        // keys around it.
+        out.extend_from_slice(S::METHOD);
+        out.extend_from_slice(line.method.as_str().as_bytes());
+        out.extend_from_slice(S::PATH);
+        value::<S>(line.text.path(), out);
+        if let Some(query) = line.text.query() {
+            out.extend_from_slice(S::QUERY);
+            value::<S>(query, out);
+        }
+        out.extend_from_slice(S::STATUS);
         uint(u64::from(line.status), out);
-        out.extend_from_slice(keys.cache);
-        let cache = line.cache.as_ref().map_or(&b"-"[..], |v| v.as_bytes());
-        value(keys, cache, out);
-        out.extend_from_slice(keys.route);
+        out.extend_from_slice(S::CACHE);
+        plain_value::<S>(line.cache.map_or("-", CacheStatus::as_str).as_bytes(), out);
+        out.extend_from_slice(S::ROUTE);
         let route = line.route.as_ref().map_or("-", |r| r.name.as_str());
-        value(keys, route.as_bytes(), out);
-        out.extend_from_slice(keys.duration);
+        value::<S>(route.as_bytes(), out);
+        out.extend_from_slice(S::DURATION);
         millis(line.duration, out);
-        out.extend_from_slice(keys.upstream);
+        out.extend_from_slice(S::UPSTREAM);
         match line.upstream {
             Some(d) => millis(d, out),
-            None => out.extend_from_slice(keys.null),
+            None => out.extend_from_slice(S::NULL),
         }
-        out.extend_from_slice(keys.bytes);
+        out.extend_from_slice(S::BYTES);
         uint(line.bytes, out);
-        out.extend_from_slice(keys.id);
-        let (kind, raw) = line.text.id();
-        match id(kind, raw) {
-            Some(id) => value(keys, &id, out),
-            None => out.extend_from_slice(keys.null),
+        out.extend_from_slice(S::ID);
+        match line.text.id() {
+            (IdKind::None, _) => out.extend_from_slice(S::NULL),
+            (IdKind::Trace, hex) => plain_value::<S>(hex, out),
+            (IdKind::Request, raw) => match id(IdKind::Request, raw) {
+                Some(id) => value::<S>(&id, out),
+                None => out.extend_from_slice(S::NULL),
+            },
         }
-        out.extend_from_slice(keys.end);
+        out.extend_from_slice(S::END);
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.mmm` (UTC; the format's key text adds the
@@ -324,7 +347,6 @@ fn quoted(v: &str, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
     use crate::access_log::Text;
-    use http::header::HeaderValue;
     use std::time::Instant;
 
     const TIME_MS: u64 = 1_764_580_225_123;
@@ -336,7 +358,7 @@ mod tests {
             method: http::Method::GET,
             format,
             status: 200,
-            cache: Some(HeaderValue::from_static("MISS")),
+            cache: Some(CacheStatus::Miss),
             route: Some(crate::config::testing::route(
                 "  - name: app\n    path: /api/tenants/{t}/apps/{id}\n    params: { t: \".+\", id: \".+\" }\n    ttl: 1s\n",
             )),

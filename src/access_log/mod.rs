@@ -23,6 +23,7 @@ use crate::body::BoxError;
 use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
+use crate::pipeline::status::CacheStatus;
 use crate::proxy::timing::UpstreamTime;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -39,7 +40,6 @@ use std::time::{Duration, Instant};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// `reason` label values of `sidecache_access_log_dropped_total`.
 pub mod dropped {
@@ -69,8 +69,9 @@ pub struct Line {
     pub method: Method,
     pub format: FileLogFormat,
     pub status: u16,
-    /// The `X-Cache` word for requests on a cache route; `None` otherwise.
-    pub cache: Option<HeaderValue>,
+    /// What the pipeline did (the `X-Cache` word) for requests on a cache
+    /// route; `None` otherwise.
+    pub cache: Option<CacheStatus>,
     pub route: Option<Arc<Route>>,
     pub duration: Duration,
     pub upstream: Option<Duration>,
@@ -249,16 +250,7 @@ fn begin_line<B>(
             request_id,
         };
     }
-    let headers = req.headers();
-    let id = match headers
-        .get(&TRACEPARENT)
-        .and_then(|v| format::trace_id(v.as_bytes()))
-    {
-        Some(trace) => Some((IdKind::Trace, trace.as_bytes())),
-        None => headers
-            .get(&X_REQUEST_ID)
-            .map(|v| (IdKind::Request, v.as_bytes())),
-    };
+    let id = line_id(req.headers());
     let uri = req.uri();
     let line = Line {
         start: Instant::now(),
@@ -280,6 +272,26 @@ fn begin_line<B>(
             upstream: Arc::default(),
         }),
         request_id,
+    }
+}
+
+/// The line's id: the trace id of the first `traceparent` if it is
+/// valid, else the first `X-Request-Id`. One pass over the headers, not two
+/// lookups: a lookup hashes the name, which costs more than comparing a
+/// request's few names (bounded, like all of the head, by
+/// `limits.max_header_bytes`).
+fn line_id(headers: &http::HeaderMap) -> Option<(IdKind, &[u8])> {
+    let (mut trace, mut request) = (None, None);
+    for (name, value) in headers {
+        if *name == TRACEPARENT {
+            trace.get_or_insert(value);
+        } else if *name == X_REQUEST_ID {
+            request.get_or_insert(value);
+        }
+    }
+    match trace.and_then(|v| format::trace_id(v.as_bytes())) {
+        Some(trace) => Some((IdKind::Trace, trace.as_bytes())),
+        None => request.map(|v| (IdKind::Request, v.as_bytes())),
     }
 }
 
@@ -308,13 +320,17 @@ impl Pending {
 
     /// Takes the response head's facts; the line is written when the
     /// returned [`Tail`], which goes with the response body, sees the body
-    /// end or is dropped. `cached`: the request was a read on a cache
-    /// route, so its `X-Cache` header is sidecache's own.
-    pub fn respond<B>(mut self, resp: &Response<B>, route: Option<Arc<Route>>, cached: bool) -> Tail {
+    /// end or is dropped. `cache`: what the pipeline did, for a read on a
+    /// cache route (a forwarded answer's `X-Cache` is the upstream's, not
+    /// logged).
+    pub fn respond<B>(
+        mut self,
+        resp: &Response<B>,
+        route: Option<Arc<Route>>,
+        cache: Option<CacheStatus>,
+    ) -> Tail {
         self.line.status = resp.status().as_u16();
-        if cached {
-            self.line.cache = resp.headers().get(&X_CACHE).cloned();
-        }
+        self.line.cache = cache;
         self.line.route = route;
         Tail(Some(self))
     }
@@ -369,8 +385,12 @@ impl Tail {
 }
 
 impl Drop for Tail {
+    #[inline]
     fn drop(&mut self) {
-        self.done();
+        // Inline: every response body drops one, logged or not.
+        if self.0.is_some() {
+            self.done();
+        }
     }
 }
 
@@ -424,7 +444,7 @@ mod tests {
             let begun = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer());
             let pending = begun.pending.expect("logged");
             // Dropping the tail (its body never polled) writes the line.
-            drop(pending.respond(&Response::new(()), None, false));
+            drop(pending.respond(&Response::new(()), None, None));
         }
         assert_eq!(rx.try_iter().count(), 2);
         assert_eq!(
@@ -437,11 +457,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_line_counts_body_bytes_and_takes_the_cache_word_only_on_cache_routes() {
+    async fn the_line_counts_body_bytes_and_is_written_when_the_body_ends() {
         let metrics = Metrics::new();
         let (log, rx) = AccessLog::new(8, &metrics);
-        for cached in [true, false] {
+        for cache in [Some(CacheStatus::Negative), None] {
             let mut req = Request::get("/a/b?secret=1")
+                .header("x-request-id", "not this one")
                 .header(
                     "traceparent",
                     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -453,9 +474,7 @@ mod tests {
                 .expect("logged");
             let mut resp = Response::new(body::full("hello world"));
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
-            resp.headers_mut()
-                .insert("x-cache", HeaderValue::from_static("NEGATIVE"));
-            let tail = pending.respond(&resp, None, cached);
+            let tail = pending.respond(&resp, None, cache);
             assert!(rx.try_recv().is_err(), "no line before the body is done");
             let got = drain(resp.into_body(), tail).await;
             assert_eq!(&got[..], b"hello world");
@@ -469,16 +488,37 @@ mod tests {
                 (IdKind::Trace, &b"4bf92f3577b34da6a3ce929d0e0e4736"[..])
             );
             assert_eq!(line.upstream, None);
-            if cached {
-                assert_eq!(
-                    line.cache.as_ref().map(|v| v.as_bytes()),
-                    Some(&b"NEGATIVE"[..])
-                );
-            } else {
-                // A forwarded answer's X-Cache is the upstream's, not ours.
-                assert_eq!(line.cache, None);
-            }
+            assert_eq!(line.cache, cache);
         }
+    }
+
+    #[test]
+    fn the_id_is_the_first_valid_traceparent_else_the_first_request_id() {
+        let id = |headers: &[(&str, &str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in headers {
+                map.append(
+                    HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                    HeaderValue::from_str(value).expect("value"),
+                );
+            }
+            line_id(&map).map(|(kind, raw)| (kind, String::from_utf8_lossy(raw).into_owned()))
+        };
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace = (IdKind::Trace, "4bf92f3577b34da6a3ce929d0e0e4736".to_owned());
+        assert_eq!(id(&[]), None);
+        assert_eq!(id(&[("traceparent", good)]), Some(trace.clone()));
+        assert_eq!(
+            id(&[("x-request-id", "r1"), ("host", "h"), ("traceparent", good)]),
+            Some(trace)
+        );
+        let request = Some((IdKind::Request, "r1".to_owned()));
+        assert_eq!(id(&[("x-request-id", "r1"), ("x-request-id", "r2")]), request);
+        // Only the first traceparent counts; an invalid one falls back.
+        assert_eq!(
+            id(&[("traceparent", "bad"), ("traceparent", good), ("x-request-id", "r1")]),
+            request
+        );
     }
 
     #[test]

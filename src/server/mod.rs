@@ -25,6 +25,7 @@ use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
 use crate::metrics::Metrics;
+use crate::pipeline::status::CacheStatus;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
@@ -560,7 +561,7 @@ async fn handle(
             .insert(access_log::X_REQUEST_ID.clone(), id);
     }
     let tail = match begun.pending {
-        Some(line) => line.respond(&resp, routed.route, routed.cached),
+        Some(line) => line.respond(&resp, routed.route, routed.cache),
         None => access_log::Tail::default(),
     };
     (resp, tail)
@@ -572,15 +573,14 @@ struct Routed {
     /// Only filled in for a request that is logged.
     wanted: bool,
     route: Option<Arc<Route>>,
-    /// A read on a cache route: the `X-Cache` header is the pipeline's.
-    cached: bool,
+    /// What the pipeline did, for a read on a cache route (its `X-Cache`).
+    cache: Option<CacheStatus>,
 }
 
 impl Routed {
-    fn note(&mut self, route: &Arc<Route>, cached: bool) {
+    fn note(&mut self, route: &Arc<Route>) {
         if self.wanted {
             self.route = Some(Arc::clone(route));
-            self.cached = cached;
         }
     }
 }
@@ -640,16 +640,18 @@ async fn answer(
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
-            routed.note(&route, true);
+            routed.note(&route);
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
             // a read pipeline held inline would make every forwarded request
             // copy it too.
             let serve = Box::pin(state.pipeline.serve(cfg.clone(), route, params, req, peer));
-            return serve.await;
+            let (status, resp) = serve.await;
+            routed.cache = Some(status);
+            return resp;
         }
         RouteMatch::BadParam(route, param) => {
-            routed.note(&route, false);
+            routed.note(&route);
             state
                 .metrics
                 .requests
@@ -661,7 +663,7 @@ async fn answer(
             .to_response();
         }
         RouteMatch::Write(route, params) if route.invalidate_on_write => {
-            routed.note(&route, false);
+            routed.note(&route);
             Some((route, params))
         }
         RouteMatch::Write(..) | RouteMatch::Forward => None,
