@@ -294,24 +294,48 @@ impl Formatter {
     }
 }
 
-/// `ip:port`; IPv4 without the formatting machinery (most peers).
+/// `ip:port`; IPv4 without the formatting machinery (most peers), built
+/// on the stack and appended with one copy.
 fn peer_text(peer: SocketAddr, out: &mut Vec<u8>) {
     match peer {
         SocketAddr::V4(v4) => {
+            let mut text = [0u8; 21]; // 255.255.255.255:65535
+            let mut len = 0;
+            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[len] = b'.';
+                    len += 1;
+                }
+                len += small_digits(octet, &mut text[len..len + 3]);
+            }
+            text[len] = b':';
+            len += 1;
             let mut digits = itoa::Buffer::new();
-            let [a, b, c, d] = v4.ip().octets();
-            out.extend_from_slice(digits.format(a).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(digits.format(b).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(digits.format(c).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(digits.format(d).as_bytes());
-            out.push(b':');
-            out.extend_from_slice(digits.format(v4.port()).as_bytes());
+            let port = digits.format(v4.port()).as_bytes();
+            text[len..len + port.len()].copy_from_slice(port);
+            out.extend_from_slice(&text[..len + port.len()]);
         }
         v6 => {
             let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// The 1-3 decimal digits of `n` at the start of `to`; how many.
+fn small_digits(n: u8, to: &mut [u8]) -> usize {
+    let (h, t, o) = (n / 100, n / 10 % 10, n % 10);
+    match (h, t) {
+        (0, 0) => {
+            to[0] = b'0' + o;
+            1
+        }
+        (0, _) => {
+            to[..2].copy_from_slice(&[b'0' + t, b'0' + o]);
+            2
+        }
+        _ => {
+            to[..3].copy_from_slice(&[b'0' + h, b'0' + t, b'0' + o]);
+            3
         }
     }
 }
@@ -434,6 +458,15 @@ mod tests {
         assert!(v["upstream_ms"].is_null());
         assert!(v["id"].is_null());
         assert_eq!(v["query"], "token=secret");
+    }
+
+    #[test]
+    fn ipv4_peers_of_every_length() {
+        for peer in ["0.0.0.0:0", "10.9.99.100:8080", "255.255.255.255:65535", "127.0.0.1:1"] {
+            let mut out = Vec::new();
+            peer_text(peer.parse().expect("addr"), &mut out);
+            assert_eq!(String::from_utf8(out).expect("utf-8"), peer);
+        }
     }
 
     #[test]

@@ -14,7 +14,14 @@
 //! The settings are read per request from the config snapshot, so a reload
 //! turns the log on or off, and changes its format or sampling, at once.
 //! A line is written when its response body is done (or dropped: a client
-//! that went away), so bytes and duration cover the whole answer.
+//! that went away), so bytes and duration cover the whole answer: the
+//! server's response body keeps the line's [`Tail`].
+//!
+//! What a logged request pays on its worker is kept small (the access
+//! log's cost target, `bench/README.md`): one allocation (the boxed
+//! [`Line`], its path, query and id inline unless long), two clock reads,
+//! one pass over the request headers, one channel send of a pointer. The
+//! formatting, and turning the start into wall-clock time, are the writer's.
 
 pub mod format;
 pub mod writer;
@@ -24,7 +31,6 @@ use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
 use crate::pipeline::status::CacheStatus;
-use crate::proxy::timing::UpstreamTime;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
@@ -165,7 +171,16 @@ impl AccessLog {
     /// The log of a running sidecache: the writer thread writes to stdout.
     pub fn start(capacity: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
         let (log, rx) = AccessLog::new(capacity, metrics);
-        writer::spawn(rx, Box::new(std::io::stdout()), metrics)?;
+        // A file on stdout's descriptor: the writer writes whole batches,
+        // which `Stdout`'s lock and line buffer would only scan again.
+        let out: Box<dyn std::io::Write + Send> = {
+            use std::os::fd::AsFd;
+            match std::io::stdout().as_fd().try_clone_to_owned() {
+                Ok(fd) => Box::new(std::fs::File::from(fd)),
+                Err(_) => Box::new(std::io::stdout()),
+            }
+        };
+        writer::spawn(rx, out, metrics)?;
         Ok(log)
     }
 
@@ -205,7 +220,6 @@ pub struct Begun {
 pub struct Pending {
     log: Arc<AccessLog>,
     line: Box<Line>,
-    upstream: Arc<UpstreamTime>,
 }
 
 /// At the start of a request: applies `request_id` (a missing id is
@@ -269,7 +283,6 @@ fn begin_line<B>(
         pending: Some(Pending {
             log: Arc::clone(log),
             line: Box::new(line),
-            upstream: Arc::default(),
         }),
         request_id,
     }
@@ -313,32 +326,29 @@ fn new_request_id() -> HeaderValue {
 }
 
 impl Pending {
-    /// The cell the upstream client adds this request's upstream time to.
-    pub fn upstream_time(&self) -> Arc<UpstreamTime> {
-        Arc::clone(&self.upstream)
-    }
-
     /// Takes the response head's facts; the line is written when the
     /// returned [`Tail`], which goes with the response body, sees the body
     /// end or is dropped. `cache`: what the pipeline did, for a read on a
     /// cache route (a forwarded answer's `X-Cache` is the upstream's, not
-    /// logged).
+    /// logged); `upstream`: the request's upstream time
+    /// (`proxy::timing::measured`).
     pub fn respond<B>(
         mut self,
         resp: &Response<B>,
         route: Option<Arc<Route>>,
         cache: Option<CacheStatus>,
+        upstream: Option<Duration>,
     ) -> Tail {
         self.line.status = resp.status().as_u16();
         self.line.cache = cache;
         self.line.route = route;
+        self.line.upstream = upstream;
         Tail(Some(self))
     }
 
     /// Writes the line (its `bytes` counted by the body).
     fn finish(mut self) {
         self.line.duration = self.line.start.elapsed();
-        self.line.upstream = self.upstream.get();
         self.log.submit(self.line);
     }
 }
@@ -444,7 +454,7 @@ mod tests {
             let begun = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer());
             let pending = begun.pending.expect("logged");
             // Dropping the tail (its body never polled) writes the line.
-            drop(pending.respond(&Response::new(()), None, None));
+            drop(pending.respond(&Response::new(()), None, None, None));
         }
         assert_eq!(rx.try_iter().count(), 2);
         assert_eq!(
@@ -474,7 +484,7 @@ mod tests {
                 .expect("logged");
             let mut resp = Response::new(body::full("hello world"));
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
-            let tail = pending.respond(&resp, None, cache);
+            let tail = pending.respond(&resp, None, cache, None);
             assert!(rx.try_recv().is_err(), "no line before the body is done");
             let got = drain(resp.into_body(), tail).await;
             assert_eq!(&got[..], b"hello world");

@@ -266,7 +266,7 @@ impl Pipeline {
                     fill_with_lease(&task_fill).await
                 }
             };
-            crate::proxy::timing::measured(timing, fill).boxed()
+            crate::proxy::timing::handed(timing, fill).boxed()
         });
         if !started {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();

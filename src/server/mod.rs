@@ -546,22 +546,19 @@ async fn handle(
 ) -> (Response<Body>, access_log::Tail) {
     let cfg = state.config.load_full();
     let begun = access_log::begin(&state.access_log, &cfg.access_log, &mut req, peer);
-    let timing = begun
-        .pending
-        .as_ref()
-        .map(access_log::Pending::upstream_time);
+    let logged = begun.pending.is_some();
     let mut routed = Routed {
-        wanted: begun.pending.is_some(),
+        wanted: logged,
         ..Routed::default()
     };
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
-    let mut resp = crate::proxy::timing::measured(timing, answered).await;
+    let (mut resp, upstream) = crate::proxy::timing::measured(logged, answered).await;
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
     }
     let tail = match begun.pending {
-        Some(line) => line.respond(&resp, routed.route, routed.cache),
+        Some(line) => line.respond(&resp, routed.route, routed.cache, upstream),
         None => access_log::Tail::default(),
     };
     (resp, tail)
