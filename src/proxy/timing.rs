@@ -13,8 +13,10 @@
 use futures_util::future::{Either, FutureExt};
 use std::cell::{Cell, OnceCell};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 tokio::task_local! {
@@ -90,28 +92,42 @@ impl UpstreamTime {
 /// Runs `fut` as a measured request when `on`, and returns its output with
 /// the upstream time it recorded (`None`: no exchange, or not `on`).
 /// Without `on`, `fut` itself: no task-local scope to enter on every poll.
-/// Not an `async fn` with two awaiting branches: that would hold room for
-/// both.
 pub fn measured<F: Future>(
     on: bool,
     fut: F,
 ) -> impl Future<Output = (F::Output, Option<Duration>)> {
     if on {
-        Either::Left(scoped(fut))
+        let slot = Slot::Own {
+            micros_plus_one: Cell::new(0),
+            handed: OnceCell::new(),
+        };
+        Either::Left(Measured {
+            scoped: UPSTREAM.scope(slot, fut),
+        })
     } else {
         Either::Right(fut.map(|out| (out, None)))
     }
 }
 
-async fn scoped<F: Future>(fut: F) -> (F::Output, Option<Duration>) {
-    let slot = Slot::Own {
-        micros_plus_one: Cell::new(0),
-        handed: OnceCell::new(),
-    };
-    let mut scoped = std::pin::pin!(UPSTREAM.scope(slot, fut));
-    let out = scoped.as_mut().await;
-    let time = scoped.as_mut().take_value().and_then(|slot| slot.total());
-    (out, time)
+pin_project_lite::pin_project! {
+    /// A request in its task-local slot; takes the slot back when done.
+    /// A struct, not an `async fn`: that would keep the request's future
+    /// twice (as its argument and inside the scope).
+    struct Measured<F: Future> {
+        #[pin]
+        scoped: tokio::task::futures::TaskLocalFuture<Slot, F>,
+    }
+}
+
+impl<F: Future> Future for Measured<F> {
+    type Output = (F::Output, Option<Duration>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut scoped = self.project().scoped;
+        let out = std::task::ready!(scoped.as_mut().poll(cx));
+        let time = scoped.take_value().and_then(|slot| slot.total());
+        Poll::Ready((out, time))
+    }
 }
 
 /// Runs `fut` (a task that works for a request) adding its exchanges to
