@@ -21,7 +21,9 @@ pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
     match kind {
         IdKind::None => None,
         IdKind::Trace => Some(Cow::Borrowed(raw)),
-        IdKind::Request if raw.len() <= MAX_ID && raw.iter().all(|&b| PRINTABLE[usize::from(b)]) => {
+        IdKind::Request
+            if raw.len() <= MAX_ID && raw.iter().all(|&b| PRINTABLE[usize::from(b)]) =>
+        {
             Some(Cow::Borrowed(raw))
         }
         IdKind::Request => {
@@ -462,7 +464,12 @@ mod tests {
 
     #[test]
     fn ipv4_peers_of_every_length() {
-        for peer in ["0.0.0.0:0", "10.9.99.100:8080", "255.255.255.255:65535", "127.0.0.1:1"] {
+        for peer in [
+            "0.0.0.0:0",
+            "10.9.99.100:8080",
+            "255.255.255.255:65535",
+            "127.0.0.1:1",
+        ] {
             let mut out = Vec::new();
             peer_text(peer.parse().expect("addr"), &mut out);
             assert_eq!(String::from_utf8(out).expect("utf-8"), peer);
@@ -501,11 +508,7 @@ mod tests {
     #[test]
     fn hostile_values_cannot_forge_lines() {
         let mut l = line(FileLogFormat::Text);
-        l.text = Text::new(
-            "/",
-            None,
-            Some((IdKind::Request, b"x\" status=500 \xff\t")),
-        );
+        l.text = Text::new("/", None, Some((IdKind::Request, b"x\" status=500 \xff\t")));
         let text = render(&l);
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         assert!(text.ends_with(" id=\"x\\\" status=500 ??\"\n"), "{text}");

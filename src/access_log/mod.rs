@@ -523,10 +523,17 @@ mod tests {
             Some(trace)
         );
         let request = Some((IdKind::Request, "r1".to_owned()));
-        assert_eq!(id(&[("x-request-id", "r1"), ("x-request-id", "r2")]), request);
+        assert_eq!(
+            id(&[("x-request-id", "r1"), ("x-request-id", "r2")]),
+            request
+        );
         // Only the first traceparent counts; an invalid one falls back.
         assert_eq!(
-            id(&[("traceparent", "bad"), ("traceparent", good), ("x-request-id", "r1")]),
+            id(&[
+                ("traceparent", "bad"),
+                ("traceparent", good),
+                ("x-request-id", "r1")
+            ]),
             request
         );
     }

@@ -192,9 +192,6 @@ mod tests {
             UNIX_EPOCH + Duration::from_millis(999_750)
         );
         // A start after the clock's reading (not expected): the reading.
-        assert_eq!(
-            clock.wall(clock.mono + Duration::from_secs(1)),
-            clock.wall
-        );
+        assert_eq!(clock.wall(clock.mono + Duration::from_secs(1)), clock.wall);
     }
 }
