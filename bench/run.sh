@@ -50,6 +50,7 @@
 #   BENCH_PAYLOAD_BYTES [1024]  size the origin pads each app document to
 #   BENCH_SYSTEMS ["origin nginx sidecache"]  which systems to measure
 #   BENCH_SIDECACHE_STORE [redis]  redis | redis-direct (near cache off) | embedded
+#   BENCH_SIDECACHE_RUNTIME  sidecache's server.runtime: multi_thread | per_core (default: the config default)
 #   BENCH_PIN [1]            pin servers and wrk to separate CPUs with taskset
 #   BENCH_SERVER_CPUS [0]    CPUs for origin, redis, nginx, sidecache
 #   BENCH_LOAD_CPUS [1]      CPUs for wrk
@@ -75,6 +76,7 @@ connections=${BENCH_CONNECTIONS:-32}
 payload=${BENCH_PAYLOAD_BYTES:-1024}
 read -r -a systems <<<"${BENCH_SYSTEMS:-origin nginx sidecache}"
 store=${BENCH_SIDECACHE_STORE:-redis}
+sc_runtime=${BENCH_SIDECACHE_RUNTIME:-}
 read -r -a wanted <<<"${BENCH_SCENARIOS:-stream idle limit passthrough post hit hit_zipf conditional range stampede}"
 hot_objects=${BENCH_HOT_OBJECTS:-10000}
 post_bytes=${BENCH_POST_BYTES:-1024}
@@ -115,6 +117,8 @@ done
 ((range_bytes <= range_object)) || die "BENCH_RANGE_BYTES must be at most BENCH_RANGE_OBJECT_BYTES"
 [[ $store == redis || $store == redis-direct || $store == embedded ]] ||
     die "BENCH_SIDECACHE_STORE must be redis, redis-direct or embedded"
+[[ -z $sc_runtime || $sc_runtime == multi_thread || $sc_runtime == per_core ]] ||
+    die "BENCH_SIDECACHE_RUNTIME must be multi_thread or per_core"
 has() { local s; for s in "${systems[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 for s in "${systems[@]}"; do
     [[ $s == origin || $s == nginx || $s == sidecache ]] ||
@@ -251,6 +255,7 @@ upstream:
 $store_yaml
 fill:
   max_body: $((range_object > 1048576 ? range_object : 1048576))
+${sc_runtime:+server: { runtime: $sc_runtime \}}
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}
@@ -762,8 +767,8 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
     printf '"stampede_delay_ms": %d, "stampede_instances": %d, "stream_bytes": %d, "idle_connections": %d, ' \
         "$stampede_delay" "$stampede_instances" "$stream_bytes" "$idle_connections"
     printf '"range_object_bytes": %d, "range_bytes": %d, ' "$range_object" "$range_bytes"
-    printf '"sidecache_store": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
-        "$(json_str "$store")" "$( ((pin)) && echo true || echo false)" \
+    printf '"sidecache_store": %s, "sidecache_runtime": %s, "pinned": %s, "server_cpus": %s, "load_cpus": %s},\n' \
+        "$(json_str "$store")" "$(json_str "${sc_runtime:-default}")" "$( ((pin)) && echo true || echo false)" \
         "$(json_str "$server_cpus")" "$(json_str "$load_cpus")"
     printf '  "paths": {"passthrough": %s, "post": %s, "hit": %s, "conditional": %s, "range": %s},\n' \
         "$(json_str "$passthrough_path")" "$(json_str "$post_path")" "$(json_str "$hit_path")" \

@@ -16,6 +16,7 @@
 #   SYSCALLS_DURATION [5]    seconds per measurement
 #   SYSCALLS_CONNECTIONS [32]  wrk connections (one wrk thread)
 #   SYSCALLS_PATHS ["passthrough hit"]
+#   BENCH_SIDECACHE_RUNTIME  sidecache's server.runtime (multi_thread | per_core)
 #   SIDECACHE_BIN, UPSTREAM_BIN, BENCH_SKIP_BUILD as in bench/run.sh
 set -euo pipefail
 unset DATABASE_URL
@@ -59,6 +60,7 @@ listen: 127.0.0.1:$sc_port
 admin: { listen: 127.0.0.1:$admin_port }
 upstream: { url: "http://127.0.0.1:$origin_port" }
 store: { namespace: "sys:", redis: { url: "redis://127.0.0.1:$redis_port/0" } }
+${BENCH_SIDECACHE_RUNTIME:+server: { runtime: $BENCH_SIDECACHE_RUNTIME \}}
 routes:
   - name: app
     path: /api/tenants/{tenant}/apps/{id}

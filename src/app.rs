@@ -1,7 +1,9 @@
 //! Wiring, the one place that builds the parts and hands each what it
 //! needs: metrics, the store, the upstream client, the Bloom filter manager,
 //! the invalidator (and its background sources), the read pipeline; binds
-//! both listeners, starts the reload watcher, owns the readiness flag, and
+//! both listeners (the client one once per worker with `server.runtime:
+//! per_core`, see `server::layout`), starts the reload watcher, owns the
+//! readiness flag, and
 //! runs until a shutdown signal, then drains in-flight requests within a
 //! bounded time.
 
@@ -9,12 +11,12 @@ use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::bloom::source::{IdSource, PgSource};
 use crate::bloom::Blooms;
-use crate::config::{watch, Config};
+use crate::config::{watch, Config, RuntimeLayout};
 use crate::invalidation::{self, Invalidator};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
-use crate::server::{self, ProxyState};
+use crate::server::{self, layout, ProxyState};
 use crate::store;
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -90,10 +92,19 @@ impl App {
         let admin_listener = TcpListener::bind(admin_listen)
             .await
             .with_context(|| format!("cannot bind admin.listen {admin_listen}"))?;
-        let proxy_listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot bind listen {listen}"))?;
-        let proxy_addr = proxy_listener.local_addr()?;
+        let server_cfg = config.load().server;
+        let proxy_listeners = match server_cfg.runtime {
+            RuntimeLayout::MultiThread => ProxyListeners::One(
+                TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot bind listen {listen}"))?,
+            ),
+            RuntimeLayout::PerCore => ProxyListeners::PerCore(
+                layout::bind_reuseport(listen, layout::worker_count(&server_cfg))
+                    .with_context(|| format!("cannot bind listen {listen}"))?,
+            ),
+        };
+        let proxy_addr = proxy_listeners.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
 
         let admin_state = Arc::new(AdminState {
@@ -108,20 +119,42 @@ impl App {
         // Started whether or not it is enabled: a reload can turn it on.
         let access_log = AccessLog::start(config.load().access_log.buffer, &metrics)
             .context("cannot start the access log")?;
-        let proxy_state = Arc::new(ProxyState {
-            config,
-            pipeline,
-            invalidator,
-            client,
-            metrics,
-            access_log,
-        });
-        let proxy_task = tokio::spawn(server::run(
-            proxy_listener,
-            proxy_state,
-            proxy_stopped,
-            DRAIN,
-        ));
+        let limit = server::connection_limit(config.clone(), &metrics);
+        let upstream = config.load().upstream.clone();
+        // Everything but the forwarding pool is shared by all workers.
+        let proxy_state = move |client: UpstreamClient| {
+            Arc::new(ProxyState {
+                config: config.clone(),
+                pipeline: pipeline.clone(),
+                invalidator: invalidator.clone(),
+                client,
+                metrics: metrics.clone(),
+                access_log: access_log.clone(),
+            })
+        };
+        let proxy_task = match proxy_listeners {
+            ProxyListeners::One(listener) => tokio::spawn(server::serve(
+                listener,
+                proxy_state(client),
+                limit,
+                proxy_stopped,
+                DRAIN,
+            )),
+            ProxyListeners::PerCore(listeners) => {
+                // Each worker's own pool, made on the worker (its reaper
+                // and connections are that runtime's tasks).
+                let state = Arc::new(move || proxy_state(UpstreamClient::new(&upstream)));
+                let workers = layout::start_workers(listeners, state, limit, proxy_stopped, DRAIN)
+                    .await
+                    .context("cannot start the per-core workers")?;
+                tokio::spawn(async move {
+                    for worker in workers {
+                        // An error: the worker died; nothing left to wait for.
+                        let _ = worker.await;
+                    }
+                })
+            }
+        };
         let admin_task = tokio::spawn(admin::run(
             admin_listener,
             admin_state,
@@ -164,6 +197,24 @@ impl App {
             warn!(error = %e, "admin listener task failed");
         }
         info!("stopped");
+    }
+}
+
+/// The client listener as bound: one, or one per worker (`per_core`).
+enum ProxyListeners {
+    One(TcpListener),
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+impl ProxyListeners {
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            ProxyListeners::One(l) => l.local_addr(),
+            ProxyListeners::PerCore(ls) => ls
+                .first()
+                .ok_or_else(|| std::io::Error::other("no listener"))?
+                .local_addr(),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use sidecache::config::file::FileLogFormat;
-use sidecache::config::{Config, QueryMode};
+use sidecache::config::{Config, QueryMode, RuntimeLayout, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -151,10 +151,7 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
     for w in &cfg.warnings {
         tracing::warn!(path = %w.path, "config: {}", w.message);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(&cfg.server) {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the runtime");
@@ -173,6 +170,26 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
             }
         }
     })
+}
+
+/// The runtime the app runs on (`server.runtime`): in `multi_thread`, the
+/// one that serves everything (`server.workers` threads if set, else
+/// tokio's default, which honours `TOKIO_WORKER_THREADS`); in `per_core`,
+/// a current-thread runtime for all but the client listener, whose workers
+/// have their own (see the library's `server::layout`).
+fn runtime(cfg: &ServerConfig) -> std::io::Result<tokio::runtime::Runtime> {
+    match cfg.runtime {
+        RuntimeLayout::MultiThread => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = cfg.workers {
+                builder.worker_threads(n);
+            }
+            builder.enable_all().build()
+        }
+        RuntimeLayout::PerCore => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
 }
 
 /// Logs to stderr; level from `SIDECACHE_LOG` (default `info`).

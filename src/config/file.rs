@@ -29,7 +29,32 @@ pub struct FileConfig {
     #[serde(default)]
     pub access_log: FileAccessLog,
     #[serde(default)]
+    pub server: FileServer,
+    #[serde(default)]
     pub routes: Vec<FileRoute>,
+}
+
+/// `server`: how the client listener is run (issue 17).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileServer {
+    #[serde(default)]
+    pub runtime: FileRuntime,
+    /// Absent: one per CPU this process may run on.
+    #[serde(default)]
+    pub workers: Option<usize>,
+}
+
+/// `server.runtime: multi_thread | per_core`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileRuntime {
+    /// One work-stealing tokio runtime for everything.
+    #[default]
+    MultiThread,
+    /// One current-thread runtime per worker, each with its own
+    /// `SO_REUSEPORT` listener and upstream pool.
+    PerCore,
 }
 
 /// `access_log`: one line per client request on stdout (issue 16).

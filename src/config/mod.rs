@@ -41,6 +41,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Reloadable at run time: read per request.
     pub access_log: AccessLogConfig,
+    /// The runtime layout (restart to change).
+    pub server: ServerConfig,
     /// TTL of generation keys: max(ttl + jitter (or max_ttl) + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
     /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
@@ -68,6 +70,18 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub max_idle_per_host: usize,
+}
+
+/// `server.runtime`: see `crate::server::layout`.
+pub use file::FileRuntime as RuntimeLayout;
+
+/// `server`: the runtime layout of the client listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub runtime: RuntimeLayout,
+    /// Worker threads (`multi_thread`) or per-core runtimes (`per_core`);
+    /// `None`: one per CPU this process may run on.
+    pub workers: Option<usize>,
 }
 
 /// `access_log`: what the access log writes (see `crate::access_log`).
@@ -394,6 +408,10 @@ impl Config {
         }
         if self.log_format != next.log_format {
             changed.push("log_format");
+        }
+        // Threads and listeners are made once, at start.
+        if self.server != next.server {
+            changed.push("server");
         }
         // The buffer is made once, with the writer.
         if self.access_log.buffer != next.access_log.buffer {

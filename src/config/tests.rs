@@ -242,6 +242,30 @@ fn restart_only_changes_are_named() {
 }
 
 #[test]
+fn server_layout_is_typed_validated_and_restart_only() {
+    use super::RuntimeLayout;
+    let default = parse(APP).expect("valid");
+    assert_eq!(default.server.runtime, RuntimeLayout::MultiThread);
+    assert_eq!(default.server.workers, None);
+    let per_core = parse(&format!(
+        "server:\n  runtime: per_core\n  workers: 3\n{APP}"
+    ))
+    .expect("valid");
+    assert_eq!(per_core.server.runtime, RuntimeLayout::PerCore);
+    assert_eq!(per_core.server.workers, Some(3));
+    assert_eq!(default.restart_only_changes(&per_core), vec!["server"]);
+    for (yaml, path) in [
+        ("server:\n  workers: 0\n", "server.workers"),
+        ("server:\n  workers: 257\n", "server.workers"),
+        ("server:\n  runtime: threads\n", "server.runtime"),
+        ("server:\n  cores: 2\n", "server"),
+    ] {
+        let e = parse(&format!("{yaml}{APP}")).expect_err(yaml);
+        assert!(e.to_string().contains(path), "{yaml:?}: {e}");
+    }
+}
+
+#[test]
 fn invalidation_sources_are_typed_and_validated() {
     let cfg = parse(&format!(
         r#"

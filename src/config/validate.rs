@@ -15,7 +15,8 @@ use super::units::HumanDuration;
 use super::{
     AccessLogConfig, AdminConfig, Config, ConfigError, ConfigWarning, FillConfig,
     InvalidationConfig, LimitsConfig, NearCacheConfig, OutboxConfig, RedisConfig, RedisTarget,
-    RedisTls, ReplicasAck, SentinelTarget, StoreConfig, StreamConfig, StreamStart, UpstreamConfig,
+    RedisTls, ReplicasAck, SentinelTarget, ServerConfig, StoreConfig, StreamConfig, StreamStart,
+    UpstreamConfig,
 };
 use http::{HeaderName, Method};
 use regex::Regex;
@@ -79,6 +80,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     let invalidation = invalidation(&raw, &store)?;
     let limits = limits(&raw)?;
     let access_log = access_log(&raw)?;
+    let server = server(&raw)?;
 
     // A route may take at most half the fill permits (rounded up), so a
     // flood of misses on one route (cache-busting) leaves the other half to
@@ -154,6 +156,7 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         invalidation,
         limits,
         access_log,
+        server,
         gen_ttl,
         warnings,
         digest,
@@ -392,6 +395,26 @@ fn access_log(raw: &FileConfig) -> Result<AccessLogConfig> {
         sample: a.sample,
         query: a.query,
         request_id: a.request_id,
+    })
+}
+
+/// Most threads `server.workers` may ask for: far more than any machine a
+/// sidecar gets, few enough that a typo cannot start thousands of threads.
+const MAX_WORKERS: usize = 256;
+
+fn server(raw: &FileConfig) -> Result<ServerConfig> {
+    let workers = match raw.server.workers {
+        Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
+            return err(
+                "server.workers",
+                format!("must be between 1 and {MAX_WORKERS}"),
+            )
+        }
+        n => n,
+    };
+    Ok(ServerConfig {
+        runtime: raw.server.runtime,
+        workers,
     })
 }
 

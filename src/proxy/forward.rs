@@ -7,7 +7,7 @@ use super::client::{ClientBodyError, UpstreamClient};
 use super::headers::{append_forwarded, strip_hop_by_hop, tokens};
 use crate::body::{boxed, Body};
 use crate::error::{ProxyError, UpstreamError};
-use crate::metrics::{client_error, status_class, Metrics};
+use crate::metrics::{client_error, Metrics};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// Route label for everything forwarded outside a cache route.
-const ROUTE: &str = "-";
+const ROUTE: &str = crate::metrics::FORWARD_ROUTE;
 
 /// Forwards `req` untouched (minus hop-by-hop, plus X-Forwarded-*) and
 /// streams the answer back. Upgrades are tunnelled. 502/504 on failure.
@@ -78,16 +78,16 @@ pub async fn forward(
     let started = Instant::now();
     let result = client.send(upstream_req, timeout).await;
     metrics
-        .upstream_duration
-        .with_label_values(&[ROUTE])
+        .forward
+        .duration(metrics)
         .observe(started.elapsed().as_secs_f64());
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) => return upstream_failed(metrics, e, http1),
     };
     metrics
-        .upstream_requests
-        .with_label_values(&[ROUTE, status_class(resp.status().as_u16())])
+        .forward
+        .status(metrics, resp.status().as_u16())
         .inc();
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {

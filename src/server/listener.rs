@@ -8,6 +8,7 @@ use prometheus::{IntCounter, IntGauge};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
@@ -125,11 +126,18 @@ impl Shed {
 /// closes: new clients wait in the kernel's backlog (their connect
 /// completes, their request waits) instead of being accepted and closed in
 /// a loop, and the process never runs into EMFILE. Idle connections are
-/// asked to close meanwhile ([`Shed`]).
+/// asked to close meanwhile ([`Shed`]). One limit may serve several accept
+/// loops (`server.runtime: per_core`): a loop that accepted a connection
+/// after another took the last place waits at the cap with it, so the cap
+/// holds exactly and each loop holds at most one socket beyond it.
 pub struct ConnectionLimit {
     /// Read before every accept, so a reload applies at once.
     max: Box<dyn Fn() -> usize + Send + Sync>,
-    /// Open connections; also the exported gauge.
+    /// Open connections, taken with a compare-and-swap: with several
+    /// accept loops (`server.runtime: per_core`) two may find the last
+    /// place free at once, and only one may take it.
+    count: AtomicUsize,
+    /// The exported gauge of `count`.
     open: IntGauge,
     /// Times accepting paused at the cap.
     paused: IntCounter,
@@ -147,6 +155,7 @@ impl ConnectionLimit {
     ) -> Arc<ConnectionLimit> {
         Arc::new(ConnectionLimit {
             max: Box::new(max),
+            count: AtomicUsize::new(0),
             open,
             paused,
             closed: Notify::new(),
@@ -158,7 +167,7 @@ impl ConnectionLimit {
     /// first.
     async fn room(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
         let mut paused = false;
-        while self.open.get() >= i64::try_from((self.max)()).unwrap_or(i64::MAX) {
+        while self.count.load(Ordering::Acquire) >= (self.max)() {
             if !paused {
                 paused = true;
                 self.paused.inc();
@@ -180,6 +189,24 @@ impl ConnectionLimit {
     }
 }
 
+impl ConnectionLimit {
+    /// Takes a place for a connection just accepted; false if another
+    /// accept loop took the last one since [`Self::room`] said there was one.
+    fn try_claim(&self) -> bool {
+        let max = (self.max)();
+        let claimed = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if claimed {
+            self.open.inc();
+        }
+        claimed
+    }
+}
+
 /// How often a paused accept loop re-reads the cap.
 const RECHECK_CAP: Duration = Duration::from_millis(500);
 
@@ -190,6 +217,7 @@ pub struct ConnectionSlot(Option<Arc<ConnectionLimit>>);
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         if let Some(limit) = &self.0 {
+            limit.count.fetch_sub(1, Ordering::AcqRel);
             limit.open.dec();
             limit.closed.notify_one();
         }
@@ -227,7 +255,7 @@ pub async fn accept_limited<H>(
     H: Fn(TcpStream, SocketAddr, Draining, ConnectionSlot) + Send,
 {
     let (draining_tx, draining) = watch::channel(false);
-    loop {
+    'accept: loop {
         if let Some(limit) = &limit {
             if !limit.room(&mut shutdown).await {
                 break;
@@ -239,12 +267,19 @@ pub async fn accept_limited<H>(
         };
         match accepted {
             Ok((stream, peer)) => {
+                if let Some(limit) = &limit {
+                    // Another accept loop may have taken the last place
+                    // since `room`: this one waits at the cap with the
+                    // socket in hand (one per loop at most).
+                    while !limit.try_claim() {
+                        if !limit.room(&mut shutdown).await {
+                            break 'accept;
+                        }
+                    }
+                }
                 // Small responses should not wait for Nagle.
                 let _ = stream.set_nodelay(true);
                 let slot = ConnectionSlot(limit.clone());
-                if let Some(limit) = &limit {
-                    limit.open.inc();
-                }
                 let shed = Shed {
                     requests: limit.as_ref().map(|l| l.shed.subscribe()),
                     accepted: Instant::now(),

@@ -13,9 +13,11 @@
 //! send their next request sooner never notice.
 //!
 //! [`listener`] holds the accept loop with graceful drain that the admin
-//! listener shares; [`framing`] the connection-level framing guard.
+//! listener shares; [`framing`] the connection-level framing guard;
+//! [`layout`] the threads and runtimes the listener runs on.
 
 pub mod framing;
+pub mod layout;
 pub mod listener;
 
 use crate::access_log::{self, AccessLog};
@@ -73,19 +75,24 @@ pub struct ProxyState {
     pub access_log: Arc<AccessLog>,
 }
 
-/// Serves the client-facing listener until `shutdown`.
-pub async fn run(
+/// The cap on open client connections (`limits.max_connections`), one
+/// for all the client listener's accept loops.
+pub fn connection_limit(config: Arc<ArcSwap<Config>>, metrics: &Metrics) -> Arc<ConnectionLimit> {
+    ConnectionLimit::new(
+        move || config.load().limits.max_connections,
+        metrics.client_connections.clone(),
+        metrics.accept_paused.clone(),
+    )
+}
+
+/// Serves one client-facing listener under `limit` until `shutdown`.
+pub async fn serve(
     listener: TcpListener,
     state: Arc<ProxyState>,
+    limit: Arc<ConnectionLimit>,
     shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    let config = state.config.clone();
-    let limit = ConnectionLimit::new(
-        move || config.load().limits.max_connections,
-        state.metrics.client_connections.clone(),
-        state.metrics.accept_paused.clone(),
-    );
     accept_limited(
         "proxy",
         listener,
@@ -689,9 +696,5 @@ async fn answer(
 }
 
 fn count_forward(state: &ProxyState) {
-    state
-        .metrics
-        .requests
-        .with_label_values(&["-", "forward"])
-        .inc();
+    state.metrics.forward.request(&state.metrics).inc();
 }

@@ -32,6 +32,7 @@ mod prefix;
 mod reload;
 mod replicas_ack;
 mod revalidate;
+mod runtime_layout;
 mod sentinel;
 mod stale;
 mod status_page;
