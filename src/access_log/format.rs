@@ -3,8 +3,10 @@
 //! the client (path, method, ids) is escaped, so no request can forge a
 //! line or break the format, and ids are bounded in length.
 
-use super::Line;
+use super::{IdKind, Line};
 use crate::config::file::FileLogFormat;
+use crate::pipeline::status::CacheStatus;
+use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,28 +14,30 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Client-sent ids longer than this are cut (and marked with `…`).
 pub const MAX_ID: usize = 128;
 
-/// The id of a line: the W3C trace id of a valid `traceparent`, else the
-/// request's `X-Request-Id` (printable ASCII, at most [`MAX_ID`] bytes).
-pub fn id(line: &Line) -> Option<String> {
-    if let Some(trace) = &line.trace_id {
-        return Some(trace.clone());
-    }
-    let raw = line.request_id.as_ref()?.as_ref();
-    let mut out: String = raw
-        .iter()
-        .take(MAX_ID)
-        .map(|&b| {
-            if b.is_ascii_graphic() || b == b' ' {
-                b as char
-            } else {
-                '?'
+/// A line's id as written: the trace id as it is; a request id with every
+/// byte that is not printable ASCII as `?`, cut at [`MAX_ID`] bytes (and
+/// marked with `…`). Borrowed when there is nothing to change.
+pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+    match kind {
+        IdKind::None => None,
+        IdKind::Trace => Some(Cow::Borrowed(raw)),
+        IdKind::Request
+            if raw.len() <= MAX_ID && raw.iter().all(|&b| PRINTABLE[usize::from(b)]) =>
+        {
+            Some(Cow::Borrowed(raw))
+        }
+        IdKind::Request => {
+            let mut out: Vec<u8> = raw
+                .iter()
+                .take(MAX_ID)
+                .map(|&b| if PRINTABLE[usize::from(b)] { b } else { b'?' })
+                .collect();
+            if raw.len() > MAX_ID {
+                out.extend_from_slice("…".as_bytes());
             }
-        })
-        .collect();
-    if raw.len() > MAX_ID {
-        out.push('…');
+            Some(Cow::Owned(out))
+        }
     }
-    Some(out)
 }
 
 /// The trace id of a `traceparent` value (W3C Trace Context §3.2:
@@ -65,102 +69,78 @@ pub fn trace_id(value: &[u8]) -> Option<&str> {
 /// formats a date once per second, not once per line.
 #[derive(Default)]
 pub struct Formatter {
-    second: u64,
-    /// `YYYY-MM-DDTHH:MM:SS` of `second`.
-    stamp: String,
-    /// Reused for each line's time and peer text.
-    time: String,
-    peer: String,
+    /// The second `stamp` is for; `None` before the first line.
+    second: Option<u64>,
+    /// `YYYY-MM-DDTHH:MM:SS.` of `second`.
+    stamp: [u8; 20],
 }
 
-/// Appends fields in one format: JSON (`{"k":v,...}`) or logfmt
-/// (`k=v k=v`). Values are written straight into the output: the writer
-/// thread formats every line, so this avoids allocations and the
-/// formatting machinery where a line's values are plain.
-struct Fields<'o> {
-    out: &'o mut Vec<u8>,
-    json: bool,
-    first: bool,
+/// The constant text around a line's values in one format: each field's
+/// separator and key (`,"status":` or ` status=`) is one constant, so its
+/// copy is a few moves, not a call. The writer formats every line, so the
+/// line is built from these and the values' bytes, without the formatting
+/// machinery.
+trait Syntax {
+    const JSON: bool;
+    const TIME: &'static [u8];
+    /// Closes the time and opens the peer.
+    const PEER: &'static [u8];
+    /// Closes the peer and opens the method.
+    const METHOD: &'static [u8];
+    const PATH: &'static [u8];
+    const QUERY: &'static [u8];
+    const STATUS: &'static [u8];
+    const CACHE: &'static [u8];
+    const ROUTE: &'static [u8];
+    const DURATION: &'static [u8];
+    const UPSTREAM: &'static [u8];
+    const BYTES: &'static [u8];
+    const ID: &'static [u8];
+    const END: &'static [u8];
+    const NULL: &'static [u8];
+    /// Quotes around a value known to be plain (no escaping needed).
+    const QUOTE: &'static [u8];
 }
 
-impl Fields<'_> {
-    fn key(&mut self, key: &str) {
-        match (self.json, self.first) {
-            (true, true) => self.out.push(b'{'),
-            (true, false) => self.out.push(b','),
-            (false, true) => {}
-            (false, false) => self.out.push(b' '),
-        }
-        self.first = false;
-        if self.json {
-            self.out.push(b'"');
-            self.out.extend_from_slice(key.as_bytes());
-            self.out.extend_from_slice(b"\":");
-        } else {
-            self.out.extend_from_slice(key.as_bytes());
-            self.out.push(b'=');
-        }
-    }
+struct Json;
+struct Logfmt;
 
-    /// A string value (quoted and escaped as the format needs).
-    fn str(&mut self, key: &str, v: &str) {
-        self.key(key);
-        if !self.json {
-            return value(v, self.out);
-        }
-        let plain = plain(v, &PLAIN_JSON);
-        if plain {
-            self.out.push(b'"');
-            self.out.extend_from_slice(v.as_bytes());
-            self.out.push(b'"');
-        } else {
-            // Serializing a string into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *self.out, v);
-        }
-    }
+impl Syntax for Json {
+    const JSON: bool = true;
+    const TIME: &'static [u8] = b"{\"time\":\"";
+    const PEER: &'static [u8] = b"Z\",\"peer\":\"";
+    const METHOD: &'static [u8] = b"\",\"method\":\"";
+    const PATH: &'static [u8] = b"\",\"path\":";
+    const QUERY: &'static [u8] = b",\"query\":";
+    const STATUS: &'static [u8] = b",\"status\":";
+    const CACHE: &'static [u8] = b",\"cache\":";
+    const ROUTE: &'static [u8] = b",\"route\":";
+    const DURATION: &'static [u8] = b",\"duration_ms\":";
+    const UPSTREAM: &'static [u8] = b",\"upstream_ms\":";
+    const BYTES: &'static [u8] = b",\"bytes\":";
+    const ID: &'static [u8] = b",\"id\":";
+    const END: &'static [u8] = b"}\n";
+    const NULL: &'static [u8] = b"null";
+    const QUOTE: &'static [u8] = b"\"";
+}
 
-    /// A string or null (logfmt: `-`).
-    fn opt_str(&mut self, key: &str, v: Option<&str>) {
-        match v {
-            Some(v) => self.str(key, v),
-            None => self.null(key),
-        }
-    }
-
-    fn null(&mut self, key: &str) {
-        self.key(key);
-        self.out
-            .extend_from_slice(if self.json { b"null" } else { b"-" });
-    }
-
-    fn uint(&mut self, key: &str, n: u64) {
-        self.key(key);
-        push_uint(self.out, n);
-    }
-
-    /// Milliseconds with three decimals (microsecond resolution).
-    fn millis(&mut self, key: &str, d: Option<Duration>) {
-        let Some(d) = d else {
-            return self.null(key);
-        };
-        self.key(key);
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        push_uint(self.out, micros / 1000);
-        self.out.push(b'.');
-        let frac = micros % 1000;
-        self.out.extend_from_slice(&[
-            b'0' + (frac / 100) as u8,
-            b'0' + (frac / 10 % 10) as u8,
-            b'0' + (frac % 10) as u8,
-        ]);
-    }
-
-    fn end(self) {
-        if self.json {
-            self.out.push(b'}');
-        }
-        self.out.push(b'\n');
-    }
+impl Syntax for Logfmt {
+    const JSON: bool = false;
+    const TIME: &'static [u8] = b"time=";
+    const PEER: &'static [u8] = b"Z peer=";
+    const METHOD: &'static [u8] = b" method=";
+    const PATH: &'static [u8] = b" path=";
+    const QUERY: &'static [u8] = b" query=";
+    const STATUS: &'static [u8] = b" status=";
+    const CACHE: &'static [u8] = b" cache=";
+    const ROUTE: &'static [u8] = b" route=";
+    const DURATION: &'static [u8] = b" duration_ms=";
+    const UPSTREAM: &'static [u8] = b" upstream_ms=";
+    const BYTES: &'static [u8] = b" bytes=";
+    const ID: &'static [u8] = b" id=";
+    const END: &'static [u8] = b"\n";
+    const NULL: &'static [u8] = b"-";
+    const QUOTE: &'static [u8] = b"";
 }
 
 /// Bytes a JSON string (`json`) or a logfmt value (`!json`) takes as they
@@ -180,114 +160,184 @@ const fn plain_table(json: bool) -> [bool; 256] {
 static PLAIN_JSON: [bool; 256] = plain_table(true);
 static PLAIN_TEXT: [bool; 256] = plain_table(false);
 
-fn plain(v: &str, table: &[bool; 256]) -> bool {
-    v.bytes().all(|b| table[usize::from(b)])
-}
-
-/// Decimal digits of `n`, without the formatting machinery: the buffer and
-/// where the digits start in it.
-fn digits(mut n: u64) -> ([u8; 20], usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+/// Printable ASCII, the space included: what a request id keeps.
+static PRINTABLE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0x20;
+    while b < 0x7f {
+        t[b] = true;
+        b += 1;
     }
-    (buf, i)
+    t
+};
+
+fn plain(v: &[u8], table: &[bool; 256]) -> bool {
+    v.iter().all(|&b| table[usize::from(b)])
 }
 
-fn push_uint(out: &mut Vec<u8>, n: u64) {
-    let (buf, start) = digits(n);
-    out.extend_from_slice(&buf[start..]);
+/// A string value, quoted and escaped as the format needs.
+fn value<S: Syntax>(v: &[u8], out: &mut Vec<u8>) {
+    if S::JSON {
+        if plain(v, &PLAIN_JSON) {
+            return plain_value::<S>(v, out);
+        }
+        // Serializing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &String::from_utf8_lossy(v));
+    } else if !v.is_empty() && plain(v, &PLAIN_TEXT) {
+        out.extend_from_slice(v);
+    } else {
+        quoted(&String::from_utf8_lossy(v), out);
+    }
+}
+
+/// A value known to need no escaping in either format (sidecache's own
+/// words, a trace id's hex digits, a method: HTTP tokens have no quote,
+/// backslash, space or `=`), quoted for JSON.
+fn plain_value<S: Syntax>(v: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(S::QUOTE);
+    out.extend_from_slice(v);
+    out.extend_from_slice(S::QUOTE);
+}
+
+fn uint(n: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Milliseconds with three decimals (microsecond resolution).
+fn millis(d: Duration, out: &mut Vec<u8>) {
+    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    uint(micros / 1000, out);
+    let frac = micros % 1000;
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
 }
 
 impl Formatter {
-    /// Appends `line` in its format, with a final newline.
-    pub fn write_line(&mut self, line: &Line, out: &mut Vec<u8>) {
-        let mut time = std::mem::take(&mut self.time);
-        time.clear();
-        self.time(line.time, &mut time);
-        let mut peer = std::mem::take(&mut self.peer);
-        peer.clear();
-        peer_text(line.peer, &mut peer);
-        let id = id(line);
-        let mut f = Fields {
-            out,
-            json: line.format == FileLogFormat::Json,
-            first: true,
-        };
-        f.str("time", &time);
-        f.str("peer", &peer);
-        f.str("method", line.method.as_str());
-        f.str("path", &line.path);
-        if let Some(query) = &line.query {
-            f.str("query", query);
+    /// Appends `line`, which started at `time`, in its format, with a
+    /// final newline.
+    pub fn write_line(&mut self, line: &Line, time: SystemTime, out: &mut Vec<u8>) {
+        match line.format {
+            FileLogFormat::Json => self.write::<Json>(line, time, out),
+            FileLogFormat::Text => self.write::<Logfmt>(line, time, out),
         }
-        f.uint("status", u64::from(line.status));
-        f.str(
-            "cache",
-            line.cache
-                .as_ref()
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-"),
-        );
-        f.str(
-            "route",
-            line.route.as_ref().map_or("-", |r| r.name.as_str()),
-        );
-        f.millis("duration_ms", Some(line.duration));
-        f.millis("upstream_ms", line.upstream);
-        f.uint("bytes", line.bytes);
-        f.opt_str("id", id.as_deref());
-        f.end();
-        self.time = time;
-        self.peer = peer;
     }
 
-    /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
-    fn time(&mut self, t: SystemTime, out: &mut String) {
+    fn write<S: Syntax>(&mut self, line: &Line, time: SystemTime, out: &mut Vec<u8>) {
+        out.extend_from_slice(S::TIME);
+        self.time(time, out);
+        out.extend_from_slice(S::PEER);
+        peer_text(line.peer, out);
+        // The method: a token (see `plain_value`); JSON's quotes are in the
+        // keys around it.
+        out.extend_from_slice(S::METHOD);
+        out.extend_from_slice(line.method.as_str().as_bytes());
+        out.extend_from_slice(S::PATH);
+        value::<S>(line.text.path(), out);
+        if let Some(query) = line.text.query() {
+            out.extend_from_slice(S::QUERY);
+            value::<S>(query, out);
+        }
+        out.extend_from_slice(S::STATUS);
+        uint(u64::from(line.status), out);
+        out.extend_from_slice(S::CACHE);
+        plain_value::<S>(line.cache.map_or("-", CacheStatus::as_str).as_bytes(), out);
+        out.extend_from_slice(S::ROUTE);
+        let route = line.route.as_ref().map_or("-", |r| r.name.as_str());
+        value::<S>(route.as_bytes(), out);
+        out.extend_from_slice(S::DURATION);
+        millis(line.duration, out);
+        out.extend_from_slice(S::UPSTREAM);
+        match line.upstream {
+            Some(d) => millis(d, out),
+            None => out.extend_from_slice(S::NULL),
+        }
+        out.extend_from_slice(S::BYTES);
+        uint(line.bytes, out);
+        out.extend_from_slice(S::ID);
+        match line.text.id() {
+            (IdKind::None, _) => out.extend_from_slice(S::NULL),
+            (IdKind::Trace, hex) => plain_value::<S>(hex, out),
+            (IdKind::Request, raw) => match id(IdKind::Request, raw) {
+                Some(id) => value::<S>(&id, out),
+                None => out.extend_from_slice(S::NULL),
+            },
+        }
+        out.extend_from_slice(S::END);
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.mmm` (UTC; the format's key text adds the
+    /// `Z`).
+    fn time(&mut self, t: SystemTime, out: &mut Vec<u8>) {
         let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
         let secs = since.as_secs();
-        if secs != self.second || self.stamp.is_empty() {
+        if self.second != Some(secs) {
             let whole = UNIX_EPOCH + Duration::from_secs(secs);
             let text = humantime::format_rfc3339_seconds(whole).to_string();
-            self.stamp = text.trim_end_matches('Z').to_owned();
-            self.second = secs;
+            // `YYYY-MM-DDTHH:MM:SSZ` for every time after 1970 and before
+            // the year 10000; anything else keeps the epoch's text.
+            let mut stamp = *b"1970-01-01T00:00:00.";
+            if let Some(head) = text.as_bytes().get(..19) {
+                stamp[..19].copy_from_slice(head);
+            }
+            self.stamp = stamp;
+            self.second = Some(secs);
         }
-        out.push_str(&self.stamp);
         let ms = since.subsec_millis();
-        out.push('.');
-        out.push(char::from(b'0' + (ms / 100) as u8));
-        out.push(char::from(b'0' + (ms / 10 % 10) as u8));
-        out.push(char::from(b'0' + (ms % 10) as u8));
-        out.push('Z');
+        out.extend_from_slice(&self.stamp);
+        out.extend_from_slice(&[
+            b'0' + (ms / 100) as u8,
+            b'0' + (ms / 10 % 10) as u8,
+            b'0' + (ms % 10) as u8,
+        ]);
     }
 }
 
-/// `ip:port`; IPv4 without the formatting machinery (most peers).
-fn peer_text(peer: SocketAddr, out: &mut String) {
+/// `ip:port`; IPv4 without the formatting machinery (most peers), built
+/// on the stack and appended with one copy.
+fn peer_text(peer: SocketAddr, out: &mut Vec<u8>) {
     match peer {
         SocketAddr::V4(v4) => {
-            fn push(out: &mut String, n: u64) {
-                let (buf, start) = digits(n);
-                // Digits are ASCII.
-                out.push_str(std::str::from_utf8(&buf[start..]).unwrap_or("?"));
-            }
+            let mut text = [0u8; 21]; // 255.255.255.255:65535
+            let mut len = 0;
             for (i, octet) in v4.ip().octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    text[len] = b'.';
+                    len += 1;
                 }
-                push(out, octet.into());
+                len += small_digits(octet, &mut text[len..len + 3]);
             }
-            out.push(':');
-            push(out, v4.port().into());
+            text[len] = b':';
+            len += 1;
+            let mut digits = itoa::Buffer::new();
+            let port = digits.format(v4.port()).as_bytes();
+            text[len..len + port.len()].copy_from_slice(port);
+            out.extend_from_slice(&text[..len + port.len()]);
         }
         v6 => {
-            let _ = std::fmt::Write::write_fmt(out, format_args!("{v6}"));
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// The 1-3 decimal digits of `n` at the start of `to`; how many.
+fn small_digits(n: u8, to: &mut [u8]) -> usize {
+    let (h, t, o) = (n / 100, n / 10 % 10, n % 10);
+    match (h, t) {
+        (0, 0) => {
+            to[0] = b'0' + o;
+            1
+        }
+        (0, _) => {
+            to[..2].copy_from_slice(&[b'0' + t, b'0' + o]);
+            2
+        }
+        _ => {
+            to[..3].copy_from_slice(&[b'0' + h, b'0' + t, b'0' + o]);
+            3
         }
     }
 }
@@ -295,18 +345,13 @@ fn peer_text(peer: SocketAddr, out: &mut String) {
 /// Appends `line` in its format, with a final newline (a one-off
 /// [`Formatter`]; the writer keeps one).
 #[cfg(test)]
-pub fn write_line(line: &Line, out: &mut Vec<u8>) {
-    Formatter::default().write_line(line, out);
+pub fn write_line(line: &Line, time: SystemTime, out: &mut Vec<u8>) {
+    Formatter::default().write_line(line, time, out);
 }
 
-/// A logfmt value: as is when it is plain, else quoted with `"` and `\`
-/// escaped and control characters as `\xNN`.
-fn value(v: &str, out: &mut Vec<u8>) {
-    let plain = !v.is_empty() && plain(v, &PLAIN_TEXT);
-    if plain {
-        out.extend_from_slice(v.as_bytes());
-        return;
-    }
+/// A logfmt value that is not plain: quoted with `"`, and `\` escaped
+/// and control characters as `\xNN`.
+fn quoted(v: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     for c in v.chars() {
         match c {
@@ -327,33 +372,36 @@ fn value(v: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-    use http::header::HeaderValue;
+    use crate::access_log::Text;
+    use std::time::Instant;
+
+    const TIME_MS: u64 = 1_764_580_225_123;
 
     fn line(format: FileLogFormat) -> Line {
         Line {
-            time: UNIX_EPOCH + Duration::from_millis(1_764_580_225_123),
+            start: Instant::now(),
             peer: "192.0.2.7:4711".parse().expect("addr"),
             method: http::Method::GET,
-            path: "/api/tenants/acme/apps/1".into(),
-            query: None,
             format,
             status: 200,
-            cache: Some(HeaderValue::from_static("MISS")),
+            cache: Some(CacheStatus::Miss),
             route: Some(crate::config::testing::route(
                 "  - name: app\n    path: /api/tenants/{t}/apps/{id}\n    params: { t: \".+\", id: \".+\" }\n    ttl: 1s\n",
             )),
             duration: Duration::from_micros(1234),
             upstream: Some(Duration::from_micros(1000)),
             bytes: 42,
-            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
-            request_id: Some(Bytes::from_static(b"r-1")),
+            text: Text::new(
+                "/api/tenants/acme/apps/1",
+                None,
+                Some((IdKind::Trace, b"4bf92f3577b34da6a3ce929d0e0e4736")),
+            ),
         }
     }
 
     fn render(l: &Line) -> String {
         let mut out = Vec::new();
-        write_line(l, &mut out);
+        write_line(l, UNIX_EPOCH + Duration::from_millis(TIME_MS), &mut out);
         String::from_utf8(out).expect("utf-8")
     }
 
@@ -366,23 +414,32 @@ mod tests {
              duration_ms=1.234 upstream_ms=1.000 bytes=42 id=4bf92f3577b34da6a3ce929d0e0e4736\n"
         );
         let mut l = line(FileLogFormat::Text);
-        l.query = Some("token=secret".into());
+        l.text = Text::new(
+            "/api/tenants/acme/apps/1",
+            Some("token=secret"),
+            Some((IdKind::Request, b"a \"b\" c")),
+        );
         l.upstream = None;
         l.cache = None;
         l.route = None;
-        l.trace_id = None;
-        l.request_id = Some(Bytes::from_static(b"a \"b\" c"));
         let text = render(&l);
         assert!(text.contains(" query=\"token=secret\" "), "{text}");
         assert!(text.contains(" cache=- route=- "), "{text}");
         assert!(text.contains(" upstream_ms=- "), "{text}");
         assert!(text.ends_with(" id=\"a \\\"b\\\" c\"\n"), "{text}");
+        l.text = Text::new("/", None, None);
+        assert!(render(&l).ends_with(" id=-\n"));
     }
 
     #[test]
     fn json_line() {
         let text = render(&line(FileLogFormat::Json));
-        assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+        assert_eq!(
+            text,
+            "{\"time\":\"2025-12-01T09:10:25.123Z\",\"peer\":\"192.0.2.7:4711\",\"method\":\"GET\",\
+             \"path\":\"/api/tenants/acme/apps/1\",\"status\":200,\"cache\":\"MISS\",\"route\":\"app\",\
+             \"duration_ms\":1.234,\"upstream_ms\":1.000,\"bytes\":42,\"id\":\"4bf92f3577b34da6a3ce929d0e0e4736\"}\n"
+        );
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["time"], "2025-12-01T09:10:25.123Z");
         assert_eq!(v["peer"], "192.0.2.7:4711");
@@ -398,25 +455,70 @@ mod tests {
         assert_eq!(v["id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         let mut l = line(FileLogFormat::Json);
         l.upstream = None;
-        l.query = Some("token=secret".into());
+        l.text = Text::new("/a", Some("token=secret"), None);
         let v: serde_json::Value = serde_json::from_str(&render(&l)).expect("json");
         assert!(v["upstream_ms"].is_null());
+        assert!(v["id"].is_null());
         assert_eq!(v["query"], "token=secret");
+    }
+
+    #[test]
+    fn ipv4_peers_of_every_length() {
+        for peer in [
+            "0.0.0.0:0",
+            "10.9.99.100:8080",
+            "255.255.255.255:65535",
+            "127.0.0.1:1",
+        ] {
+            let mut out = Vec::new();
+            peer_text(peer.parse().expect("addr"), &mut out);
+            assert_eq!(String::from_utf8(out).expect("utf-8"), peer);
+        }
+    }
+
+    #[test]
+    fn ipv6_peers_and_times_in_the_same_second() {
+        let mut l = line(FileLogFormat::Json);
+        l.peer = "[2001:db8::1]:443".parse().expect("addr");
+        let mut f = Formatter::default();
+        let mut out = Vec::new();
+        let t = UNIX_EPOCH + Duration::from_millis(TIME_MS);
+        f.write_line(&l, t, &mut out);
+        f.write_line(&l, t + Duration::from_millis(800), &mut out);
+        f.write_line(&l, t + Duration::from_millis(900), &mut out);
+        let times: Vec<String> = String::from_utf8(out)
+            .expect("utf-8")
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                assert_eq!(v["peer"], "[2001:db8::1]:443");
+                v["time"].as_str().expect("time").to_owned()
+            })
+            .collect();
+        assert_eq!(
+            times,
+            [
+                "2025-12-01T09:10:25.123Z",
+                "2025-12-01T09:10:25.923Z",
+                "2025-12-01T09:10:26.023Z"
+            ]
+        );
     }
 
     #[test]
     fn hostile_values_cannot_forge_lines() {
         let mut l = line(FileLogFormat::Text);
-        l.trace_id = None;
-        l.request_id = Some(Bytes::from_static(b"x\" status=500 \xff\t"));
+        l.text = Text::new("/", None, Some((IdKind::Request, b"x\" status=500 \xff\t")));
         let text = render(&l);
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         assert!(text.ends_with(" id=\"x\\\" status=500 ??\"\n"), "{text}");
         // Long ids are cut.
-        l.request_id = Some(Bytes::from(vec![b'a'; MAX_ID + 1]));
-        assert_eq!(id(&l).expect("id").chars().count(), MAX_ID + 1);
+        let long = vec![b'a'; MAX_ID + 1];
+        let cut = id(IdKind::Request, &long).expect("id");
+        assert_eq!(String::from_utf8_lossy(&cut).chars().count(), MAX_ID + 1);
+        assert!(cut.ends_with("…".as_bytes()));
         // A quote or a line break in the path is escaped in both formats.
-        l.path = "/a\"b\nc".into();
+        l.text = Text::new("/a\"b\nc", None, None);
         let text = render(&l);
         assert!(text.contains(" path=\"/a\\\"b\\x0ac\" "), "{text}");
         l.format = FileLogFormat::Json;
@@ -444,11 +546,7 @@ mod tests {
         ] {
             assert_eq!(trace_id(bad), None, "{}", String::from_utf8_lossy(bad));
         }
-        // Without a (valid) traceparent: the request id.
-        let mut l = line(FileLogFormat::Text);
-        l.trace_id = None;
-        assert_eq!(id(&l).as_deref(), Some("r-1"));
-        l.request_id = None;
-        assert_eq!(id(&l), None);
+        assert_eq!(id(IdKind::None, b""), None);
+        assert_eq!(id(IdKind::Request, b"r-1").as_deref(), Some(&b"r-1"[..]));
     }
 }

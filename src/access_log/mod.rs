@@ -14,28 +14,35 @@
 //! The settings are read per request from the config snapshot, so a reload
 //! turns the log on or off, and changes its format or sampling, at once.
 //! A line is written when its response body is done (or dropped: a client
-//! that went away), so bytes and duration cover the whole answer.
+//! that went away), so bytes and duration cover the whole answer: the
+//! server's response body keeps the line's [`Tail`].
+//!
+//! What a logged request pays on its worker is kept small (the access
+//! log's cost target, `bench/README.md`): one allocation (the boxed
+//! [`Line`], its path, query and id inline unless long), two clock reads,
+//! one pass over the request headers, one channel send of a pointer. The
+//! formatting, and turning the start into wall-clock time, are the writer's.
 
 pub mod format;
 pub mod writer;
 
-use crate::body::{self, Body};
+use crate::body::BoxError;
 use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
-use crate::proxy::timing::UpstreamTime;
+use crate::pipeline::status::CacheStatus;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
-use http_body::{Frame, SizeHint};
+use http_body::Frame;
 use prometheus::IntCounter;
 use rand::Rng;
+use smallvec::SmallVec;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -51,58 +58,135 @@ pub mod dropped {
 /// The process's access log: the sending side of the buffer. Shared by all
 /// connections.
 pub struct AccessLog {
-    tx: SyncSender<Line>,
+    tx: SyncSender<Box<Line>>,
     dropped_full: IntCounter,
 }
 
-/// One request's line, filled in as the request goes.
+/// One request's line, filled in as the request goes. Boxed once per
+/// logged request (the buffer holds pointers); what it holds is its own
+/// copy, bounded (see [`Text`]), so a line waiting in the buffer keeps no
+/// part of a request alive.
 #[derive(Debug)]
 pub struct Line {
-    pub time: SystemTime,
+    /// When the request started; the writer turns it into wall-clock time
+    /// (one clock read per request saved: see `writer::Clock`).
+    pub start: Instant,
     pub peer: SocketAddr,
     pub method: Method,
-    /// Copies, cut at [`MAX_TARGET`] bytes: a line waiting in the buffer
-    /// must not keep a request's whole head alive.
-    pub path: String,
-    /// Only with `access_log.query`.
-    pub query: Option<String>,
     pub format: FileLogFormat,
     pub status: u16,
-    /// The `X-Cache` word for requests on a cache route; `None` otherwise.
-    pub cache: Option<HeaderValue>,
+    /// What the pipeline did (the `X-Cache` word) for requests on a cache
+    /// route; `None` otherwise.
+    pub cache: Option<CacheStatus>,
     pub route: Option<Arc<Route>>,
     pub duration: Duration,
     pub upstream: Option<Duration>,
     pub bytes: u64,
-    /// The trace id of a valid `traceparent`.
-    pub trace_id: Option<String>,
-    /// `X-Request-Id`, its first [`format::MAX_ID`] + 1 bytes (the writer
-    /// escapes it and marks a cut).
-    pub request_id: Option<Bytes>,
+    pub text: Text,
 }
 
 /// Path and query are each cut to this many bytes in a line.
 pub const MAX_TARGET: usize = 1024;
 
-/// The first [`MAX_TARGET`] bytes of `s` (URI text is ASCII), `…` if cut.
-fn bounded(s: &str) -> String {
-    match s.get(..MAX_TARGET) {
-        Some(head) if s.len() > MAX_TARGET => format!("{head}…"),
-        _ => s.to_owned(),
+/// Bytes of path, query and id a line holds without a heap allocation of
+/// its own: most API paths and a 32-digit id fit.
+const INLINE_TEXT: usize = 112;
+
+/// A line's client-sent text (path, the query, the id) in one buffer,
+/// one after another: path and query cut at [`MAX_TARGET`] bytes (`…`
+/// marks a cut), the id at [`format::MAX_ID`] + 1 (the writer escapes it
+/// and marks the cut).
+#[derive(Debug, Default)]
+pub struct Text {
+    buf: SmallVec<[u8; INLINE_TEXT]>,
+    path_end: u16,
+    /// `None`: no query logged.
+    query_end: Option<u16>,
+    id: IdKind,
+}
+
+/// What the id part of a [`Text`] is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    #[default]
+    None,
+    /// The trace id of a valid `traceparent` (32 hex digits).
+    Trace,
+    /// The raw `X-Request-Id` (escaped by the writer).
+    Request,
+}
+
+impl Text {
+    /// `path` and `query` (each cut at [`MAX_TARGET`]) and an id.
+    pub fn new(path: &str, query: Option<&str>, id: Option<(IdKind, &[u8])>) -> Text {
+        let mut text = Text::default();
+        push_bounded(&mut text.buf, path);
+        text.path_end = text.buf.len() as u16;
+        if let Some(query) = query {
+            push_bounded(&mut text.buf, query);
+            text.query_end = Some(text.buf.len() as u16);
+        }
+        if let Some((kind, raw)) = id {
+            let cut = match kind {
+                IdKind::Request => raw.len().min(format::MAX_ID + 1),
+                _ => raw.len(),
+            };
+            text.buf.extend_from_slice(&raw[..cut]);
+            text.id = kind;
+        }
+        text
     }
+
+    pub fn path(&self) -> &[u8] {
+        &self.buf[..usize::from(self.path_end)]
+    }
+
+    pub fn query(&self) -> Option<&[u8]> {
+        let end = usize::from(self.query_end?);
+        Some(&self.buf[usize::from(self.path_end)..end])
+    }
+
+    /// The id and what it is.
+    pub fn id(&self) -> (IdKind, &[u8]) {
+        let from = usize::from(self.query_end.unwrap_or(self.path_end));
+        (self.id, &self.buf[from..])
+    }
+}
+
+/// Appends the first [`MAX_TARGET`] bytes of `s` (cut at a character
+/// boundary), `…` if cut. Fits the `u16` ends of [`Text`].
+fn push_bounded(buf: &mut SmallVec<[u8; INLINE_TEXT]>, s: &str) {
+    if s.len() <= MAX_TARGET {
+        return buf.extend_from_slice(s.as_bytes());
+    }
+    let mut end = MAX_TARGET;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.extend_from_slice(&s.as_bytes()[..end]);
+    buf.extend_from_slice("…".as_bytes());
 }
 
 impl AccessLog {
     /// The log of a running sidecache: the writer thread writes to stdout.
     pub fn start(capacity: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
         let (log, rx) = AccessLog::new(capacity, metrics);
-        writer::spawn(rx, Box::new(std::io::stdout()), metrics)?;
+        // A file on stdout's descriptor: the writer writes whole batches,
+        // which `Stdout`'s lock and line buffer would only scan again.
+        let out: Box<dyn std::io::Write + Send> = {
+            use std::os::fd::AsFd;
+            match std::io::stdout().as_fd().try_clone_to_owned() {
+                Ok(fd) => Box::new(std::fs::File::from(fd)),
+                Err(_) => Box::new(std::io::stdout()),
+            }
+        };
+        writer::spawn(rx, out, metrics)?;
         Ok(log)
     }
 
     /// A log whose lines arrive on the returned receiver (for a writer, or
     /// a test that looks at them).
-    pub fn new(capacity: usize, metrics: &Metrics) -> (Arc<AccessLog>, Receiver<Line>) {
+    pub fn new(capacity: usize, metrics: &Metrics) -> (Arc<AccessLog>, Receiver<Box<Line>>) {
         let (tx, rx) = sync_channel(capacity);
         let log = Arc::new(AccessLog {
             tx,
@@ -114,7 +198,7 @@ impl AccessLog {
     }
 
     /// Hands `line` to the writer without waiting; full buffer: dropped.
-    pub fn submit(&self, line: Line) {
+    pub fn submit(&self, line: Box<Line>) {
         match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => self.dropped_full.inc(),
@@ -136,14 +220,29 @@ pub struct Begun {
 pub struct Pending {
     log: Arc<AccessLog>,
     line: Box<Line>,
-    started: Instant,
-    upstream: Arc<UpstreamTime>,
 }
 
 /// At the start of a request: applies `request_id` (a missing id is
 /// generated and added to the request, so forwarding and fills send it
-/// upstream) and decides whether this request is logged.
+/// upstream) and decides whether this request is logged. Inline: with the
+/// log off and ids passed through (the default) this is one branch.
+#[inline]
 pub fn begin<B>(
+    log: &Arc<AccessLog>,
+    cfg: &AccessLogConfig,
+    req: &mut Request<B>,
+    peer: SocketAddr,
+) -> Begun {
+    if !cfg.enabled && cfg.request_id == FileRequestId::Pass {
+        return Begun {
+            pending: None,
+            request_id: None,
+        };
+    }
+    begin_line(log, cfg, req, peer)
+}
+
+fn begin_line<B>(
     log: &Arc<AccessLog>,
     cfg: &AccessLogConfig,
     req: &mut Request<B>,
@@ -158,19 +257,19 @@ pub fn begin<B>(
                 .clone(),
         ),
     };
+    // Sampling first: a request left out costs nothing more.
     if !cfg.enabled || !sampled(cfg.sample, || rand::rng().random::<f64>()) {
         return Begun {
             pending: None,
             request_id,
         };
     }
-    let headers = req.headers();
+    let id = line_id(req.headers());
+    let uri = req.uri();
     let line = Line {
-        time: SystemTime::now(),
+        start: Instant::now(),
         peer,
         method: req.method().clone(),
-        path: bounded(req.uri().path()),
-        query: req.uri().query().filter(|_| cfg.query).map(bounded),
         format: cfg.format,
         status: 0,
         cache: None,
@@ -178,23 +277,34 @@ pub fn begin<B>(
         duration: Duration::ZERO,
         upstream: None,
         bytes: 0,
-        trace_id: headers
-            .get(&TRACEPARENT)
-            .and_then(|v| format::trace_id(v.as_bytes()))
-            .map(str::to_owned),
-        request_id: headers.get(&X_REQUEST_ID).map(|v| {
-            let raw = v.as_bytes();
-            Bytes::copy_from_slice(&raw[..raw.len().min(format::MAX_ID + 1)])
-        }),
+        text: Text::new(uri.path(), uri.query().filter(|_| cfg.query), id),
     };
     Begun {
         pending: Some(Pending {
             log: Arc::clone(log),
             line: Box::new(line),
-            started: Instant::now(),
-            upstream: Arc::default(),
         }),
         request_id,
+    }
+}
+
+/// The line's id: the trace id of the first `traceparent` if it is
+/// valid, else the first `X-Request-Id`. One pass over the headers, not two
+/// lookups: a lookup hashes the name, which costs more than comparing a
+/// request's few names (bounded, like all of the head, by
+/// `limits.max_header_bytes`).
+fn line_id(headers: &http::HeaderMap) -> Option<(IdKind, &[u8])> {
+    let (mut trace, mut request) = (None, None);
+    for (name, value) in headers {
+        if *name == TRACEPARENT {
+            trace.get_or_insert(value);
+        } else if *name == X_REQUEST_ID {
+            request.get_or_insert(value);
+        }
+    }
+    match trace.and_then(|v| format::trace_id(v.as_bytes())) {
+        Some(trace) => Some((IdKind::Trace, trace.as_bytes())),
+        None => request.map(|v| (IdKind::Request, v.as_bytes())),
     }
 }
 
@@ -216,101 +326,90 @@ fn new_request_id() -> HeaderValue {
 }
 
 impl Pending {
-    /// The cell the upstream client adds this request's upstream time to.
-    pub fn upstream_time(&self) -> Arc<UpstreamTime> {
-        Arc::clone(&self.upstream)
-    }
-
     /// Takes the response head's facts; the line is written when the
-    /// returned response's body is done. `cached`: the request was a read
-    /// on a cache route, so its `X-Cache` header is sidecache's own.
-    pub fn respond(
+    /// returned [`Tail`], which goes with the response body, sees the body
+    /// end or is dropped. `cache`: what the pipeline did, for a read on a
+    /// cache route (a forwarded answer's `X-Cache` is the upstream's, not
+    /// logged); `upstream`: the request's upstream time
+    /// (`proxy::timing::measured`).
+    pub fn respond<B>(
         mut self,
-        resp: Response<Body>,
+        resp: &Response<B>,
         route: Option<Arc<Route>>,
-        cached: bool,
-    ) -> Response<Body> {
+        cache: Option<CacheStatus>,
+        upstream: Option<Duration>,
+    ) -> Tail {
         self.line.status = resp.status().as_u16();
-        if cached {
-            self.line.cache = resp.headers().get("x-cache").cloned();
-        }
+        self.line.cache = cache;
         self.line.route = route;
-        resp.map(|inner| {
-            body::boxed(LoggedBody {
-                inner,
-                pending: Some(self),
-            })
-        })
+        self.line.upstream = upstream;
+        Tail(Some(self))
     }
 
     /// Writes the line (its `bytes` counted by the body).
     fn finish(mut self) {
-        self.line.duration = self.started.elapsed();
-        self.line.upstream = self.upstream.get();
-        self.log.submit(*self.line);
+        self.line.duration = self.line.start.elapsed();
+        self.log.submit(self.line);
     }
 }
 
-/// A response body that counts what it hands out and writes its request's
-/// line when it ends or is dropped.
-struct LoggedBody {
-    inner: Body,
-    /// `None` once the line is written.
-    pending: Option<Pending>,
-}
+/// The access log's part of a response body (kept by the server's body
+/// type, so a logged response costs no body wrapper of its own): counts
+/// the bytes handed out and writes the line when the body ends or is
+/// dropped (a client that went away).
+#[derive(Default)]
+pub struct Tail(Option<Pending>);
 
-impl LoggedBody {
+impl Tail {
+    /// After each poll of the body: counts a data frame's bytes, and
+    /// writes the line once the body is over (`ended`: the body says it has
+    /// nothing more after this frame).
+    #[inline]
+    pub fn polled(
+        &mut self,
+        polled: &Poll<Option<Result<Frame<Bytes>, BoxError>>>,
+        ended: impl FnOnce() -> bool,
+    ) {
+        let Some(pending) = self.0.as_mut() else {
+            return;
+        };
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    pending.line.bytes += data.len() as u64;
+                }
+                if ended() {
+                    self.done();
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.done(),
+            Poll::Pending => {}
+        }
+    }
+
     fn done(&mut self) {
-        if let Some(p) = self.pending.take() {
+        if let Some(p) = self.0.take() {
             p.finish();
         }
     }
 }
 
-impl http_body::Body for LoggedBody {
-    type Data = Bytes;
-    type Error = body::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(p)) = (frame.data_ref(), this.pending.as_mut()) {
-                    p.line.bytes += data.len() as u64;
-                }
-                if this.inner.is_end_stream() {
-                    this.done();
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.done(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for LoggedBody {
+impl Drop for Tail {
+    #[inline]
     fn drop(&mut self) {
-        self.done();
+        // Inline: every response body drops one, logged or not.
+        if self.0.is_some() {
+            self.done();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
+    use crate::body::{self, Body};
+    use http_body::Body as _;
+    use std::pin::Pin;
 
     fn cfg(enabled: bool, request_id: FileRequestId) -> AccessLogConfig {
         AccessLogConfig {
@@ -327,6 +426,25 @@ mod tests {
         "192.0.2.7:4711".parse().expect("addr")
     }
 
+    /// Polls `body` to its end through `tail`, as the server's body does.
+    async fn drain(mut body: Body, mut tail: Tail) -> Vec<u8> {
+        let mut got = Vec::new();
+        loop {
+            let polled =
+                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx).map(Poll::Ready))
+                    .await;
+            tail.polled(&polled, || body.is_end_stream());
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        got.extend_from_slice(data);
+                    }
+                }
+                _ => return got,
+            }
+        }
+    }
+
     #[test]
     fn a_full_buffer_drops_and_counts_instead_of_waiting() {
         let metrics = Metrics::new();
@@ -335,8 +453,8 @@ mod tests {
             let mut req = Request::new(());
             let begun = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer());
             let pending = begun.pending.expect("logged");
-            // Dropping the response (its body unpolled) writes the line.
-            drop(pending.respond(Response::new(body::empty()), None, false));
+            // Dropping the tail (its body never polled) writes the line.
+            drop(pending.respond(&Response::new(()), None, None, None));
         }
         assert_eq!(rx.try_iter().count(), 2);
         assert_eq!(
@@ -349,11 +467,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_line_counts_body_bytes_and_takes_the_cache_word_only_on_cache_routes() {
+    async fn the_line_counts_body_bytes_and_is_written_when_the_body_ends() {
         let metrics = Metrics::new();
         let (log, rx) = AccessLog::new(8, &metrics);
-        for cached in [true, false] {
+        for cache in [Some(CacheStatus::Negative), None] {
             let mut req = Request::get("/a/b?secret=1")
+                .header("x-request-id", "not this one")
                 .header(
                     "traceparent",
                     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -365,31 +484,58 @@ mod tests {
                 .expect("logged");
             let mut resp = Response::new(body::full("hello world"));
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
-            resp.headers_mut()
-                .insert("x-cache", HeaderValue::from_static("NEGATIVE"));
-            let resp = pending.respond(resp, None, cached);
-            let got = resp.into_body().collect().await.expect("body").to_bytes();
+            let tail = pending.respond(&resp, None, cache, None);
+            assert!(rx.try_recv().is_err(), "no line before the body is done");
+            let got = drain(resp.into_body(), tail).await;
             assert_eq!(&got[..], b"hello world");
             let line = rx.try_recv().expect("line written at the end of the body");
             assert_eq!((line.status, line.bytes), (404, 11));
-            assert_eq!(line.path, "/a/b");
-            assert_eq!(line.query, None, "query off");
+            assert_eq!(line.text.path(), b"/a/b");
+            assert_eq!(line.text.query(), None, "query off");
             assert_eq!(line.peer, peer());
             assert_eq!(
-                line.trace_id.as_deref(),
-                Some("4bf92f3577b34da6a3ce929d0e0e4736")
+                line.text.id(),
+                (IdKind::Trace, &b"4bf92f3577b34da6a3ce929d0e0e4736"[..])
             );
             assert_eq!(line.upstream, None);
-            if cached {
-                assert_eq!(
-                    line.cache.as_ref().map(|v| v.as_bytes()),
-                    Some(&b"NEGATIVE"[..])
-                );
-            } else {
-                // A forwarded answer's X-Cache is the upstream's, not ours.
-                assert_eq!(line.cache, None);
-            }
+            assert_eq!(line.cache, cache);
         }
+    }
+
+    #[test]
+    fn the_id_is_the_first_valid_traceparent_else_the_first_request_id() {
+        let id = |headers: &[(&str, &str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in headers {
+                map.append(
+                    HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                    HeaderValue::from_str(value).expect("value"),
+                );
+            }
+            line_id(&map).map(|(kind, raw)| (kind, String::from_utf8_lossy(raw).into_owned()))
+        };
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace = (IdKind::Trace, "4bf92f3577b34da6a3ce929d0e0e4736".to_owned());
+        assert_eq!(id(&[]), None);
+        assert_eq!(id(&[("traceparent", good)]), Some(trace.clone()));
+        assert_eq!(
+            id(&[("x-request-id", "r1"), ("host", "h"), ("traceparent", good)]),
+            Some(trace)
+        );
+        let request = Some((IdKind::Request, "r1".to_owned()));
+        assert_eq!(
+            id(&[("x-request-id", "r1"), ("x-request-id", "r2")]),
+            request
+        );
+        // Only the first traceparent counts; an invalid one falls back.
+        assert_eq!(
+            id(&[
+                ("traceparent", "bad"),
+                ("traceparent", good),
+                ("x-request-id", "r1")
+            ]),
+            request
+        );
     }
 
     #[test]
@@ -427,6 +573,8 @@ mod tests {
             Some(&b"client-1"[..])
         );
         assert_eq!(req.headers().get_all(&X_REQUEST_ID).iter().count(), 1);
+        let pending = begun.pending.expect("logged");
+        assert_eq!(pending.line.text.id(), (IdKind::Request, &b"client-1"[..]));
     }
 
     #[test]
@@ -441,16 +589,23 @@ mod tests {
         let mut cfg = cfg(true, FileRequestId::Pass);
         cfg.query = true;
         let pending = begin(&log, &cfg, &mut req, peer()).pending.expect("logged");
-        let line = &pending.line;
-        assert_eq!(line.path.len(), MAX_TARGET + '…'.len_utf8());
+        let text = &pending.line.text;
+        assert_eq!(text.path().len(), MAX_TARGET + '…'.len_utf8());
+        assert!(text.path().ends_with("…".as_bytes()));
         assert_eq!(
-            line.query.as_ref().map(String::len),
+            text.query().map(<[u8]>::len),
             Some(MAX_TARGET + '…'.len_utf8())
         );
-        assert_eq!(
-            line.request_id.as_ref().map(Bytes::len),
-            Some(format::MAX_ID + 1)
-        );
+        assert_eq!(text.id().1.len(), format::MAX_ID + 1);
+    }
+
+    #[test]
+    fn a_cut_never_splits_a_character() {
+        // `é` is two bytes: a cut at MAX_TARGET would land inside one.
+        let path = format!("/{}", "é".repeat(MAX_TARGET));
+        let text = Text::new(&path, None, None);
+        let cut = std::str::from_utf8(text.path()).expect("whole characters");
+        assert!(cut.ends_with('…') && cut.len() <= MAX_TARGET + '…'.len_utf8());
     }
 
     #[test]

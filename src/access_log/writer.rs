@@ -5,12 +5,18 @@
 //! thread wakes a few hundred times a second instead of once per request
 //! (a sender only wakes a receiver that is blocked waiting). A quiet log is
 //! written at once.
+//!
+//! A line carries its request's start as an [`Instant`]; the writer turns
+//! it into wall-clock time with one pair of clock reads per batch
+//! ([`Clock`]), so a request reads the clock twice (start, end), not three
+//! times.
 
 use super::{dropped, format, Line};
 use crate::metrics::Metrics;
 use prometheus::IntCounter;
 use std::io::Write;
 use std::sync::mpsc::Receiver;
+use std::time::{Instant, SystemTime};
 
 /// Lines formatted into one write at most.
 const BATCH: usize = 256;
@@ -19,7 +25,7 @@ const PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Starts the writer thread; it ends when every sender is gone.
 pub fn spawn(
-    rx: Receiver<Line>,
+    rx: Receiver<Box<Line>>,
     out: Box<dyn Write + Send>,
     metrics: &Metrics,
 ) -> std::io::Result<()> {
@@ -34,18 +40,20 @@ pub fn spawn(
 
 /// Writes until the channel closes. A failed write drops its batch
 /// (counted) and is logged once until a write succeeds again.
-pub fn run(rx: Receiver<Line>, mut out: Box<dyn Write + Send>, failed: IntCounter) {
+pub fn run(rx: Receiver<Box<Line>>, mut out: Box<dyn Write + Send>, failed: IntCounter) {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut failing = false;
     let mut formatter = format::Formatter::default();
     while let Ok(first) = rx.recv() {
         buf.clear();
-        formatter.write_line(&first, &mut buf);
+        let clock = Clock::now();
+        formatter.write_line(&first, clock.wall(first.start), &mut buf);
+        drop(first);
         let mut lines = 1;
         while lines < BATCH {
             match rx.try_recv() {
                 Ok(line) => {
-                    formatter.write_line(&line, &mut buf);
+                    formatter.write_line(&line, clock.wall(line.start), &mut buf);
                     lines += 1;
                 }
                 Err(_) => break,
@@ -71,13 +79,37 @@ pub fn run(rx: Receiver<Line>, mut out: Box<dyn Write + Send>, failed: IntCounte
     }
 }
 
+/// The wall-clock time and the monotonic clock read together, to turn
+/// a line's start (monotonic, read on the request's worker) into
+/// wall-clock time. A line is at most a batch old, so a step of the wall
+/// clock shifts only the lines written after it, as it would have.
+pub struct Clock {
+    wall: SystemTime,
+    mono: Instant,
+}
+
+impl Clock {
+    pub fn now() -> Clock {
+        Clock {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+
+    /// The wall-clock time of `at` (which is before now).
+    pub fn wall(&self, at: Instant) -> SystemTime {
+        let ago = self.mono.saturating_duration_since(at);
+        self.wall.checked_sub(ago).unwrap_or(self.wall)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access_log::AccessLog;
+    use crate::access_log::{AccessLog, Text};
     use crate::config::file::FileLogFormat;
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, SystemTime};
+    use std::time::{Duration, UNIX_EPOCH};
 
     /// A `Write` that keeps what it gets, or fails every write.
     #[derive(Clone, Default)]
@@ -96,13 +128,11 @@ mod tests {
         }
     }
 
-    fn line(status: u16) -> Line {
-        Line {
-            time: SystemTime::now(),
+    fn line(status: u16) -> Box<Line> {
+        Box::new(Line {
+            start: Instant::now(),
             peer: "127.0.0.1:1".parse().expect("addr"),
             method: http::Method::GET,
-            path: "/x".into(),
-            query: None,
             format: FileLogFormat::Json,
             status,
             cache: None,
@@ -110,9 +140,8 @@ mod tests {
             duration: Duration::from_millis(1),
             upstream: None,
             bytes: 0,
-            trace_id: None,
-            request_id: None,
-        }
+            text: Text::new("/x", None, None),
+        })
     }
 
     #[test]
@@ -146,5 +175,23 @@ mod tests {
         drop(log);
         run(rx, Box::new(Sink(Arc::default(), true)), failed.clone());
         assert_eq!(failed.get(), 10);
+    }
+
+    #[test]
+    fn a_line_gets_the_wall_clock_time_of_its_start() {
+        let clock = Clock {
+            wall: UNIX_EPOCH + Duration::from_secs(1000),
+            mono: Instant::now(),
+        };
+        let started = clock
+            .mono
+            .checked_sub(Duration::from_millis(250))
+            .expect("the monotonic clock is past 250 ms");
+        assert_eq!(
+            clock.wall(started),
+            UNIX_EPOCH + Duration::from_millis(999_750)
+        );
+        // A start after the clock's reading (not expected): the reading.
+        assert_eq!(clock.wall(clock.mono + Duration::from_secs(1)), clock.wall);
     }
 }

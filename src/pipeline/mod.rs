@@ -137,7 +137,8 @@ impl Pipeline {
     }
 
     /// Serves a cache read. `params` are the raw path param values in
-    /// template order, already validated against their patterns.
+    /// template order, already validated against their patterns. Also
+    /// returns what it did (the response's `X-Cache`), for the access log.
     pub async fn serve(
         &self,
         cfg: Arc<Config>,
@@ -145,7 +146,7 @@ impl Pipeline {
         params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
-    ) -> Response<Body> {
+    ) -> (CacheStatus, Response<Body>) {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
         resp.headers_mut().insert("x-cache", status.header_value());
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
@@ -168,7 +169,7 @@ impl Pipeline {
             .with_label_values(&[&route.name, status.as_str()])
             .inc();
         tracing::debug!(route = %route.name, cache = status.as_str(), status = resp.status().as_u16(), "cache read");
-        resp
+        (status, resp)
     }
 
     async fn serve_inner(
@@ -347,7 +348,7 @@ impl Pipeline {
                     fill_with_lease(&task_fill).await
                 }
             };
-            crate::proxy::timing::measured(timing, fill).boxed()
+            crate::proxy::timing::handed(timing, fill).boxed()
         });
         if !started {
             sh.metrics.coalesced.with_label_values(&[&route.name]).inc();

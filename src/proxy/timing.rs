@@ -1,22 +1,73 @@
 //! How long a client request waited for the upstream, for its access log
-//! line. The request's handler runs inside [`measured`]; the upstream client
-//! adds each exchange's time to the response head ([`record`]) to the
-//! [`UpstreamTime`] of the request it runs for. A cache fill runs in a task
-//! of its own, so the request that starts it passes its cell along
-//! ([`current`] + [`measured`]); requests that join a running fill called
-//! no upstream themselves and record nothing.
+//! line. A logged request's handler runs inside [`measured`], which
+//! returns the time with the answer; the upstream client adds each
+//! exchange's time to the response head ([`record`]) to the request it runs
+//! for. A cache fill runs in a task of its own, so the request that starts
+//! it hands it a shared cell ([`current`] + [`handed`]); requests that join
+//! a running fill called no upstream themselves and record nothing.
+//!
+//! The request's own time lives in its task-local slot, not behind an
+//! `Arc`: a logged hit allocates nothing here. The shared cell is made
+//! only when a fill is handed one.
 
-use futures_util::future::Either;
+use futures_util::future::{Either, FutureExt};
+use std::cell::{Cell, OnceCell};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 tokio::task_local! {
-    static UPSTREAM: Arc<UpstreamTime>;
+    static UPSTREAM: Slot;
 }
 
-/// Upstream time of one client request, summed over its exchanges.
+/// Where the current task's upstream exchanges are added.
+enum Slot {
+    /// A measured request: microseconds plus one (0: no exchange), and the
+    /// cell handed to a fill it started, made on first use.
+    Own {
+        micros_plus_one: Cell<u64>,
+        handed: OnceCell<Arc<UpstreamTime>>,
+    },
+    /// A task that works for a measured request.
+    Handed(Arc<UpstreamTime>),
+}
+
+impl Slot {
+    /// The request's upstream time: its own exchanges and its fill's.
+    fn total(&self) -> Option<Duration> {
+        match self {
+            Slot::Own {
+                micros_plus_one,
+                handed,
+            } => {
+                let own = from_plus_one(micros_plus_one.get());
+                let fill = handed.get().and_then(|cell| cell.get());
+                match (own, fill) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                }
+            }
+            Slot::Handed(cell) => cell.get(),
+        }
+    }
+}
+
+/// `v` microseconds plus one, the first exchange adding the one that
+/// marks "called".
+fn add_plus_one(v: u64, elapsed: Duration) -> u64 {
+    let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX / 2);
+    v.saturating_add(micros + u64::from(v == 0))
+}
+
+fn from_plus_one(v: u64) -> Option<Duration> {
+    v.checked_sub(1).map(Duration::from_micros)
+}
+
+/// Upstream time of one client request, shared with a task that works for
+/// it, summed over its exchanges.
 #[derive(Debug, Default)]
 pub struct UpstreamTime {
     /// Microseconds, plus one: 0 means no upstream exchange.
@@ -25,45 +76,90 @@ pub struct UpstreamTime {
 
 impl UpstreamTime {
     pub fn add(&self, elapsed: Duration) {
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX / 2);
-        // The first exchange also adds the 1 that marks "called".
         let _ = self
             .micros_plus_one
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_add(micros + u64::from(v == 0)))
+                Some(add_plus_one(v, elapsed))
             });
     }
 
     /// `None` if no upstream exchange was recorded.
     pub fn get(&self) -> Option<Duration> {
-        match self.micros_plus_one.load(Ordering::Acquire) {
-            0 => None,
-            v => Some(Duration::from_micros(v - 1)),
-        }
+        from_plus_one(self.micros_plus_one.load(Ordering::Acquire))
     }
 }
 
-/// Runs `fut` with `cell` as the current request's upstream time; without
-/// a cell, `fut` itself (no task-local scope to enter on every poll). Not
-/// an `async fn`: one with two awaiting branches would hold room for both.
+/// Runs `fut` as a measured request when `on`, and returns its output with
+/// the upstream time it recorded (`None`: no exchange, or not `on`).
+/// Without `on`, `fut` itself: no task-local scope to enter on every poll.
 pub fn measured<F: Future>(
+    on: bool,
+    fut: F,
+) -> impl Future<Output = (F::Output, Option<Duration>)> {
+    if on {
+        let slot = Slot::Own {
+            micros_plus_one: Cell::new(0),
+            handed: OnceCell::new(),
+        };
+        Either::Left(Measured {
+            scoped: UPSTREAM.scope(slot, fut),
+        })
+    } else {
+        Either::Right(fut.map(|out| (out, None)))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request in its task-local slot; takes the slot back when done.
+    /// A struct, not an `async fn`: that would keep the request's future
+    /// twice (as its argument and inside the scope).
+    struct Measured<F: Future> {
+        #[pin]
+        scoped: tokio::task::futures::TaskLocalFuture<Slot, F>,
+    }
+}
+
+impl<F: Future> Future for Measured<F> {
+    type Output = (F::Output, Option<Duration>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut scoped = self.project().scoped;
+        let out = std::task::ready!(scoped.as_mut().poll(cx));
+        let time = scoped.take_value().and_then(|slot| slot.total());
+        Poll::Ready((out, time))
+    }
+}
+
+/// Runs `fut` (a task that works for a request) adding its exchanges to
+/// `cell`; without a cell, `fut` itself.
+pub fn handed<F: Future>(
     cell: Option<Arc<UpstreamTime>>,
     fut: F,
-) -> Either<tokio::task::futures::TaskLocalFuture<Arc<UpstreamTime>, F>, F> {
+) -> impl Future<Output = F::Output> {
     match cell {
-        Some(cell) => Either::Left(UPSTREAM.scope(cell, fut)),
+        Some(cell) => Either::Left(UPSTREAM.scope(Slot::Handed(cell), fut)),
         None => Either::Right(fut),
     }
 }
 
-/// The current request's cell, to hand to a task that works for it.
+/// The current request's shared cell, to hand to a task that works for it.
 pub fn current() -> Option<Arc<UpstreamTime>> {
-    UPSTREAM.try_with(Arc::clone).ok()
+    UPSTREAM
+        .try_with(|slot| match slot {
+            Slot::Own { handed, .. } => Arc::clone(handed.get_or_init(Arc::default)),
+            Slot::Handed(cell) => Arc::clone(cell),
+        })
+        .ok()
 }
 
 /// Adds one upstream exchange to the current request, if it is measured.
 pub fn record(elapsed: Duration) {
-    let _ = UPSTREAM.try_with(|t| t.add(elapsed));
+    let _ = UPSTREAM.try_with(|slot| match slot {
+        Slot::Own {
+            micros_plus_one, ..
+        } => micros_plus_one.set(add_plus_one(micros_plus_one.get(), elapsed)),
+        Slot::Handed(cell) => cell.add(elapsed),
+    });
 }
 
 #[cfg(test)]
@@ -76,13 +172,11 @@ mod tests {
         record(Duration::from_millis(5));
         assert!(current().is_none());
 
-        let cell = Arc::new(UpstreamTime::default());
-        assert_eq!(cell.get(), None);
-        measured(Some(cell.clone()), async {
+        let ((), time) = measured(true, async {
             record(Duration::from_micros(1500));
             // A task started for this request and handed the cell.
-            let handed = current();
-            tokio::spawn(measured(handed, async {
+            let handed_cell = current();
+            tokio::spawn(handed(handed_cell, async {
                 record(Duration::from_micros(500));
             }))
             .await
@@ -93,11 +187,31 @@ mod tests {
                 .expect("task");
         })
         .await;
-        assert_eq!(cell.get(), Some(Duration::from_micros(2000)));
+        assert_eq!(time, Some(Duration::from_micros(2000)));
+
+        // Only a fill's time, or none at all.
+        let ((), time) = measured(true, async {
+            tokio::spawn(handed(current(), async {
+                record(Duration::from_micros(700));
+            }))
+            .await
+            .expect("task");
+        })
+        .await;
+        assert_eq!(time, Some(Duration::from_micros(700)));
+        let ((), time) = measured(true, async {}).await;
+        assert_eq!(time, None);
+
+        // Not measured: nothing recorded, and no scope to record into.
+        let ((), time) = measured(false, async {
+            assert!(current().is_none());
+            record(Duration::from_millis(1));
+        })
+        .await;
+        assert_eq!(time, None);
 
         // A zero-length exchange still counts as "called".
-        let zero = Arc::new(UpstreamTime::default());
-        measured(Some(zero.clone()), async { record(Duration::ZERO) }).await;
-        assert_eq!(zero.get(), Some(Duration::ZERO));
+        let ((), time) = measured(true, async { record(Duration::ZERO) }).await;
+        assert_eq!(time, Some(Duration::ZERO));
     }
 }

@@ -22,12 +22,12 @@ pub mod listener;
 
 use crate::access_log::{self, AccessLog};
 use crate::body::Body;
-use crate::config::file::FileRequestId;
 use crate::config::{Config, LimitsConfig, Route, RouteMatch};
 use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
 use crate::metrics::Metrics;
+use crate::pipeline::status::CacheStatus;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
@@ -147,11 +147,13 @@ async fn serve_client(
         let done = Finished(framing.clone());
         let answer = handle(state.clone(), ambiguous, req, peer);
         async move {
-            Ok::<_, Infallible>(answer.await.map(|body| ClientBody {
+            let (resp, log) = answer.await;
+            Ok::<_, Infallible>(resp.map(|body| ClientBody {
                 body,
                 done,
                 track: h2,
                 waiting: false,
+                log,
             }))
         }
     });
@@ -492,6 +494,8 @@ struct ClientBody {
     track: bool,
     /// Handed hyper a frame and not polled since (tracked bodies only).
     waiting: bool,
+    /// The access log's line for this response (empty when not logged).
+    log: access_log::Tail,
 }
 
 impl http_body::Body for ClientBody {
@@ -504,7 +508,9 @@ impl http_body::Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         if !this.track {
-            return Pin::new(&mut this.body).poll_frame(cx);
+            let polled = Pin::new(&mut this.body).poll_frame(cx);
+            this.log.polled(&polled, || this.body.is_end_stream());
+            return polled;
         }
         this.done.0.body_polled(std::mem::take(&mut this.waiting));
         let polled = Pin::new(&mut this.body).poll_frame(cx);
@@ -514,6 +520,7 @@ impl http_body::Body for ClientBody {
                 this.done.0.body_waiting();
             }
         }
+        this.log.polled(&polled, || this.body.is_end_stream());
         polled
     }
 
@@ -534,52 +541,34 @@ impl Drop for ClientBody {
     }
 }
 
-/// Per request: one config snapshot, and the access log and request id
-/// around [`answer`] when they are on.
+/// Per request: one config snapshot, the access log's line and the
+/// request id around [`answer`]. One path whether the log is on or off:
+/// the line is a pointer and a branch when off, and the answer's future is
+/// awaited in place (not boxed) when on.
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
-    req: Request<Incoming>,
-    peer: SocketAddr,
-) -> Response<Body> {
-    let cfg = state.config.load_full();
-    let log = cfg.access_log;
-    if !log.enabled && log.request_id == FileRequestId::Pass {
-        let mut routed = Routed::default();
-        return answer(&state, cfg, ambiguous, req, peer, &mut routed).await;
-    }
-    // Boxed: this future is moved into a box per request, and it would
-    // otherwise keep room for a second `answer` beside the first.
-    Box::pin(logged(state, cfg, ambiguous, req, peer)).await
-}
-
-/// [`answer`] with the access log's line and the request id.
-async fn logged(
-    state: Arc<ProxyState>,
-    cfg: Arc<Config>,
-    ambiguous: bool,
     mut req: Request<Incoming>,
     peer: SocketAddr,
-) -> Response<Body> {
+) -> (Response<Body>, access_log::Tail) {
+    let cfg = state.config.load_full();
     let begun = access_log::begin(&state.access_log, &cfg.access_log, &mut req, peer);
-    let timing = begun
-        .pending
-        .as_ref()
-        .map(access_log::Pending::upstream_time);
+    let logged = begun.pending.is_some();
     let mut routed = Routed {
-        wanted: begun.pending.is_some(),
+        wanted: logged,
         ..Routed::default()
     };
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
-    let mut resp = crate::proxy::timing::measured(timing, answered).await;
+    let (mut resp, upstream) = crate::proxy::timing::measured(logged, answered).await;
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
     }
-    match begun.pending {
-        Some(line) => line.respond(resp, routed.route, routed.cached),
-        None => resp,
-    }
+    let tail = match begun.pending {
+        Some(line) => line.respond(&resp, routed.route, routed.cache, upstream),
+        None => access_log::Tail::default(),
+    };
+    (resp, tail)
 }
 
 /// Which route a request went to, for its access log line.
@@ -588,15 +577,14 @@ struct Routed {
     /// Only filled in for a request that is logged.
     wanted: bool,
     route: Option<Arc<Route>>,
-    /// A read on a cache route: the `X-Cache` header is the pipeline's.
-    cached: bool,
+    /// What the pipeline did, for a read on a cache route (its `X-Cache`).
+    cache: Option<CacheStatus>,
 }
 
 impl Routed {
-    fn note(&mut self, route: &Arc<Route>, cached: bool) {
+    fn note(&mut self, route: &Arc<Route>) {
         if self.wanted {
             self.route = Some(Arc::clone(route));
-            self.cached = cached;
         }
     }
 }
@@ -656,16 +644,18 @@ async fn answer(
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
-            routed.note(&route, true);
+            routed.note(&route);
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
             // a read pipeline held inline would make every forwarded request
             // copy it too.
             let serve = Box::pin(state.pipeline.serve(cfg.clone(), route, params, req, peer));
-            return serve.await;
+            let (status, resp) = serve.await;
+            routed.cache = Some(status);
+            return resp;
         }
         RouteMatch::BadParam(route, param) => {
-            routed.note(&route, false);
+            routed.note(&route);
             state
                 .metrics
                 .requests
@@ -677,7 +667,7 @@ async fn answer(
             .to_response();
         }
         RouteMatch::Write(route, params) if route.invalidate_on_write => {
-            routed.note(&route, false);
+            routed.note(&route);
             Some((route, params))
         }
         RouteMatch::Write(..) | RouteMatch::Forward => None,
