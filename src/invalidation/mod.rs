@@ -82,3 +82,21 @@ pub fn spawn_sources(
     }
     tasks
 }
+
+/// `host-pid-random`: unique per process (a restarted process is a new
+/// one), naming the process for an operator reading consumer names and
+/// witness slots.
+pub(crate) fn process_token() -> String {
+    use rand::Rng;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::rng().random::<u32>()
+    )
+}

@@ -633,20 +633,9 @@ fn value_bytes(v: &Value) -> Vec<u8> {
     }
 }
 
-/// `host-pid-random`: unique per process, stable for its life.
+/// Unique per process, stable for its life.
 fn consumer_name() -> String {
-    use rand::Rng;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned());
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::rng().random::<u32>()
-    )
+    super::process_token()
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ impl Witness {
         Witness {
             invalidator,
             slots,
-            owner: token(),
+            owner: super::process_token(),
             slot: None,
             next_beat: Instant::now(),
             gauge,
@@ -146,28 +146,16 @@ impl Witness {
     }
 }
 
-/// `host-pid-random`: unique per process (a restarted process is a new
-/// owner), and names the process for an operator reading the slot keys.
-fn token() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned());
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::rng().random::<u32>()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn tokens_are_unique_and_name_the_process() {
-        let (a, b) = (token(), token());
+        let (a, b) = (
+            crate::invalidation::process_token(),
+            crate::invalidation::process_token(),
+        );
         assert_ne!(a, b);
         assert!(a.contains(&format!("-{}-", std::process::id())));
     }
