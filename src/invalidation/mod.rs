@@ -100,3 +100,13 @@ pub(crate) fn process_token() -> String {
         rand::rng().random::<u32>()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn process_tokens_are_unique_and_name_the_process() {
+        let (a, b) = (super::process_token(), super::process_token());
+        assert_ne!(a, b);
+        assert!(a.contains(&format!("-{}-", std::process::id())));
+    }
+}

@@ -145,18 +145,3 @@ impl Witness {
         self.gauge.set(0);
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_unique_and_name_the_process() {
-        let (a, b) = (
-            crate::invalidation::process_token(),
-            crate::invalidation::process_token(),
-        );
-        assert_ne!(a, b);
-        assert!(a.contains(&format!("-{}-", std::process::id())));
-    }
-}
