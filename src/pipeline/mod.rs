@@ -198,34 +198,30 @@ impl Pipeline {
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
-        let Some(bounds) = route.origin_vary else {
-            let (parts, _) = req.into_parts();
-            let (status, resp) = match self
-                .serve_keyed(cfg, route, &params, Vec::new(), &parts, &ask, false)
-                .await
-            {
-                Keyed::Served(status, resp) => (status, resp),
-                Keyed::Relearn(_) => (
-                    CacheStatus::Miss,
-                    ProxyError::Bug("relearn without vary_from_origin".into()).to_response(),
-                ),
-            };
-            return (status, resp);
+        // `vary_from_origin`: the names this object's answers vary on; on
+        // other routes none, and no answer is keyed again.
+        let (mut learned, mut may_relearn) = match route.origin_vary {
+            Some(_) => (vary::learned(&sh.store, &cfg, route, &params).await, true),
+            None => (Vec::new(), false),
         };
-        // `vary_from_origin`: the names this object's answers vary on.
-        let mut learned = vary::learned(&sh.store, &cfg, route, &params).await;
         let (parts, body) = req.into_parts();
-        let mut may_relearn = true;
+        // Kept only where the request may still be forwarded as it came.
+        let mut body = route.origin_vary.map(|_| body);
         loop {
             // A value longer than the route allows would make a variant of
             // its own per hostile client: such a request is not cached.
-            if vary::too_long(&parts.headers, &learned, bounds.max_value) {
-                let req = Request::from_parts(parts, body);
-                let timeout = cfg.upstream.timeout;
-                let resp =
-                    crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
-                        .await;
-                return (CacheStatus::Bypass, resp);
+            let too_long = route
+                .origin_vary
+                .is_some_and(|b| vary::too_long(&parts.headers, &learned, b.max_value));
+            if too_long {
+                if let Some(body) = body.take() {
+                    let req = Request::from_parts(parts, body);
+                    let timeout = cfg.upstream.timeout;
+                    let resp =
+                        crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
+                            .await;
+                    return (CacheStatus::Bypass, resp);
+                }
             }
             let keyed = self.serve_keyed(
                 Arc::clone(&cfg),
