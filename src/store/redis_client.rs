@@ -4,8 +4,9 @@
 //! consumer's, and that names the setting when a TLS handshake fails.
 //!
 //! A `rediss://` URL without `tls` verifies against the system's roots. The
-//! certificate must name the URL's host (a DNS name or an IP address SAN);
-//! there is no plain-text fallback.
+//! certificate must name the URL's host (a DNS name or an IP address SAN;
+//! with Sentinel, the address the sentinels announce); there is no
+//! plain-text fallback.
 
 use crate::config::RedisTls;
 use redis::{Client, IntoConnectionInfo, RedisError, RedisResult, TlsCertificates};
@@ -37,7 +38,7 @@ pub fn tls_failure(e: &RedisError) -> Option<String> {
     let detail = crate::tls::rustls_failure(e)?;
     Some(format!(
         "TLS handshake with redis failed: {detail} (check store.redis.tls.ca_file against \
-         the server's CA, the certificate's names against the URL's host, and \
-         store.redis.tls.cert_file/key_file if the server requires client certificates)"
+         the server's CA, the certificate's names against the URL's host (with \
+         Sentinel: the address the sentinels announce), and store.redis.tls.cert_file/key_file if the server requires client certificates)"
     ))
 }

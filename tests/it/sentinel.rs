@@ -2,36 +2,58 @@
 //! names. A primary, its replica and three sentinels; the primary is
 //! killed; sidecache serves DEGRADED until the promotion, then HITs from the
 //! promoted replica without a restart. The test measures the time from the
-//! kill to the promotion and to the first HIT.
+//! kill to the promotion and to the first HIT. The same over TLS (sentinels,
+//! primary and replica TLS-only: nothing to fall back to), and with a CA
+//! that did not sign the servers' certificates.
 
+use crate::support::certs::Certs;
 use crate::support::client::{self, x_cache};
 use crate::support::redis::RedisServer;
 use crate::support::sentinel::{Sentinels, MASTER};
-use crate::support::{app_routes, eventually, Origin, SidecacheBuilder};
+use crate::support::{app_routes, eventually, Origin, Sidecache, SidecacheBuilder};
 use std::time::{Duration, Instant};
 
 const P: &str = "/api/tenants/acme/apps/1";
 const COOLDOWN: Duration = Duration::from_millis(500);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn follows_a_failover_and_hits_again() {
-    let primary = RedisServer::start();
-    let replica = RedisServer::start_replica_of(&primary);
-    let sentinels = Sentinels::start(3, primary.port(), 1);
-    let origin = Origin::start().await;
+/// The `store:` section on `sentinels`, with `extra` lines under `redis:`.
+fn store(sentinels: &Sentinels, extra: &str) -> String {
     let nodes: Vec<String> = sentinels
         .urls()
         .iter()
         .map(|u| format!("\"{u}\""))
         .collect();
-    let sc = SidecacheBuilder::new(origin.url())
+    format!(
+        "store:\n  redis:\n    sentinel:\n      master: {MASTER}\n      nodes: [{}]\n    command_timeout: 300ms\n{extra}  breaker:\n    cooldown: 500ms\n",
+        nodes.join(", ")
+    )
+}
+
+/// `store.redis.tls` with `ca` as the CA bundle.
+fn tls(certs: &Certs, ca: &str) -> String {
+    format!(
+        "    tls:\n      ca_file: \"{}\"\n",
+        certs.cert(ca).display()
+    )
+}
+
+async fn start(origin: &Origin, store: &str) -> Sidecache {
+    SidecacheBuilder::new(origin.url())
         .routes(&app_routes(""))
-        .store(&format!(
-            "store:\n  redis:\n    sentinel:\n      master: {MASTER}\n      nodes: [{}]\n    command_timeout: 300ms\n  breaker:\n    cooldown: 500ms\n",
-            nodes.join(", ")
-        ))
+        .store(store)
         .start()
-        .await;
+        .await
+}
+
+/// HIT through the primary, kill it, HIT again through the promoted replica.
+async fn follows_a_failover(
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinels: Sentinels,
+    tls: &str,
+) {
+    let origin = Origin::start().await;
+    let sc = start(&origin, &store(&sentinels, tls)).await;
     eventually(
         "a HIT through the primary",
         Duration::from_secs(10),
@@ -78,5 +100,51 @@ async fn follows_a_failover_and_hits_again() {
     assert!(
         hit.saturating_sub(promoted) < COOLDOWN + Duration::from_secs(2),
         "promoted after {promoted:?} but first HIT only after {hit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_and_hits_again() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let sentinels = Sentinels::start(3, primary.port(), 1);
+    follows_a_failover(primary, replica, sentinels, "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_over_tls() {
+    let certs = Certs::generate();
+    let primary = RedisServer::start_tls(&certs, "server", false);
+    let replica = RedisServer::start_tls_replica_of(&primary, &certs);
+    let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
+    follows_a_failover(primary, replica, sentinels, &tls(&certs, "ca")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wrong_ca_degrades_and_names_ca_file() {
+    let certs = Certs::generate();
+    let primary = RedisServer::start_tls(&certs, "server", false);
+    let sentinels = Sentinels::start_tls(3, primary.port(), 0, &certs);
+    let origin = Origin::start().await;
+    let sc = start(&origin, &store(&sentinels, &tls(&certs, "other-ca"))).await;
+    for _ in 0..3 {
+        let resp = client::get(&sc.url(P)).await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(x_cache(&resp), "DEGRADED", "no cache without a proven peer");
+    }
+    assert_eq!(origin.hits(P), 3);
+    eventually(
+        "the log names store.redis.tls.ca_file",
+        Duration::from_secs(10),
+        || async {
+            let log = sc.stderr_text();
+            log.contains("store.redis.tls.ca_file") && log.contains("UnknownIssuer")
+        },
+    )
+    .await;
+    assert_eq!(
+        primary.cli(&["DBSIZE"]).ok(),
+        Some(redis::Value::Int(0)),
+        "nothing reached the primary"
     );
 }

@@ -7,7 +7,7 @@
 
 use std::io::ErrorKind;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -49,15 +49,25 @@ impl RedisServer {
     /// (`"server"` or `"ip-only"`); with `require_client_cert` it refuses clients without a certificate
     /// signed by `certs`' CA. The harness's own commands present `client`.
     pub fn start_tls(certs: &Certs, server: &str, require_client_cert: bool) -> RedisServer {
-        let tls = ServerTls {
-            ca: certs.cert("ca"),
-            cert: certs.cert(server),
-            key: certs.key(server),
-            client_cert: certs.cert("client"),
-            client_key: certs.key("client"),
-            require_client_cert,
-        };
+        let tls = ServerTls::new(certs, server, require_client_cert);
         RedisServer::start_inner(&[], Some(Box::new(tls)))
+    }
+
+    /// A TLS-only replica (certificate `server`) of the TLS-only `primary`,
+    /// replicating over TLS, once its link is up.
+    pub fn start_tls_replica_of(primary: &RedisServer, certs: &Certs) -> RedisServer {
+        let port = primary.port.to_string();
+        let args = [
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--tls-replication",
+            "yes",
+        ];
+        let tls = ServerTls::new(certs, "server", false);
+        let replica = RedisServer::start_inner(&args, Some(Box::new(tls)));
+        replica.wait_info("the replica's link to its primary", "master_link_status:up");
+        replica
     }
 
     fn start_inner(extra_args: &[&str], tls: Option<Box<ServerTls>>) -> RedisServer {
@@ -263,6 +273,17 @@ struct ServerTls {
 }
 
 impl ServerTls {
+    fn new(certs: &Certs, server: &str, require_client_cert: bool) -> ServerTls {
+        ServerTls {
+            ca: certs.cert("ca"),
+            cert: certs.cert(server),
+            key: certs.key(server),
+            client_cert: certs.cert("client"),
+            client_key: certs.key("client"),
+            require_client_cert,
+        }
+    }
+
     fn args(&self, port: &str) -> Vec<String> {
         let path = |p: &PathBuf| p.display().to_string();
         let auth = if self.require_client_cert {
@@ -290,14 +311,27 @@ impl ServerTls {
     }
 
     fn certificates(&self) -> redis::TlsCertificates {
-        let read = |p: &PathBuf| std::fs::read(p).expect("read a test certificate");
-        redis::TlsCertificates {
-            client_tls: Some(redis::ClientTlsConfig {
-                client_cert: read(&self.client_cert),
-                client_key: read(&self.client_key),
-            }),
-            root_cert: Some(read(&self.ca)),
-        }
+        client_certificates(&self.ca, &self.client_cert, &self.client_key)
+    }
+}
+
+/// The harness's own client certificates for a TLS server of `certs`.
+pub fn harness_certificates(certs: &Certs) -> redis::TlsCertificates {
+    client_certificates(
+        &certs.cert("ca"),
+        &certs.cert("client"),
+        &certs.key("client"),
+    )
+}
+
+fn client_certificates(ca: &Path, cert: &Path, key: &Path) -> redis::TlsCertificates {
+    let read = |p: &Path| std::fs::read(p).expect("read a test certificate");
+    redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig {
+            client_cert: read(cert),
+            client_key: read(key),
+        }),
+        root_cert: Some(read(ca)),
     }
 }
 
