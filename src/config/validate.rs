@@ -350,7 +350,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
             let at = "invalidation.redis_stream";
             match &store.redis {
                 Some(RedisConfig {
-                    target: RedisTarget::Single(_),
+                    target: RedisTarget::Single(_) | RedisTarget::Sentinel(_),
                     ..
                 }) => {}
                 // The dead-letter stream `<stream>:dead` must live on the
@@ -369,12 +369,6 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     target: RedisTarget::Cluster(_),
                     ..
                 }) => {}
-                Some(_) => {
-                    return err(
-                        at,
-                        "not supported with store.redis.sentinel yet (needs store.redis.url or cluster)",
-                    )
-                }
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
             }
             if r.stream.is_empty() || r.stream.chars().any(|c| c.is_whitespace()) {

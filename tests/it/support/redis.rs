@@ -159,6 +159,26 @@ impl RedisServer {
             .expect("CLIENT PAUSE");
     }
 
+    /// SIGSTOP: the process stops where it is (a replica stops acknowledging
+    /// replication) until [`RedisServer::resume`].
+    pub fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`RedisServer::stop`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let child = guard.as_ref().expect("the server is running");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) on our own child's pid; no memory is shared.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill({pid}, {signal})");
+    }
+
     /// SIGKILL: no shutdown, connections are reset.
     pub fn kill(&self) {
         let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -409,6 +429,34 @@ impl RedisCluster {
             }
         }
         RedisCluster { nodes }
+    }
+
+    /// A new node joined as a replica of `master` (one of `nodes`), once
+    /// its replication link is up.
+    pub fn add_replica(&self, master: &RedisServer) -> RedisServer {
+        let args: Vec<&str> = master.extra_args.iter().map(String::as_str).collect();
+        let replica = RedisServer::start_with(&args);
+        let id = match master.cli(&["CLUSTER", "MYID"]) {
+            Ok(redis::Value::BulkString(id)) => String::from_utf8_lossy(&id).into_owned(),
+            other => panic!("CLUSTER MYID: {other:?}"),
+        };
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "add-node"])
+            .arg(format!("127.0.0.1:{}", replica.port))
+            .arg(format!("127.0.0.1:{}", master.port))
+            .args(["--cluster-slave", "--cluster-master-id", &id])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli to add a replica: {e}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster add-node failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        replica.wait_info("the replica's link to its master", "master_link_status:up");
+        master.wait_info("the master sees its replica", "connected_slaves:1");
+        replica
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
