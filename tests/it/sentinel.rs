@@ -2,9 +2,10 @@
 //! names. A primary, its replica and three sentinels; the primary is
 //! killed; sidecache serves DEGRADED until the promotion, then HITs from the
 //! promoted replica without a restart. The test measures the time from the
-//! kill to the promotion and to the first HIT. The same over TLS (sentinels,
-//! primary and replica TLS-only: nothing to fall back to), and with a CA
-//! that did not sign the servers' certificates.
+//! kill to the promotion and to the first HIT. The same over mutual TLS
+//! (sentinels, primary and replica TLS-only and requiring client
+//! certificates: nothing to fall back to), and with a CA that did not sign
+//! the servers' certificates.
 
 use crate::support::certs::Certs;
 use crate::support::client::{self, x_cache};
@@ -29,11 +30,13 @@ fn store(sentinels: &Sentinels, extra: &str) -> String {
     )
 }
 
-/// `store.redis.tls` with `ca` as the CA bundle.
+/// `store.redis.tls` with `ca` as the CA bundle and the client certificate.
 fn tls(certs: &Certs, ca: &str) -> String {
     format!(
-        "    tls:\n      ca_file: \"{}\"\n",
-        certs.cert(ca).display()
+        "    tls:\n      ca_file: \"{}\"\n      cert_file: \"{}\"\n      key_file: \"{}\"\n",
+        certs.cert(ca).display(),
+        certs.cert("client").display(),
+        certs.key("client").display()
     )
 }
 
@@ -114,7 +117,7 @@ async fn follows_a_failover_and_hits_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_a_failover_over_tls() {
     let certs = Certs::generate();
-    let primary = RedisServer::start_tls(&certs, "server", false);
+    let primary = RedisServer::start_tls(&certs, "server", true);
     let replica = RedisServer::start_tls_replica_of(&primary, &certs);
     let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
     follows_a_failover(primary, replica, sentinels, &tls(&certs, "ca")).await;

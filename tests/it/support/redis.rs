@@ -53,8 +53,9 @@ impl RedisServer {
         RedisServer::start_inner(&[], Some(Box::new(tls)))
     }
 
-    /// A TLS-only replica (certificate `server`) of the TLS-only `primary`,
-    /// replicating over TLS, once its link is up.
+    /// A TLS-only replica (certificate `server`, also its client
+    /// certificate towards `primary`) of the TLS-only `primary`, replicating
+    /// over TLS and requiring client certificates, once its link is up.
     pub fn start_tls_replica_of(primary: &RedisServer, certs: &Certs) -> RedisServer {
         let port = primary.port.to_string();
         let args = [
@@ -64,7 +65,7 @@ impl RedisServer {
             "--tls-replication",
             "yes",
         ];
-        let tls = ServerTls::new(certs, "server", false);
+        let tls = ServerTls::new(certs, "server", true);
         let replica = RedisServer::start_inner(&args, Some(Box::new(tls)));
         replica.wait_info("the replica's link to its primary", "master_link_status:up");
         replica

@@ -31,7 +31,8 @@ impl Sentinels {
     }
 
     /// Like [`Sentinels::start`], TLS only with `certs`' `server`
-    /// certificate, for a TLS-only primary and replicas.
+    /// certificate (also presented as the client certificate to the
+    /// primary and replicas), requiring client certificates.
     pub fn start_tls(n: usize, primary_port: u16, replicas: usize, certs: &Certs) -> Sentinels {
         Sentinels::start_with(n, primary_port, replicas, Some(certs))
     }
@@ -113,7 +114,7 @@ impl Node {
             None => format!("port {port}\n"),
             Some(certs) => format!(
                 "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
-                 tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                 tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
                 certs.cert("server").display(),
                 certs.key("server").display(),
                 certs.cert("ca").display()
