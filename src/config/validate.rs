@@ -235,6 +235,12 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
             let tls = redis_tls(r.tls.as_ref(), &target)?;
+            if near_cache.is_some() && tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
+                return err(
+                    "store.redis.tls.server_name",
+                    "not supported with the near cache yet (set store.redis.near_cache.enabled: false)",
+                );
+            }
             let replicas_ack = replicas_ack(r)?;
             Some(RedisConfig {
                 target,
@@ -682,7 +688,30 @@ fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<
         (Some(_), None) => return err(format!("{at}.key_file"), "needed with cert_file"),
         (None, Some(_)) => return err(format!("{at}.cert_file"), "needed with key_file"),
     };
-    Ok(Some(RedisTls { ca, client }))
+    let server_name = match &t.server_name {
+        None => None,
+        Some(name) => {
+            let at = format!("{at}.server_name");
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return err(at, format!("{name:?} is not a DNS name or IP address"));
+            }
+            // redis-rs verifies each cluster node against the host that
+            // `CLUSTER SLOTS` names, and takes no per-node resolver.
+            if matches!(target, RedisTarget::Cluster(_)) {
+                return err(
+                    at,
+                    "not supported with store.redis.cluster (the nodes are verified against \
+                     the names the cluster announces: set cluster-announce-hostname)",
+                );
+            }
+            Some(name.clone())
+        }
+    };
+    Ok(Some(RedisTls {
+        ca,
+        client,
+        server_name,
+    }))
 }
 
 fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Result<Route> {

@@ -77,14 +77,17 @@ impl StreamConn {
             StreamTarget::Single(url) => open(url.as_str(), self.tls.as_ref(), block).await,
             StreamTarget::Sentinel(target) => {
                 let tcp = TcpSettings::default().set_nodelay(true);
-                let mut sentinel = redis_sentinel::client(target, self.tls.as_ref(), tcp)?;
-                let primary = tokio::time::timeout(CONNECT_TIMEOUT, sentinel.async_get_client())
-                    .await
-                    .map_err(|_| {
-                        RedisError::from((ErrorKind::Io, "redis sentinel: no answer in time"))
-                    })??;
+                let mut sentinel = redis_sentinel::client(target, self.tls.as_ref(), tcp.clone())?;
+                let ask = redis_sentinel::primary(&mut sentinel, target, self.tls.as_ref(), tcp);
+                let (primary, pinned) =
+                    tokio::time::timeout(CONNECT_TIMEOUT, ask)
+                        .await
+                        .map_err(|_| {
+                            RedisError::from((ErrorKind::Io, "redis sentinel: no answer in time"))
+                        })??;
+                let config = redis_client::resolve_with(conn_config(block), pinned.as_ref());
                 primary
-                    .get_multiplexed_async_connection_with_config(&conn_config(block))
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await
             }
             StreamTarget::Cluster(seeds) => {
@@ -178,9 +181,11 @@ async fn open(
     tls: Option<&RedisTls>,
     block: Duration,
 ) -> Result<MultiplexedConnection, RedisError> {
+    let (info, pinned) = redis_client::pin(info.into_connection_info()?, tls);
     let client = redis_client::client(info, tls)?;
+    let config = redis_client::resolve_with(conn_config(block), pinned.as_ref());
     client
-        .get_multiplexed_async_connection_with_config(&conn_config(block))
+        .get_multiplexed_async_connection_with_config(&config)
         .await
 }
 

@@ -38,6 +38,7 @@ pub mod near;
 pub mod node_breakers;
 pub mod redis;
 pub mod redis_client;
+pub mod redis_node;
 pub mod redis_sentinel;
 pub mod redis_slots;
 pub mod scripts;

@@ -22,7 +22,8 @@
 //!   so it is set in both places. The cluster test fails without them.
 
 use super::near::{self, NearCache};
-use super::redis_client;
+use super::redis_client::{self, Pinned};
+use super::redis_node::{Node, Timeouts};
 use super::redis_sentinel;
 use super::redis_slots;
 use super::scripts;
@@ -35,13 +36,13 @@ use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{
-    Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, Script,
-    Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion,
+    RedisError, RedisFuture, Script, Value,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,9 +54,9 @@ mod bloom;
 /// Reconnect attempts after the first one fails, before a reconnect gives up
 /// (the next command starts a new one). Small, so a dead server does not
 /// hold calls in backoff for seconds.
-const RECONNECT_RETRIES: usize = 2;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
+pub(super) const RECONNECT_RETRIES: usize = 2;
+pub(super) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+pub(super) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 /// Floor for the TCP connect timeout; a connect is slower than a command.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -80,7 +81,7 @@ pub struct RedisStore {
 /// underlying multiplexed connection (or cluster connection task).
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(Node),
     Cluster(ClusterConnection),
     /// The primary Sentinel names (see [`redis_sentinel`]); resolved to
     /// `Single` by [`Conn::current`] at the start of every call.
@@ -92,7 +93,7 @@ impl Conn {
     fn current(&self) -> Conn {
         match self {
             Conn::Sentinel(primary) => match primary.load_full() {
-                Some(manager) => Conn::Single((*manager).clone()),
+                Some(node) => Conn::Single((*node).clone()),
                 None => self.clone(),
             },
             other => other.clone(),
@@ -184,36 +185,44 @@ impl RedisStore {
                     tasks.push(tokio::spawn(keeper).abort_handle());
                     near = Some(cache);
                 }
+                let (info, pinned) = redis_client::pin(info, cfg.tls.as_ref());
                 let client = redis_client::client(info, cfg.tls.as_ref()).map_err(config_error)?;
-                diagnose = Some(client.clone());
-                let manager_cfg = single_manager_config(command_timeout, connect_timeout);
+                diagnose = Some((client.clone(), pinned.clone()));
+                let node = |response| {
+                    let timeouts = Timeouts {
+                        response,
+                        connect: connect_timeout,
+                    };
+                    Node::new(client.clone(), pinned.clone(), timeouts).map_err(config_error)
+                };
                 if let Some(ack) = cfg.replicas_ack {
-                    let wait_cfg = manager_cfg
-                        .clone()
-                        .set_response_timeout(Some(command_timeout + ack.timeout));
-                    let manager = ConnectionManager::new_lazy_with_config(client.clone(), wait_cfg)
-                        .map_err(config_error)?;
-                    replicated = Some((Conn::Single(manager), ack));
+                    let waiting = node(command_timeout + ack.timeout)?;
+                    replicated = Some((Conn::Single(waiting), ack));
                 }
-                let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
-                    .map_err(config_error)?;
-                (Conn::Single(manager), "redis")
+                (Conn::Single(node(command_timeout)?), "redis")
             }
             RedisTarget::Sentinel(target) => {
                 let sentinel = redis_sentinel::client(target, cfg.tls.as_ref(), tcp.clone())
                     .map_err(config_error)?;
-                let manager_cfg = single_manager_config(command_timeout, connect_timeout);
+                let timeouts = |response| Timeouts {
+                    response,
+                    connect: connect_timeout,
+                };
                 let primary = redis_sentinel::Primary::default();
-                let mut primaries = vec![(primary.clone(), manager_cfg.clone())];
+                let mut primaries = vec![(primary.clone(), timeouts(command_timeout))];
                 if let Some(ack) = cfg.replicas_ack {
                     let waiting = redis_sentinel::Primary::default();
-                    let wait_cfg =
-                        manager_cfg.set_response_timeout(Some(command_timeout + ack.timeout));
-                    primaries.push((waiting.clone(), wait_cfg));
+                    primaries.push((waiting.clone(), timeouts(command_timeout + ack.timeout)));
                     replicated = Some((Conn::Sentinel(waiting), ack));
                 }
-                let follow =
-                    redis_sentinel::follow(sentinel, target.master.clone(), primaries, heartbeat);
+                let follow = redis_sentinel::follow(
+                    sentinel,
+                    target.clone(),
+                    cfg.tls.clone(),
+                    tcp.clone(),
+                    primaries,
+                    heartbeat,
+                );
                 tasks.push(tokio::spawn(follow).abort_handle());
                 (Conn::Sentinel(primary), "redis-sentinel")
             }
@@ -362,7 +371,7 @@ async fn keep_alive(
     conn: Conn,
     every: Duration,
     timeout: Duration,
-    diagnose: Option<redis::Client>,
+    diagnose: Option<(redis::Client, Option<Pinned>)>,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -377,10 +386,11 @@ async fn keep_alive(
             Ok(Err(e)) => Err(map_error(e)),
             Err(_) => Err(StoreError::Timeout),
         };
-        if let (Err(StoreError::Timeout), Some(client), false) =
+        if let (Err(StoreError::Timeout), Some((client, pinned)), false) =
             (&outcome, &diagnose, reachable == Some(false))
         {
-            let connect = client.get_multiplexed_async_connection();
+            let config = redis_client::resolve_with(AsyncConnectionConfig::new(), pinned.as_ref());
+            let connect = client.get_multiplexed_async_connection_with_config(&config);
             if let Ok(Err(e)) =
                 tokio::time::timeout(timeout.max(MIN_CONNECT_TIMEOUT), connect).await
             {
@@ -394,19 +404,6 @@ async fn keep_alive(
         }
         reachable = Some(outcome.is_ok());
     }
-}
-
-/// Capped reconnects and a response timeout (module doc).
-fn single_manager_config(
-    command_timeout: Duration,
-    connect_timeout: Duration,
-) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_response_timeout(Some(command_timeout))
-        .set_connection_timeout(Some(connect_timeout))
-        .set_number_of_retries(RECONNECT_RETRIES)
-        .set_min_delay(RECONNECT_MIN_DELAY)
-        .set_max_delay(RECONNECT_MAX_DELAY)
 }
 
 /// A cluster connection (not yet connected) whose per-node and overall

@@ -3,9 +3,9 @@
 //!
 //! A background task asks the sentinels (redis-rs `SentinelClient`, which
 //! also checks that the node it names answers `ROLE` as a master) every
-//! heartbeat. When the primary's address changes, it builds connection
-//! managers for the new one and swaps them in; store calls take whichever
-//! manager is current at their start. Between the old primary's death and
+//! heartbeat. When the primary's address changes, it builds connections
+//! ([`super::redis_node`]) to the new one and swaps them in; store calls
+//! take whichever connection is current at their start. Between the old primary's death and
 //! the promotion, calls fail and the breaker keeps requests away; the first
 //! probe after the swap reaches the new primary. Hits resume within the
 //! breaker cooldown plus Sentinel's own switch-over (`down-after-milliseconds`
@@ -19,18 +19,21 @@
 //! them, so validation requires the URLs to agree.
 
 use crate::config::{RedisTls, SentinelTarget};
-use crate::store::redis_client;
+use crate::store::redis_client::{self, Pinned};
+use crate::store::redis_node::{Node, Timeouts};
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, TlsMode};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, RedisResult, Role, TlsMode,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
 /// The current primary's connection; empty until the sentinels named one.
-pub type Primary = Arc<ArcSwapOption<ConnectionManager>>;
+pub type Primary = Arc<ArcSwapOption<Node>>;
 
 /// A client that asks `target`'s sentinels for the primary and hands out
 /// clients for it (over TLS with `tls`).
@@ -80,52 +83,121 @@ pub fn client(
     builder.build()
 }
 
+/// A client for the primary the sentinels name now, with the resolver of
+/// `tls`'s server name, if any.
+///
+/// redis-rs checks the primary a sentinel names by connecting to the
+/// announced address and verifying its certificate against that address;
+/// with a server name that check cannot pass, so then the lookup is done
+/// here: the first sentinel that answers names the primary, whose `ROLE`
+/// is checked over a connection verified against the server name.
+pub async fn primary(
+    sentinel: &mut SentinelClient,
+    target: &SentinelTarget,
+    tls: Option<&RedisTls>,
+    tcp: TcpSettings,
+) -> RedisResult<(Client, Option<Pinned>)> {
+    if tls.and_then(|t| t.server_name.as_ref()).is_none() {
+        return Ok((sentinel.async_get_client().await?, None));
+    }
+    let mut asked = sentinel
+        .async_get_sentinel_client()
+        .await?
+        .get_multiplexed_async_connection()
+        .await?;
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(&target.master)
+        .query_async(&mut asked)
+        .await?;
+    let mut redis = RedisConnectionInfo::default().set_db(target.db);
+    if let Some(username) = &target.username {
+        redis = redis.set_username(username);
+    }
+    if let Some(password) = &target.password {
+        redis = redis.set_password(password);
+    }
+    let addr = ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure: false,
+        tls_params: None,
+    };
+    let info = addr
+        .into_connection_info()?
+        .set_redis_settings(redis)
+        .set_tcp_settings(tcp);
+    let (info, pinned) = redis_client::pin(info, tls);
+    let client = redis_client::client(info, tls)?;
+    let config = redis_client::resolve_with(AsyncConnectionConfig::new(), pinned.as_ref());
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    match redis::cmd("ROLE").query_async(&mut conn).await? {
+        Role::Primary { .. } => Ok((client, pinned)),
+        _ => Err(RedisError::from((
+            ErrorKind::Io,
+            "redis sentinel: the node named as primary is not one",
+        ))),
+    }
+}
+
 /// Follows the primary forever (the store aborts the task on drop): every
-/// primary in `primaries` gets a manager built with its own config.
+/// primary in `primaries` gets a connection with its own timeouts (and
+/// `tls`'s server name, if any).
 pub async fn follow(
     mut sentinel: SentinelClient,
-    master: String,
-    primaries: Vec<(Primary, ConnectionManagerConfig)>,
+    target: SentinelTarget,
+    tls: Option<RedisTls>,
+    tcp: TcpSettings,
+    primaries: Vec<(Primary, Timeouts)>,
     every: Duration,
 ) {
+    let master = &target.master;
     let mut current: Option<String> = None;
     let mut failing = false;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let ask = sentinel.async_get_client();
-        let client = match tokio::time::timeout(every.max(Duration::from_secs(1)), ask).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
-                if !failing {
-                    let error = redis_client::tls_failure(&e).unwrap_or_else(|| e.to_string());
-                    warn!(%master, %error, "redis sentinel: no usable primary");
+        let ask = primary(&mut sentinel, &target, tls.as_ref(), tcp.clone());
+        let (client, pinned) =
+            match tokio::time::timeout(every.max(Duration::from_secs(1)), ask).await {
+                Ok(Ok(found)) => found,
+                Ok(Err(e)) => {
+                    if !failing {
+                        let error = redis_client::tls_failure(&e).unwrap_or_else(|| e.to_string());
+                        warn!(%master, %error, "redis sentinel: no usable primary");
+                    }
+                    failing = true;
+                    continue;
                 }
-                failing = true;
-                continue;
-            }
-            Err(_) => {
-                if !failing {
-                    warn!(%master, "redis sentinel: no answer in time");
+                Err(_) => {
+                    if !failing {
+                        warn!(%master, "redis sentinel: no answer in time");
+                    }
+                    failing = true;
+                    continue;
                 }
-                failing = true;
-                continue;
-            }
-        };
+            };
         failing = false;
-        let addr = client.get_connection_info().addr().to_string();
+        // With a server name the address's host is that name: the real
+        // host tells primaries apart.
+        let mut addr = client.get_connection_info().addr().to_string();
+        if let Some(pinned) = &pinned {
+            addr = format!("{addr} at {}", pinned.host());
+        }
         if current.as_deref() == Some(addr.as_str()) {
             continue;
         }
-        let managers = primaries
+        let nodes = primaries
             .iter()
-            .map(|(_, cfg)| ConnectionManager::new_lazy_with_config(client.clone(), cfg.clone()))
+            .map(|(_, timeouts)| Node::new(client.clone(), pinned.clone(), *timeouts))
             .collect::<RedisResult<Vec<_>>>();
-        match managers {
-            Ok(managers) => {
-                for ((primary, _), manager) in primaries.iter().zip(managers) {
-                    primary.store(Some(Arc::new(manager)));
+        match nodes {
+            Ok(nodes) => {
+                for ((primary, _), node) in primaries.iter().zip(nodes) {
+                    primary.store(Some(Arc::new(node)));
                 }
                 info!(%master, primary = %addr, "redis sentinel: following the primary");
                 current = Some(addr);

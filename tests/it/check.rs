@@ -396,6 +396,33 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         "store.redis.tls.key_file",
         "needed with cert_file",
     );
+    // server_name: a name or address; not (yet) with the near cache or a
+    // cluster.
+    let named = "store:\n  redis:\n    url: \"rediss://10.0.0.7:6380/0\"\n    near_cache: { enabled: false }\n    tls:\n      server_name: redis.internal\n";
+    let out = check(&with_section(named));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rejects(
+        &with_section(&named.replace("redis.internal", "\"not a name\"")),
+        "store.redis.tls.server_name",
+        "not a DNS name",
+    );
+    rejects(
+        &with_section(&named.replace("    near_cache: { enabled: false }\n", "")),
+        "store.redis.tls.server_name",
+        "near cache",
+    );
+    rejects(
+        &with_section(&named.replace(
+            "url: \"rediss://10.0.0.7:6380/0\"\n    near_cache: { enabled: false }",
+            "cluster: [\"rediss://10.0.0.7:7000\"]",
+        )),
+        "store.redis.tls.server_name",
+        "cluster",
+    );
     rejects(
         &with_section("store:\n  redis:\n    url: \"rediss://h:6380/#insecure\"\n"),
         "store.redis.url",

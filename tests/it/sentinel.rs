@@ -7,7 +7,7 @@
 //! certificates: nothing to fall back to), and with a CA that did not sign
 //! the servers' certificates.
 
-use crate::support::certs::Certs;
+use crate::support::certs::{Certs, NAMED};
 use crate::support::client::{self, x_cache};
 use crate::support::redis::RedisServer;
 use crate::support::sentinel::{Sentinels, MASTER};
@@ -118,9 +118,22 @@ async fn follows_a_failover_and_hits_again() {
 async fn follows_a_failover_over_tls() {
     let certs = Certs::generate();
     let primary = RedisServer::start_tls(&certs, "server", true);
-    let replica = RedisServer::start_tls_replica_of(&primary, &certs);
+    let replica = RedisServer::start_tls_replica_of(&primary, &certs, "server");
     let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
     follows_a_failover(primary, replica, sentinels, &tls(&certs, "ca")).await;
+}
+
+/// The primary's and replica's certificates name only [`NAMED`]; the
+/// sentinels announce 127.0.0.1: `store.redis.tls.server_name` is what
+/// both are verified against, before and after the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_with_a_server_name() {
+    let certs = Certs::generate();
+    let primary = RedisServer::start_tls(&certs, "named", true);
+    let replica = RedisServer::start_tls_replica_of(&primary, &certs, "named");
+    let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
+    let tls = format!("{}      server_name: {NAMED}\n", tls(&certs, "ca"));
+    follows_a_failover(primary, replica, sentinels, &tls).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

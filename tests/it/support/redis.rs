@@ -53,10 +53,11 @@ impl RedisServer {
         RedisServer::start_inner(&[], Some(Box::new(tls)))
     }
 
-    /// A TLS-only replica (certificate `server`, also its client
-    /// certificate towards `primary`) of the TLS-only `primary`, replicating
-    /// over TLS and requiring client certificates, once its link is up.
-    pub fn start_tls_replica_of(primary: &RedisServer, certs: &Certs) -> RedisServer {
+    /// A TLS-only replica (certificate `server`: `"server"` or `"named"`,
+    /// also its client certificate towards `primary`) of the TLS-only
+    /// `primary`, replicating over TLS and requiring client certificates,
+    /// once its link is up.
+    pub fn start_tls_replica_of(primary: &RedisServer, certs: &Certs, server: &str) -> RedisServer {
         let port = primary.port.to_string();
         let args = [
             "--replicaof",
@@ -65,7 +66,7 @@ impl RedisServer {
             "--tls-replication",
             "yes",
         ];
-        let tls = ServerTls::new(certs, "server", true);
+        let tls = ServerTls::new(certs, server, true);
         let replica = RedisServer::start_inner(&args, Some(Box::new(tls)));
         replica.wait_info("the replica's link to its primary", "master_link_status:up");
         replica
@@ -149,7 +150,10 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = match &self.tls {
             None => redis::Client::open(self.url())?,
-            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates())?,
+            Some(tls) => match tls.harness_port {
+                Some(port) => redis::Client::open(format!("redis://127.0.0.1:{port}/0"))?,
+                None => redis::Client::build_with_tls(self.url(), tls.certificates())?,
+            },
         };
         command(&client, args)
     }
@@ -291,11 +295,18 @@ struct ServerTls {
     client_cert: PathBuf,
     client_key: PathBuf,
     require_client_cert: bool,
+    /// A plain-text port for the harness's own commands (certificate
+    /// `named` only); sidecache is only given the TLS port.
+    harness_port: Option<u16>,
 }
 
 impl ServerTls {
     fn new(certs: &Certs, server: &str, require_client_cert: bool) -> ServerTls {
+        // The harness cannot verify `named` against 127.0.0.1 (redis-rs
+        // checks the host it connects to), so it gets a plain port.
+        let harness_port = (server == "named").then(free_port);
         ServerTls {
+            harness_port,
             ca: certs.cert("ca"),
             cert: certs.cert(server),
             key: certs.key(server),
@@ -314,7 +325,7 @@ impl ServerTls {
         };
         [
             "--port",
-            "0",
+            &self.harness_port.unwrap_or(0).to_string(),
             "--tls-port",
             port,
             "--tls-cert-file",
