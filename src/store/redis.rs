@@ -1,5 +1,5 @@
 //! The Redis backend: the generation protocol over one multiplexed
-//! connection (single node, via `ConnectionManager`; with Sentinel, the one
+//! connection (single node, [`super::redis_node`]; with Sentinel, the one
 //! to the current primary, [`super::redis_sentinel`]) or a cluster
 //! connection (`cluster_async`). Clients are built (TLS) by
 //! [`super::redis_client`]. Every multi-key operation is a script from
@@ -325,8 +325,9 @@ impl RedisStore {
         results.into_iter().try_for_each(|r| r.map(drop))
     }
 
-    /// Runs the ticket or invalidate script: both take the generation key,
-    /// a nonce and the generation TTL, and return the generation.
+    /// Runs a generation script (the ticket's; invalidations go through
+    /// [`invalidate_pipelined`]): it takes the generation key, a nonce and
+    /// the generation TTL, and returns the generation.
     async fn generation_script(
         &self,
         mut conn: Conn,
