@@ -254,7 +254,8 @@ pub struct FileRedisTls {
     pub key_file: Option<String>,
 }
 
-/// `store.redis.near_cache`; absent = defaults (on for `url`, off for `cluster`).
+/// `store.redis.near_cache`; absent = defaults (on for `url`, off for
+/// `cluster` and `sentinel`, where it is opt-in).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileNearCache {
