@@ -119,6 +119,9 @@ pub struct NearCache {
     /// The tracked connections up now (one per node; a handful).
     tracked: ArcSwap<Vec<Arc<Tracked>>>,
     next_id: AtomicU64,
+    /// Cluster: wakes the keeper of the tracked connections when the slot
+    /// map changed (new masters get theirs at once).
+    pub(super) reconcile: Notify,
     metrics: NearMetrics,
 }
 
@@ -151,6 +154,7 @@ impl NearCache {
             route,
             tracked: ArcSwap::default(),
             next_id: AtomicU64::new(1),
+            reconcile: Notify::new(),
             metrics: NearMetrics {
                 hits: metrics.near_cache.with_label_values(&["hit"]),
                 misses: metrics.near_cache.with_label_values(&["miss"]),

@@ -93,6 +93,7 @@ pub fn primary_switched(
 pub fn on_slots_changed(near: &NearCache) {
     tracing::info!("near cache: cluster slot map changed, cache emptied");
     near.flush();
+    near.reconcile.notify_one();
 }
 
 /// Cluster: keeps one tracked connection per master of `map` (reconciled
@@ -113,7 +114,10 @@ pub async fn keep_cluster(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = near.reconcile.notified() => {}
+        }
         let masters = map.nodes();
         keepers.retain(|node, keeper| {
             let master = masters.contains(node);
@@ -237,10 +241,15 @@ async fn supervise(near: &NearCache, tracked: &Tracked, every: Duration, timeout
             _ = tracked.lost.notified() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await;
-        if !matches!(alive, Ok(Ok(()))) {
-            near.lost(tracked.id);
-            return;
+        // A dropped connection (Sentinel switch) ends a hanging ping too.
+        tokio::select! {
+            _ = tracked.lost.notified() => return,
+            alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)) => {
+                if !matches!(alive, Ok(Ok(()))) {
+                    near.lost(tracked.id);
+                    return;
+                }
+            }
         }
     }
 }
