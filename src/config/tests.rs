@@ -409,8 +409,10 @@ fn near_cache_defaults_and_limits() {
         None,
         "off by default for a cluster"
     );
-    let on = parse(&format!("{cluster}    near_cache: {{ enabled: true }}\n{APP}"))
-        .expect("opt-in on a cluster");
+    let on = parse(&format!(
+        "{cluster}    near_cache: {{ enabled: true }}\n{APP}"
+    ))
+    .expect("opt-in on a cluster");
     assert_eq!(
         on.store.redis.as_ref().and_then(|r| r.near_cache),
         Some(NearCacheConfig {

@@ -263,10 +263,12 @@ fn near_cache(
         // On by default for a single node; opt-in with Cluster and
         // Sentinel (one tracked connection per master, a flush on every
         // slot map change or primary switch), until measured in production.
-        return Ok(matches!(target, RedisTarget::Single(_)).then_some(NearCacheConfig {
-            max_bytes: defaults::near_max_bytes().0,
-            max_age: defaults::near_max_age().0,
-        }));
+        return Ok(
+            matches!(target, RedisTarget::Single(_)).then_some(NearCacheConfig {
+                max_bytes: defaults::near_max_bytes().0,
+                max_age: defaults::near_max_age().0,
+            }),
+        );
     };
     if !n.enabled {
         return Ok(None);

@@ -293,12 +293,13 @@ impl NearCache {
         let now = Instant::now();
         // Keep the other variants read under the same generation.
         let mut variants: Vec<(Box<str>, Bytes)> = match self.objects.get(object) {
-            Some(old) if old.generation == *generation && old.conn == conn && now < old.expires => old
-                .variants
-                .iter()
-                .filter(|(s, _)| &**s != suffix)
-                .cloned()
-                .collect(),
+            Some(old) if old.generation == *generation && old.conn == conn && now < old.expires => {
+                old.variants
+                    .iter()
+                    .filter(|(s, _)| &**s != suffix)
+                    .cloned()
+                    .collect()
+            }
             _ => Vec::new(),
         };
         variants.push((suffix.into(), entry.clone()));
@@ -404,8 +405,7 @@ impl NearCache {
     fn drop_where(&self, gone: impl Fn(&Tracked) -> bool) {
         let _guard = self.lock();
         let current = self.tracked.load_full();
-        let (dropped, kept): (Vec<_>, Vec<_>) =
-            current.iter().cloned().partition(|t| gone(t));
+        let (dropped, kept): (Vec<_>, Vec<_>) = current.iter().cloned().partition(|t| gone(t));
         if dropped.is_empty() {
             return;
         }

@@ -156,7 +156,10 @@ fn node_info(template: &ConnectionInfo, node: &str) -> Option<ConnectionInfo> {
     let port: u16 = port.parse().ok()?;
     let mut addr = template.addr().clone();
     match &mut addr {
-        ConnectionAddr::Tcp(h, p) | ConnectionAddr::TcpTls { host: h, port: p, .. } => {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => {
             *h = host.to_owned();
             *p = port;
         }
@@ -168,7 +171,12 @@ fn node_info(template: &ConnectionInfo, node: &str) -> Option<ConnectionInfo> {
 /// Keeps a tracked connection up for `near` to `source`'s node: connect,
 /// turn tracking on, install it, ping it every `every`; on loss, reconnect
 /// with a capped backoff. Runs until aborted.
-pub async fn keep_tracked(near: Arc<NearCache>, source: Source, every: Duration, timeout: Duration) {
+pub async fn keep_tracked(
+    near: Arc<NearCache>,
+    source: Source,
+    every: Duration,
+    timeout: Duration,
+) {
     const MIN_BACKOFF: Duration = Duration::from_millis(50);
     const MAX_BACKOFF: Duration = Duration::from_secs(2);
     let mut backoff = MIN_BACKOFF;
@@ -181,7 +189,8 @@ pub async fn keep_tracked(near: Arc<NearCache>, source: Source, every: Duration,
                 Ok(conn) => {
                     backoff = MIN_BACKOFF;
                     // Sentinel: not if the primary switched while connecting.
-                    let installed = near.install(id, node.clone(), conn, || source.is_current(&client));
+                    let installed =
+                        near.install(id, node.clone(), conn, || source.is_current(&client));
                     if let Some(tracked) = installed {
                         tracing::info!(%node, "near cache: tracked connection up");
                         was_up = Some(true);
@@ -270,6 +279,9 @@ mod tests {
         assert!(node_info(&template, "no-port").is_none());
         let tls = "rediss://10.0.0.1:7000/".into_connection_info().unwrap();
         let info = node_info(&tls, "10.0.0.3:7001").unwrap();
-        assert!(matches!(info.addr(), ConnectionAddr::TcpTls { port: 7001, .. }));
+        assert!(matches!(
+            info.addr(),
+            ConnectionAddr::TcpTls { port: 7001, .. }
+        ));
     }
 }

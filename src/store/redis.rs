@@ -40,9 +40,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{
-    Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value,
-};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -209,7 +207,12 @@ impl RedisStore {
                 let (switch_near, tls) = (near.clone(), cfg.tls.clone());
                 let switched = move |client: &redis::Client| {
                     if let Some(near) = &switch_near {
-                        near_tracking::primary_switched(near, &tracked_primary, client, tls.as_ref());
+                        near_tracking::primary_switched(
+                            near,
+                            &tracked_primary,
+                            client,
+                            tls.as_ref(),
+                        );
                     }
                 };
                 let follow = redis_sentinel::follow(

@@ -99,7 +99,11 @@ async fn every_master_pushes_what_another_instance_changes() {
     let a = near_cluster_store(&cluster, Duration::from_millis(100), &metrics).await;
     let b = plain_cluster_store(&cluster);
     for node in &cluster.nodes {
-        assert_eq!(tracked_clients(node), 1, "one tracked connection per master");
+        assert_eq!(
+            tracked_clients(node),
+            1,
+            "one tracked connection per master"
+        );
     }
     let objects = one_per_master(&cluster, "near-cluster");
     for k in &objects {
@@ -183,23 +187,30 @@ async fn a_dead_master_takes_only_its_objects_out_of_the_near_cache() {
     }
     assert_eq!(metrics.near_cache_flushes.get(), flushes + 1);
     assert_eq!(metrics.near_cache_tracking.get(), 2);
-    assert!(store.read(&objects[0]).await.is_err(), "degraded, not memory");
+    assert!(
+        store.read(&objects[0]).await.is_err(),
+        "degraded, not memory"
+    );
     for k in &objects[1..] {
         assert!(store.read(k).await.unwrap().entry.is_some());
     }
 }
 
 /// An object's slot is moved to another master (MIGRATE, SETSLOT) while
-/// A holds it. A's slot map is not refreshed during the test (long
-/// heartbeat), so A's reads still go to the old owner's tracked
-/// connection: its `MOVED` sends them the cluster path, which answers
-/// the new generation B wrote on the new owner and keeps nothing (the new
-/// owner does not track it for A).
+/// A holds it; the moved keys' deletion on the old owner pushes it out.
+/// A's slot map is not refreshed during the test (long heartbeat), so
+/// A's reads still go to the old owner's tracked connection: its `MOVED`
+/// sends them the cluster path, which answers the new generation B wrote
+/// on the new owner and keeps nothing (the new owner does not track it
+/// for A). C, whose slot map follows, tracks it on the new owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_slot_leaves_no_stale_near_hit() {
     let cluster = RedisCluster::start(3);
     let metrics = Metrics::new();
     let a = near_cluster_store(&cluster, Duration::from_secs(600), &metrics).await;
+    // C refreshes its slot map every 100 ms.
+    let c_metrics = Metrics::new();
+    let c = near_cluster_store(&cluster, Duration::from_millis(100), &c_metrics).await;
     let b = plain_cluster_store(&cluster);
     let k = one_per_master(&cluster, "near-moved").remove(0);
     let g1 = publish_through(&b, &k, binary_entry(1)).await;
@@ -220,6 +231,26 @@ async fn a_moved_slot_leaves_no_stale_near_hit() {
     for nonce in ["n2", "n3"] {
         let g = b.invalidate(&k.generation, nonce, GEN_TTL).await.unwrap();
         assert_eq!(a.read(&k).await.unwrap().generation, Some(g));
-        assert_eq!(a.read_near(&k), None, "not kept: the new owner does not track it");
+        assert_eq!(
+            a.read_near(&k),
+            None,
+            "not kept: the new owner does not track it"
+        );
     }
+
+    // C follows the new slot map: it reads the object over the new
+    // owner's tracked connection, keeps it, and the new owner's push for
+    // B's next invalidation drops it.
+    let g = b.invalidate(&k.generation, "n4", GEN_TTL).await.unwrap();
+    eventually("C keeps the object read from its new owner", || async {
+        c.read(&k).await.unwrap();
+        c.read_near(&k).and_then(|s| s.generation) == Some(g.clone())
+    })
+    .await;
+    let g = b.invalidate(&k.generation, "n5", GEN_TTL).await.unwrap();
+    eventually("the new owner's push drops it", || async {
+        c.read_near(&k).is_none()
+    })
+    .await;
+    assert_eq!(c.read(&k).await.unwrap().generation, Some(g));
 }

@@ -12,7 +12,12 @@ use sidecache::store::redis::RedisStore;
 use sidecache::store::Store;
 use std::time::{Duration, Instant};
 
-fn sentinel_store(sentinels: &Sentinels, near: bool, timeout: Duration, metrics: &Metrics) -> RedisStore {
+fn sentinel_store(
+    sentinels: &Sentinels,
+    near: bool,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> RedisStore {
     let cfg = RedisConfig {
         target: RedisTarget::Sentinel(SentinelTarget {
             master: MASTER.into(),
@@ -80,9 +85,11 @@ async fn a_primary_switch_drops_what_was_read_from_the_old_primary() {
     .await;
 
     primary.pause(30_000);
-    within("Sentinel promotes the replica", Duration::from_secs(30), || {
-        sentinels.primary_port() == Some(replica.port())
-    })
+    within(
+        "Sentinel promotes the replica",
+        Duration::from_secs(30),
+        || sentinels.primary_port() == Some(replica.port()),
+    )
     .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let g2 = loop {
@@ -98,10 +105,13 @@ async fn a_primary_switch_drops_what_was_read_from_the_old_primary() {
     .await;
     assert_eq!(a.read(&k).await.unwrap().generation, Some(g2.clone()));
 
-    eventually("A tracks the new primary and keeps what it reads", || async {
-        a.read(&k).await.unwrap();
-        a.read_near(&k).and_then(|s| s.generation) == Some(g2.clone())
-    })
+    eventually(
+        "A tracks the new primary and keeps what it reads",
+        || async {
+            a.read(&k).await.unwrap();
+            a.read_near(&k).and_then(|s| s.generation) == Some(g2.clone())
+        },
+    )
     .await;
     assert_eq!(metrics.near_cache_tracking.get(), 1);
     let g3 = b.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap();
