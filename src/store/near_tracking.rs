@@ -91,8 +91,11 @@ pub fn primary_switched(
 /// Cluster: the slot map changed (a failover, a slot moved). Writes to a
 /// moved slot now go to a master that does not know what we hold.
 pub fn on_slots_changed(near: &NearCache) {
-    tracing::info!("near cache: cluster slot map changed, cache emptied");
-    near.flush();
+    // Nothing was read over a tracked connection before the first table.
+    if near.connections() > 0 {
+        tracing::info!("near cache: cluster slot map changed, cache emptied");
+        near.flush();
+    }
     near.reconcile.notify_one();
 }
 
