@@ -119,8 +119,9 @@ pub struct NearCache {
     /// The tracked connections up now (one per node; a handful).
     tracked: ArcSwap<Vec<Arc<Tracked>>>,
     next_id: AtomicU64,
-    /// Cluster: wakes the keeper of the tracked connections when the slot
-    /// map changed (new masters get theirs at once).
+    /// Wakes the keeper: on a Cluster when the slot map changed (new
+    /// masters get their connections at once), with Sentinel when the
+    /// primary switched (no reconnect backoff left from the old one).
     pub(super) reconcile: Notify,
     metrics: NearMetrics,
 }

@@ -86,6 +86,7 @@ pub fn primary_switched(
         }
     }
     near.lost_all();
+    near.reconcile.notify_one();
 }
 
 /// Cluster: the slot map changed (a failover, a slot moved). Writes to a
@@ -209,8 +210,21 @@ pub async fn keep_tracked(
                 }
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        let switched = match source {
+            Source::Following(_) => tokio::select! {
+                _ = near.reconcile.notified() => true,
+                _ = tokio::time::sleep(backoff) => false,
+            },
+            Source::Fixed(_) => {
+                tokio::time::sleep(backoff).await;
+                false
+            }
+        };
+        backoff = if switched {
+            MIN_BACKOFF
+        } else {
+            (backoff * 2).min(MAX_BACKOFF)
+        };
     }
 }
 
