@@ -76,8 +76,9 @@ pub struct Formatter {
 }
 
 /// The constant text around a line's values in one format: each field's
-/// separator and key (`,"status":` or ` status=`) is one constant, so its
-/// copy is a few moves, not a call. The writer formats every line, so the
+/// separator and key (`,"status":` or ` status=`), and in JSON the quotes
+/// that close the string before it and open its own, is one constant, so
+/// its copy is a few moves, not a call. The writer formats every line, so the
 /// line is built from these and the values' bytes, without the formatting
 /// machinery.
 trait Syntax {
@@ -110,12 +111,12 @@ impl Syntax for Json {
     const TIME: &'static [u8] = b"{\"time\":\"";
     const PEER: &'static [u8] = b"Z\",\"peer\":\"";
     const METHOD: &'static [u8] = b"\",\"method\":\"";
-    const PATH: &'static [u8] = b"\",\"path\":";
-    const QUERY: &'static [u8] = b",\"query\":";
-    const STATUS: &'static [u8] = b",\"status\":";
-    const CACHE: &'static [u8] = b",\"cache\":";
-    const ROUTE: &'static [u8] = b",\"route\":";
-    const DURATION: &'static [u8] = b",\"duration_ms\":";
+    const PATH: &'static [u8] = b"\",\"path\":\"";
+    const QUERY: &'static [u8] = b"\",\"query\":\"";
+    const STATUS: &'static [u8] = b"\",\"status\":";
+    const CACHE: &'static [u8] = b",\"cache\":\"";
+    const ROUTE: &'static [u8] = b"\",\"route\":\"";
+    const DURATION: &'static [u8] = b"\",\"duration_ms\":";
     const UPSTREAM: &'static [u8] = b",\"upstream_ms\":";
     const BYTES: &'static [u8] = b",\"bytes\":";
     const ID: &'static [u8] = b",\"id\":";
@@ -202,14 +203,19 @@ fn plain_word(x: u64, json: bool) -> bool {
     !(below_space || del_or_high || has(b'"') || has(b'\\') || (!json && (has(b' ') || has(b'='))))
 }
 
-/// A string value, quoted and escaped as the format needs.
+/// A string value, escaped as the format needs: in JSON, between the
+/// quotes that the keys around it write; in logfmt, quoted when needed.
 fn value<S: Syntax>(v: &[u8], out: &mut Vec<u8>) {
     if S::JSON {
         if plain(v, true) {
-            return plain_value::<S>(v, out);
+            return out.extend_from_slice(v);
         }
+        // serde_json writes the string with its quotes: in place of the
+        // key's opening one, and the next key writes the closing one.
+        out.pop();
         // Serializing a string into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, &String::from_utf8_lossy(v));
+        out.pop();
     } else if !v.is_empty() && plain(v, false) {
         out.extend_from_slice(v);
     } else {
@@ -232,7 +238,11 @@ fn uint(n: u64, out: &mut Vec<u8>) {
 
 /// Milliseconds with three decimals (microsecond resolution).
 fn millis(d: Duration, out: &mut Vec<u8>) {
-    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    // Not `as_micros`: its u128 arithmetic costs more than the rest.
+    let micros = d
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()));
     uint(micros / 1000, out);
     let frac = micros % 1000;
     out.extend_from_slice(&[
@@ -270,8 +280,9 @@ impl Formatter {
         }
         out.extend_from_slice(S::STATUS);
         status(line.status, out);
+        // The cache word: sidecache's own (see `plain_value`).
         out.extend_from_slice(S::CACHE);
-        plain_value::<S>(line.cache.map_or("-", CacheStatus::as_str).as_bytes(), out);
+        out.extend_from_slice(line.cache.map_or("-", CacheStatus::as_str).as_bytes());
         out.extend_from_slice(S::ROUTE);
         let route = line.route.as_ref().map_or("-", |r| r.name.as_str());
         value::<S>(route.as_bytes(), out);
@@ -289,7 +300,11 @@ impl Formatter {
             (IdKind::None, _) => out.extend_from_slice(S::NULL),
             (IdKind::Trace, hex) => plain_value::<S>(hex, out),
             (IdKind::Request, raw) => match id(IdKind::Request, raw) {
-                Some(id) => value::<S>(&id, out),
+                Some(id) => {
+                    out.extend_from_slice(S::QUOTE);
+                    value::<S>(&id, out);
+                    out.extend_from_slice(S::QUOTE);
+                }
                 None => out.extend_from_slice(S::NULL),
             },
         }
@@ -553,6 +568,10 @@ mod tests {
         let text = render(&l);
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         assert!(text.ends_with(" id=\"x\\\" status=500 ??\"\n"), "{text}");
+        l.format = FileLogFormat::Json;
+        let v: serde_json::Value = serde_json::from_str(&render(&l)).expect("json");
+        assert_eq!(v["id"], "x\" status=500 ??");
+        l.format = FileLogFormat::Text;
         // Long ids are cut.
         let long = vec![b'a'; MAX_ID + 1];
         let cut = id(IdKind::Request, &long).expect("id");

@@ -559,7 +559,12 @@ async fn handle(
         ..Routed::default()
     };
     let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
-    let (mut resp, upstream) = crate::proxy::timing::measured(logged, answered).await;
+    // Not logged: the answer itself, without the upstream-time scope.
+    let (mut resp, upstream) = if logged {
+        crate::proxy::timing::measured(answered).await
+    } else {
+        (answered.await, None)
+    };
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);
