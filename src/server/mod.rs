@@ -558,11 +558,14 @@ async fn handle(
         wanted: logged,
         ..Routed::default()
     };
-    let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
-    // Not logged: the answer itself, without the upstream-time scope.
+    // Not logged: the answer itself, without the upstream-time scope. The
+    // answer's future is made in each branch: made before, it was moved
+    // twice more per request.
     let (mut resp, upstream) = if logged {
+        let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
         crate::proxy::timing::measured(answered).await
     } else {
+        let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
         (answered.await, None)
     };
     if let Some(id) = begun.request_id {
