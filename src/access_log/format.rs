@@ -78,9 +78,9 @@ pub struct Formatter {
 /// The constant text around a line's values in one format: each field's
 /// separator and key (`,"status":` or ` status=`), and in JSON the quotes
 /// that close the string before it and open its own, is one constant, so
-/// its copy is a few moves, not a call. The writer formats every line, so the
-/// line is built from these and the values' bytes, without the formatting
-/// machinery.
+/// its copy is a few moves, not a call. Every logged request formats its
+/// line on its own thread, so the line is built from these and the
+/// values' bytes, without the formatting machinery.
 trait Syntax {
     const JSON: bool;
     const TIME: &'static [u8];
@@ -398,7 +398,7 @@ fn status(code: u16, out: &mut Vec<u8>) {
 }
 
 /// Appends `line` in its format, with a final newline (a one-off
-/// [`Formatter`]; the writer keeps one).
+/// [`Formatter`]; each shard keeps one).
 #[cfg(test)]
 pub fn write_line(line: &Line, time: std::time::SystemTime, out: &mut Vec<u8>) {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();

@@ -10,7 +10,9 @@
 //! about `access_log.buffer` lines in all), and one writer thread takes
 //! each shard's bytes every few milliseconds and writes them with one
 //! `write` ([`writer`]). A line that finds its shard full is dropped and
-//! counted (`sidecache_access_log_dropped_total`). A thread, not a task:
+//! counted (`sidecache_access_log_dropped_total`). Lines are in order
+//! within a shard; lines of different threads can be a few milliseconds
+//! out of order (each has its time). A thread, not a task:
 //! writes to a pipe whose reader is slow block, and must not block a
 //! runtime worker.
 //!
@@ -52,7 +54,8 @@ pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// `reason` label values of `sidecache_access_log_dropped_total`.
 pub mod dropped {
-    /// The buffer was full (the writer cannot keep up with the output).
+    /// The line's shard was full (the writer cannot keep up with the
+    /// output).
     pub const BUFFER_FULL: &str = "buffer_full";
     /// Writing to stdout failed.
     pub const WRITE_ERROR: &str = "write_error";
@@ -101,10 +104,10 @@ const MAX_ESCAPE: usize = 6;
 /// time, an IPv6 peer, method, numbers.
 const FIXED_ROOM: usize = 384;
 
-/// One request's line, filled in as the request goes. Boxed once per
-/// logged request (the buffer holds pointers); what it holds is its own
-/// copy, bounded (see [`Text`]), so a line waiting in the buffer keeps no
-/// part of a request alive.
+/// One request's line, filled in as the request goes and formatted into
+/// a shard when the response is done. Boxed once per logged request (the
+/// response body carries a pointer); what it holds is its own copy,
+/// bounded (see [`Text`]).
 #[derive(Debug)]
 pub struct Line {
     /// When the request started; its shard turns it into wall-clock time
@@ -133,8 +136,8 @@ const INLINE_TEXT: usize = 112;
 
 /// A line's client-sent text (path, the query, the id) in one buffer,
 /// one after another: path and query cut at [`MAX_TARGET`] bytes (`…`
-/// marks a cut), the id at [`format::MAX_ID`] + 1 (the writer escapes it
-/// and marks the cut).
+/// marks a cut), the id at [`format::MAX_ID`] + 1 (formatting escapes
+/// it and marks the cut).
 #[derive(Debug, Default)]
 pub struct Text {
     buf: SmallVec<[u8; INLINE_TEXT]>,
@@ -151,7 +154,7 @@ pub enum IdKind {
     None,
     /// The trace id of a valid `traceparent` (32 hex digits).
     Trace,
-    /// The raw `X-Request-Id` (escaped by the writer).
+    /// The raw `X-Request-Id` (escaped when formatted).
     Request,
 }
 
@@ -276,8 +279,9 @@ impl AccessLog {
         }
     }
 
-    /// Moves shard `i`'s lines into `into` (which must be empty; its
-    /// buffer becomes the shard's, so neither side allocates); how many.
+    /// Moves shard `i`'s lines into `into` and how many; `into`, cleared,
+    /// becomes the shard's buffer (the writer's spare, as large as the
+    /// shard's room, so neither side allocates).
     pub fn take(&self, i: usize, into: &mut Vec<u8>) -> u64 {
         let mut shard = self.shards[i]
             .0

@@ -542,9 +542,10 @@ impl Drop for ClientBody {
 }
 
 /// Per request: one config snapshot, the access log's line and the
-/// request id around [`answer`]. One path whether the log is on or off:
-/// the line is a pointer and a branch when off, and the answer's future is
-/// awaited in place (not boxed) when on.
+/// request id around [`answer`]. The answer's future is awaited in place
+/// (not boxed) either way; only a logged request runs it in the scope that
+/// measures its upstream time, and the line is a pointer and a branch when
+/// the log is off.
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
