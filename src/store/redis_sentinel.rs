@@ -144,7 +144,9 @@ pub async fn primary(
 
 /// Follows the primary forever (the store aborts the task on drop): every
 /// primary in `primaries` gets a connection with its own timeouts (and
-/// `tls`'s server name, if any).
+/// `tls`'s server name, if any). `switched` runs with the new primary's
+/// client before calls go to it (the near cache drops what it read from
+/// the old one).
 pub async fn follow(
     mut sentinel: SentinelClient,
     target: SentinelTarget,
@@ -152,6 +154,7 @@ pub async fn follow(
     tcp: TcpSettings,
     primaries: Vec<(Primary, Timeouts)>,
     every: Duration,
+    switched: impl Fn(&redis::Client) + Send,
 ) {
     let master = &target.master;
     let mut current: Option<String> = None;
@@ -190,6 +193,7 @@ pub async fn follow(
         if current.as_deref() == Some(addr.as_str()) {
             continue;
         }
+        switched(&client);
         let nodes = primaries
             .iter()
             .map(|(_, timeouts)| Node::new(client.clone(), pinned.clone(), *timeouts))
