@@ -878,6 +878,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         also_invalidates: Vec::new(),
         tags_from: optional_header(&format!("{at}.tags_from"), r.tags_from.as_deref())?,
         version_from: optional_header(&format!("{at}.version_from"), r.version_from.as_deref())?,
+        counters: Default::default(),
     })
 }
 
