@@ -733,3 +733,27 @@ impl BloomMetrics {
         m
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_counters_count_into_each_metrics_own_registry() {
+        // One route (one config) served by two proxies, as in tests that
+        // run several on one config: the handle kept for the first must
+        // not count the second's requests.
+        let counters = RouteCounters::default();
+        let (a, b) = (Metrics::new(), Metrics::new());
+        counters.count(&a, "app", CacheStatus::Hit);
+        counters.count(&b, "app", CacheStatus::Hit);
+        counters.count(&b, "app", CacheStatus::Hit);
+        counters.count(&a.clone(), "app", CacheStatus::Miss);
+        let get =
+            |m: &Metrics, s: CacheStatus| m.requests.with_label_values(&["app", s.as_str()]).get();
+        assert_eq!(get(&a, CacheStatus::Hit), 1);
+        assert_eq!(get(&b, CacheStatus::Hit), 2);
+        assert_eq!(get(&a, CacheStatus::Miss), 1);
+        assert_eq!(get(&b, CacheStatus::Miss), 0);
+    }
+}
