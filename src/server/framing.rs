@@ -624,6 +624,20 @@ mod tests {
     }
 
     #[test]
+    fn names_in_any_case_and_only_whole_names() {
+        // A name longer than `Content-Length` is another header: no body
+        // follows, the next head is a head.
+        let (state, heads) = run(&[
+            b"POST /a HTTP/1.1\r\nContent-Lengthy: 3\r\n\r\n",
+            b"GET /b HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc",
+            b"POST /c HTTP/1.1\r\nCONTENT-LENGTH: 1\r\nTRANSFER-ENCODING: chunked\r\n\r\n0\r\n\r\n",
+            b"GET /d HTTP/1.1\r\nX-Upgrade: h2c\r\n\r\nGET /e HTTP/1.1\r\n\r\n",
+        ]);
+        assert_eq!(heads, 5);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
     fn stops_on_h2_and_upgrade() {
         let (_, heads) = run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nGET / HTTP/1.1\r\n\r\n"]);
         assert_eq!(heads, 1);
