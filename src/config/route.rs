@@ -5,8 +5,8 @@
 //! normal form ([`super::path`]), never its raw text.
 
 use super::path;
+use super::pattern::ParamPattern;
 use http::Method;
-use regex::Regex;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ pub enum Segment {
 pub struct Param {
     pub name: String,
     /// Anchored: `^(?:pattern)$`.
-    pub pattern: Regex,
+    pub pattern: ParamPattern,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

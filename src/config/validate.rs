@@ -7,6 +7,7 @@ use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
     FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
+use super::pattern::ParamPattern;
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param,
     QueryMode, Route, RouteTable, Ttl,
@@ -19,7 +20,6 @@ use super::{
     UpstreamConfig,
 };
 use http::{HeaderName, Method};
-use regex::Regex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
@@ -679,7 +679,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
                 format!("path param {{{name}}} has no pattern; every param needs one"),
             );
         };
-        let re = Regex::new(&format!("^(?:{pattern})$"))
+        let re = ParamPattern::new(pattern)
             .or_else(|e| err(format!("{at}.params.{name}"), format!("bad regex: {e}")))?;
         params.push(Param { name, pattern: re });
     }
