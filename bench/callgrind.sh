@@ -21,7 +21,9 @@
 #                              CALLGRIND_PATH='/object/1024?tags=5' (entries with 5 tags)
 #   CALLGRIND_STATUS [200]     the status every answer must have (304, 206, ...)
 #   CALLGRIND_REQUESTS [2000]  CALLGRIND_WARMUP [200]
-#   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded
+#   CALLGRIND_STORE [redis]    redis | redis-direct (near cache off) | embedded |
+#                              cluster (3-master Redis Cluster, near cache on) |
+#                              cluster-direct (near cache off)
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
 #   CALLGRIND_EXTRA            more top-level YAML for sidecache's config, e.g.
 #                              'access_log: { enabled: true, format: json }'
@@ -50,6 +52,17 @@ cleanup() {
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port whose cluster bus port (+10000) is free too.
+cluster_port() {
+    python3 -c '
+import socket
+for _ in range(100):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    if p > 55535: continue
+    try:
+        b = socket.socket(); b.bind(("127.0.0.1", p + 10000)); print(p); break
+    except OSError: pass'
+}
 wait_http() {
     local i
     for ((i = 0; i < 600; i++)); do
@@ -71,6 +84,32 @@ if [[ $store == redis* ]]; then
     pids+=($!)
     near=$([[ $store == redis ]] && echo true || echo false)
     store_yaml="store: { namespace: \"cg:\", redis: { url: \"redis://127.0.0.1:$redis_port/0\", near_cache: { enabled: $near } } }"
+elif [[ $store == cluster* ]]; then
+    nodes=()
+    for _ in 1 2 3; do
+        p=$(cluster_port)
+        mkdir -p "$work/node-$p"
+        redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/node-$p" \
+            --cluster-enabled yes --cluster-config-file nodes.conf >"$work/redis-$p.log" 2>&1 &
+        pids+=($!)
+        nodes+=("127.0.0.1:$p")
+    done
+    for n in "${nodes[@]}"; do
+        for ((i = 0; i < 100; i++)); do
+            redis-cli -p "${n#*:}" PING >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+    done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$work/cluster.log" 2>&1
+    for n in "${nodes[@]}"; do
+        for ((i = 0; i < 100; i++)); do
+            redis-cli -p "${n#*:}" CLUSTER INFO | grep -q cluster_state:ok && break
+            sleep 0.1
+        done
+    done
+    near=$([[ $store == cluster ]] && echo true || echo false)
+    seeds=$(printf '"redis://%s", ' "${nodes[@]}")
+    store_yaml="store: { namespace: \"cg:\", redis: { cluster: [${seeds%, }], near_cache: { enabled: $near } } }"
 fi
 proxy_port=$(port)
 admin_port=$(port)

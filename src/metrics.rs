@@ -557,7 +557,7 @@ impl Metrics {
                 &registry,
                 IntGauge::new(
                     NEAR_CACHE_TRACKING,
-                    "1 while the near cache's tracked Redis connection is up.",
+                    "The near cache's tracked Redis connections that are up (one per node: 1 on a single node or Sentinel, one per master on a Cluster).",
                 )
                 .expect("valid metric"),
             ),

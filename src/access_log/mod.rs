@@ -4,12 +4,17 @@
 //! upstream duration, response bytes, and the W3C trace id of `traceparent`
 //! (else the request's `X-Request-Id`).
 //!
-//! A request never waits for the log: its line goes into a bounded buffer
-//! (`access_log.buffer` lines) with a non-blocking send, and one writer thread
-//! formats and writes the lines ([`writer`]); a line that finds the buffer
-//! full is dropped and counted (`sidecache_access_log_dropped_total`). A
-//! thread, not a task: writes to a pipe whose reader is slow block, and
-//! must not block a runtime worker.
+//! A request never waits for the log: when its response is done, its line
+//! is formatted on the request's own thread into that thread's shard of a
+//! bounded buffer ([`Shard`]: one per CPU, an uncontended lock, room for
+//! about `access_log.buffer` lines in all), and one writer thread takes
+//! each shard's bytes every few milliseconds and writes them with one
+//! `write` ([`writer`]). A line that finds its shard full is dropped and
+//! counted (`sidecache_access_log_dropped_total`). Lines are in order
+//! within a shard; lines of different threads can be a few milliseconds
+//! out of order (each has its time). A thread, not a task:
+//! writes to a pipe whose reader is slow block, and must not block a
+//! runtime worker.
 //!
 //! The settings are read per request from the config snapshot, so a reload
 //! turns the log on or off, and changes its format or sampling, at once.
@@ -17,11 +22,11 @@
 //! that went away), so bytes and duration cover the whole answer: the
 //! server's response body keeps the line's [`Tail`].
 //!
-//! What a logged request pays on its worker is kept small (the access
-//! log's cost target, `bench/README.md`): one allocation (the boxed
-//! [`Line`], its path, query and id inline unless long), two clock reads,
-//! one pass over the request headers, one channel send of a pointer. The
-//! formatting, and turning the start into wall-clock time, are the writer's.
+//! What a logged request pays is kept small (the access log's cost target,
+//! `bench/README.md`): one allocation (the boxed [`Line`], its path, query
+//! and id inline unless long; freed on the thread that made it), two clock
+//! reads, one pass over the request headers, and the line's formatting
+//! into its shard: no channel, no per-line wakeup, no cross-thread free.
 
 pub mod format;
 pub mod writer;
@@ -39,8 +44,8 @@ use prometheus::IntCounter;
 use rand::Rng;
 use smallvec::SmallVec;
 use std::net::SocketAddr;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -49,26 +54,63 @@ pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// `reason` label values of `sidecache_access_log_dropped_total`.
 pub mod dropped {
-    /// The buffer was full (the writer cannot keep up with the output).
+    /// The line's shard was full (the writer cannot keep up with the
+    /// output).
     pub const BUFFER_FULL: &str = "buffer_full";
     /// Writing to stdout failed.
     pub const WRITE_ERROR: &str = "write_error";
 }
 
-/// The process's access log: the sending side of the buffer. Shared by all
-/// connections.
+/// The process's access log: the shards lines are formatted into, shared
+/// by all connections and the writer thread.
 pub struct AccessLog {
-    tx: SyncSender<Box<Line>>,
+    shards: Box<[Padded<Mutex<Shard>>]>,
+    /// Bytes one shard holds at most.
+    room: usize,
     dropped_full: IntCounter,
+    /// The writer is parked (or about to) and waits for a line.
+    writer_idle: AtomicBool,
+    /// The writer thread, to wake it (none in tests that take the lines).
+    writer: OnceLock<std::thread::Thread>,
 }
 
-/// One request's line, filled in as the request goes. Boxed once per
-/// logged request (the buffer holds pointers); what it holds is its own
-/// copy, bounded (see [`Text`]), so a line waiting in the buffer keeps no
-/// part of a request alive.
+/// A cache line of its own for each shard's lock: threads on different
+/// CPUs do not contend for one line.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One thread's (or a few threads') part of the buffer: formatted lines
+/// waiting for the writer, and what formatting needs.
+pub struct Shard {
+    buf: Vec<u8>,
+    /// Lines in `buf` (to count them if their write fails).
+    lines: u64,
+    formatter: format::Formatter,
+    clock: writer::Clock,
+}
+
+/// Bytes of the buffer per line of `access_log.buffer`: about a JSON
+/// line of an API request.
+pub const LINE_ROOM: usize = 256;
+
+/// A shard's room at least: a line of the longest path, query and id,
+/// every byte escaped, fits.
+const MIN_SHARD_ROOM: usize = 16 * 1024;
+
+/// Bytes a line's variable parts take at most once escaped (`\u00XX`).
+const MAX_ESCAPE: usize = 6;
+
+/// Bytes of a line besides its path, query, id and route, at most: keys,
+/// time, an IPv6 peer, method, numbers.
+const FIXED_ROOM: usize = 384;
+
+/// One request's line, filled in as the request goes and formatted into
+/// a shard when the response is done. Boxed once per logged request (the
+/// response body carries a pointer); what it holds is its own copy,
+/// bounded (see [`Text`]).
 #[derive(Debug)]
 pub struct Line {
-    /// When the request started; the writer turns it into wall-clock time
+    /// When the request started; its shard turns it into wall-clock time
     /// (one clock read per request saved: see `writer::Clock`).
     pub start: Instant,
     pub peer: SocketAddr,
@@ -94,8 +136,8 @@ const INLINE_TEXT: usize = 112;
 
 /// A line's client-sent text (path, the query, the id) in one buffer,
 /// one after another: path and query cut at [`MAX_TARGET`] bytes (`…`
-/// marks a cut), the id at [`format::MAX_ID`] + 1 (the writer escapes it
-/// and marks the cut).
+/// marks a cut), the id at [`format::MAX_ID`] + 1 (formatting escapes
+/// it and marks the cut).
 #[derive(Debug, Default)]
 pub struct Text {
     buf: SmallVec<[u8; INLINE_TEXT]>,
@@ -112,7 +154,7 @@ pub enum IdKind {
     None,
     /// The trace id of a valid `traceparent` (32 hex digits).
     Trace,
-    /// The raw `X-Request-Id` (escaped by the writer).
+    /// The raw `X-Request-Id` (escaped when formatted).
     Request,
 }
 
@@ -153,6 +195,14 @@ impl Text {
     }
 }
 
+impl Line {
+    /// Bytes this line takes in a shard at most (see [`MAX_ESCAPE`]).
+    fn room(&self) -> usize {
+        let route = self.route.as_ref().map_or(0, |r| r.name.len());
+        FIXED_ROOM + MAX_ESCAPE * (self.text.buf.len() + route)
+    }
+}
+
 /// Appends the first [`MAX_TARGET`] bytes of `s` (cut at a character
 /// boundary), `…` if cut. Fits the `u16` ends of [`Text`].
 fn push_bounded(buf: &mut SmallVec<[u8; INLINE_TEXT]>, s: &str) {
@@ -168,9 +218,11 @@ fn push_bounded(buf: &mut SmallVec<[u8; INLINE_TEXT]>, s: &str) {
 }
 
 impl AccessLog {
-    /// The log of a running sidecache: the writer thread writes to stdout.
-    pub fn start(capacity: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
-        let (log, rx) = AccessLog::new(capacity, metrics);
+    /// The log of a running sidecache: room for about `lines` lines, in
+    /// one shard per CPU; the writer thread writes to stdout.
+    pub fn start(lines: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
+        let shards = std::thread::available_parallelism().map_or(1, usize::from);
+        let log = AccessLog::new(shards, lines.saturating_mul(LINE_ROOM) / shards, metrics);
         // A file on stdout's descriptor: the writer writes whole batches,
         // which `Stdout`'s lock and line buffer would only scan again.
         let out: Box<dyn std::io::Write + Send> = {
@@ -180,32 +232,105 @@ impl AccessLog {
                 Err(_) => Box::new(std::io::stdout()),
             }
         };
-        writer::spawn(rx, out, metrics)?;
+        writer::spawn(&log, out, metrics)?;
         Ok(log)
     }
 
-    /// A log whose lines arrive on the returned receiver (for a writer, or
-    /// a test that looks at them).
-    pub fn new(capacity: usize, metrics: &Metrics) -> (Arc<AccessLog>, Receiver<Box<Line>>) {
-        let (tx, rx) = sync_channel(capacity);
-        let log = Arc::new(AccessLog {
-            tx,
+    /// A log of `shards` shards of `room` bytes each (at least
+    /// [`MIN_SHARD_ROOM`]), without a writer: [`writer::spawn`] starts
+    /// one, a test takes the lines itself ([`AccessLog::take`]).
+    pub fn new(shards: usize, room: usize, metrics: &Metrics) -> Arc<AccessLog> {
+        let room = room.max(MIN_SHARD_ROOM);
+        let shards = (0..shards.max(1))
+            .map(|_| Padded(Mutex::new(Shard::new(room))))
+            .collect();
+        Arc::new(AccessLog {
+            shards,
+            room,
             dropped_full: metrics
                 .access_log_dropped
                 .with_label_values(&[dropped::BUFFER_FULL]),
-        });
-        (log, rx)
+            writer_idle: AtomicBool::new(false),
+            writer: OnceLock::new(),
+        })
     }
 
-    /// Hands `line` to the writer without waiting; full buffer: dropped.
-    pub fn submit(&self, line: Box<Line>) {
-        match self.tx.try_send(line) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.dropped_full.inc(),
-            // The writer is gone (its thread ended): nothing to log to.
-            Err(TrySendError::Disconnected(_)) => {}
+    /// Formats `line`, which ended at `end`, into the calling thread's
+    /// shard without waiting for the writer; a full shard drops it.
+    fn submit(&self, line: &mut Line, end: Instant) {
+        let shard = &self.shards[shard_index() % self.shards.len()].0;
+        // A panic while formatting leaves at worst a cut line.
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        if shard.buf.len() + line.room() > self.room {
+            drop(shard);
+            self.dropped_full.inc();
+            return;
+        }
+        shard.write(line, end);
+        drop(shard);
+        // Relaxed: the writer sets it before it looks at the shards, and
+        // their locks order that look after or before this line's write.
+        if self.writer_idle.load(Ordering::Relaxed)
+            && self.writer_idle.swap(false, Ordering::AcqRel)
+        {
+            if let Some(writer) = self.writer.get() {
+                writer.unpark();
+            }
         }
     }
+
+    /// Moves shard `i`'s lines into `into` and how many; `into`, cleared,
+    /// becomes the shard's buffer (the writer's spare, as large as the
+    /// shard's room, so neither side allocates).
+    pub fn take(&self, i: usize, into: &mut Vec<u8>) -> u64 {
+        let mut shard = self.shards[i]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if shard.lines == 0 {
+            return 0;
+        }
+        into.clear();
+        std::mem::swap(&mut shard.buf, into);
+        std::mem::take(&mut shard.lines)
+    }
+
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn room(&self) -> usize {
+        self.room
+    }
+}
+
+impl Shard {
+    fn new(room: usize) -> Shard {
+        Shard {
+            buf: Vec::with_capacity(room),
+            lines: 0,
+            formatter: format::Formatter::default(),
+            clock: writer::Clock::default(),
+        }
+    }
+
+    fn write(&mut self, line: &mut Line, end: Instant) {
+        let (time, duration) = self.clock.start_and_duration(line.start, end);
+        line.duration = duration;
+        self.formatter.write_line(line, time, &mut self.buf);
+        self.lines += 1;
+    }
+}
+
+/// The calling thread's shard (modulo the number of shards): threads take
+/// numbers in the order they first log, so a runtime's workers get one
+/// each.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
 }
 
 /// What the start of a request decided for its line and its request id.
@@ -348,8 +473,7 @@ impl Pending {
 
     /// Writes the line (its `bytes` counted by the body).
     fn finish(mut self) {
-        self.line.duration = self.line.start.elapsed();
-        self.log.submit(self.line);
+        self.log.submit(&mut self.line, Instant::now());
     }
 }
 
@@ -445,31 +569,84 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_full_buffer_drops_and_counts_instead_of_waiting() {
-        let metrics = Metrics::new();
-        let (log, rx) = AccessLog::new(2, &metrics);
-        for _ in 0..5 {
-            let mut req = Request::new(());
-            let begun = begin(&log, &cfg(true, FileRequestId::Pass), &mut req, peer());
-            let pending = begun.pending.expect("logged");
-            // Dropping the tail (its body never polled) writes the line.
-            drop(pending.respond(&Response::new(()), None, None, None));
+    /// Every line the log's shards hold, taken out.
+    fn taken(log: &AccessLog) -> String {
+        let mut all = String::new();
+        for i in 0..log.shards() {
+            let mut buf = Vec::new();
+            log.take(i, &mut buf);
+            all.push_str(std::str::from_utf8(&buf).expect("utf-8"));
         }
-        assert_eq!(rx.try_iter().count(), 2);
-        assert_eq!(
-            metrics
-                .access_log_dropped
-                .with_label_values(&[dropped::BUFFER_FULL])
-                .get(),
-            3
+        all
+    }
+
+    /// Logs one request for `path` whose body is never polled (dropping
+    /// the tail writes the line).
+    fn log_one(log: &Arc<AccessLog>, path: &str) {
+        let mut req = Request::get(path).body(()).expect("request");
+        let begun = begin(log, &cfg(true, FileRequestId::Pass), &mut req, peer());
+        let pending = begun.pending.expect("logged");
+        drop(pending.respond(&Response::new(()), None, None, None));
+    }
+
+    #[test]
+    fn a_full_shard_drops_and_counts_instead_of_waiting() {
+        let metrics = Metrics::new();
+        let full = metrics
+            .access_log_dropped
+            .with_label_values(&[dropped::BUFFER_FULL]);
+        let log = AccessLog::new(1, MIN_SHARD_ROOM, &metrics);
+        let path = format!("/{}", "p".repeat(1000));
+        for _ in 0..100 {
+            log_one(&log, &path);
+        }
+        let text = taken(&log);
+        let kept = text.lines().count() as u64;
+        assert!(text.len() <= log.room(), "{} bytes", text.len());
+        assert!(
+            kept >= 5 && full.get() >= 50,
+            "kept {kept}, dropped {}",
+            full.get()
         );
+        assert_eq!(kept + full.get(), 100, "every line kept or counted");
+        // Taken by the writer: room again.
+        log_one(&log, &path);
+        assert_eq!(taken(&log).lines().count(), 1);
+    }
+
+    #[test]
+    fn each_thread_writes_to_its_own_shard() {
+        let metrics = Metrics::new();
+        let log = AccessLog::new(64, MIN_SHARD_ROOM, &metrics);
+        let numbers: Vec<usize> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        log_one(&log, "/a");
+                        log_one(&log, "/a");
+                        shard_index()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("thread"))
+                .collect()
+        });
+        assert_ne!(numbers[0], numbers[1], "a number per thread");
+        // Both lines of a thread are in its shard (other tests' threads
+        // take numbers too, so two may still share one modulo 64).
+        let mut lines = 0;
+        for i in numbers.iter().map(|n| n % log.shards()) {
+            lines += log.take(i, &mut Vec::new());
+        }
+        assert_eq!(lines, 4);
     }
 
     #[tokio::test]
     async fn the_line_counts_body_bytes_and_is_written_when_the_body_ends() {
         let metrics = Metrics::new();
-        let (log, rx) = AccessLog::new(8, &metrics);
+        let log = AccessLog::new(1, 0, &metrics);
         for cache in [Some(CacheStatus::Negative), None] {
             let mut req = Request::get("/a/b?secret=1")
                 .header("x-request-id", "not this one")
@@ -485,20 +662,19 @@ mod tests {
             let mut resp = Response::new(body::full("hello world"));
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
             let tail = pending.respond(&resp, None, cache, None);
-            assert!(rx.try_recv().is_err(), "no line before the body is done");
+            assert_eq!(taken(&log), "", "no line before the body is done");
             let got = drain(resp.into_body(), tail).await;
             assert_eq!(&got[..], b"hello world");
-            let line = rx.try_recv().expect("line written at the end of the body");
-            assert_eq!((line.status, line.bytes), (404, 11));
-            assert_eq!(line.text.path(), b"/a/b");
-            assert_eq!(line.text.query(), None, "query off");
-            assert_eq!(line.peer, peer());
-            assert_eq!(
-                line.text.id(),
-                (IdKind::Trace, &b"4bf92f3577b34da6a3ce929d0e0e4736"[..])
-            );
-            assert_eq!(line.upstream, None);
-            assert_eq!(line.cache, cache);
+            let text = taken(&log);
+            let line: serde_json::Value = serde_json::from_str(&text).expect("one json line");
+            assert_eq!((&line["status"], &line["bytes"]), (&404.into(), &11.into()));
+            assert_eq!(line["path"], "/a/b");
+            assert!(line.get("query").is_none(), "query off");
+            assert_eq!(line["peer"], "192.0.2.7:4711");
+            assert_eq!(line["id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert!(line["upstream_ms"].is_null());
+            let word = cache.map_or("-", CacheStatus::as_str);
+            assert_eq!(line["cache"], word);
         }
     }
 
@@ -541,7 +717,7 @@ mod tests {
     #[test]
     fn request_ids_are_passed_or_generated() {
         let metrics = Metrics::new();
-        let (log, _rx) = AccessLog::new(8, &metrics);
+        let log = AccessLog::new(1, 0, &metrics);
         // pass: nothing added, nothing echoed.
         let mut req = Request::new(());
         let begun = begin(&log, &cfg(false, FileRequestId::Pass), &mut req, peer());
@@ -580,7 +756,7 @@ mod tests {
     #[test]
     fn what_a_line_holds_is_bounded() {
         let metrics = Metrics::new();
-        let (log, _rx) = AccessLog::new(8, &metrics);
+        let log = AccessLog::new(1, 0, &metrics);
         let long = format!("/{}?{}", "p".repeat(30_000), "q".repeat(30_000));
         let mut req = Request::get(long.as_str())
             .header("x-request-id", "i".repeat(60_000))

@@ -1,115 +1,159 @@
-//! The one writer of the access log: a thread that takes lines from the
-//! buffer, formats them, and writes them in batches (one `write` per batch
-//! of up to [`BATCH`] lines). After a batch it pauses for [`PAUSE`] before
-//! it waits again: under load, lines then gather in the buffer and the
-//! thread wakes a few hundred times a second instead of once per request
-//! (a sender only wakes a receiver that is blocked waiting). A quiet log is
-//! written at once.
+//! The one writer of the access log: a thread that takes the formatted
+//! lines out of every shard (a swap of buffers under the shard's lock, so
+//! no request waits for more than that) and writes each shard's lines with
+//! one `write`. After a pass that found lines it pauses for [`PAUSE`]:
+//! under load, lines then gather in the shards and the thread wakes a few
+//! hundred times a second, not once per request. A pass that finds none
+//! parks the thread until a request's line wakes it, so a quiet log is
+//! written at once and an idle one costs no wakeups.
 //!
-//! A line carries its request's start as an [`Instant`]; the writer turns
-//! it into wall-clock time with one pair of clock reads per batch
-//! ([`Clock`]), so a request reads the clock twice (start, end), not three
-//! times.
+//! A line carries its request's start as an [`Instant`]; its shard's
+//! [`Clock`] turns that into wall-clock time, so a request reads the clock
+//! twice (start, end), not three times.
 
-use super::{dropped, format, Line};
+use super::{dropped, AccessLog};
 use crate::metrics::Metrics;
 use prometheus::IntCounter;
 use std::io::Write;
-use std::sync::mpsc::Receiver;
-use std::time::{Instant, SystemTime};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Lines formatted into one write at most.
-const BATCH: usize = 256;
-/// Pause after each batch; bounds the wakeups, and what a line waits.
-const PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+/// Pause after each pass that wrote; bounds the wakeups, and what a line
+/// waits.
+const PAUSE: Duration = Duration::from_millis(2);
 
-/// Starts the writer thread; it ends when every sender is gone.
+/// How long a shard's [`Clock`] pairs its readings before reading the
+/// wall clock again: a step of the wall clock shows in the log within it.
+const CLOCK_REFRESH: Duration = Duration::from_secs(1);
+
+/// Starts the writer thread (for the life of the process).
 pub fn spawn(
-    rx: Receiver<Box<Line>>,
+    log: &Arc<AccessLog>,
     out: Box<dyn Write + Send>,
     metrics: &Metrics,
 ) -> std::io::Result<()> {
     let failed = metrics
         .access_log_dropped
         .with_label_values(&[dropped::WRITE_ERROR]);
+    let log = Arc::clone(log);
     std::thread::Builder::new()
         .name("access-log".to_owned())
-        .spawn(move || run(rx, out, failed))?;
+        .spawn(move || run(&log, out, failed))?;
     Ok(())
 }
 
-/// Writes until the channel closes. A failed write drops its batch
-/// (counted) and is logged once until a write succeeds again.
-pub fn run(rx: Receiver<Box<Line>>, mut out: Box<dyn Write + Send>, failed: IntCounter) {
-    let mut buf = Vec::with_capacity(64 * 1024);
-    let mut failing = false;
-    let mut formatter = format::Formatter::default();
-    while let Ok(first) = rx.recv() {
-        buf.clear();
-        let clock = Clock::now();
-        formatter.write_line(&first, clock.wall(first.start), &mut buf);
-        drop(first);
-        let mut lines = 1;
-        while lines < BATCH {
-            match rx.try_recv() {
-                Ok(line) => {
-                    formatter.write_line(&line, clock.wall(line.start), &mut buf);
-                    lines += 1;
-                }
-                Err(_) => break,
-            }
-        }
-        match out.write_all(&buf).and_then(|()| out.flush()) {
-            Ok(()) if failing => {
-                failing = false;
-                tracing::info!("access log writes succeed again");
-            }
-            Ok(()) => {}
-            Err(e) => {
-                failed.inc_by(lines as u64);
-                if !failing {
-                    failing = true;
-                    tracing::warn!(error = %e, "access log write failed; lines dropped");
-                }
-            }
-        }
-        if lines < BATCH {
+/// Writes forever: a pass over the shards, then a pause if it wrote, or
+/// sleep until a line comes.
+fn run(log: &AccessLog, mut out: Box<dyn Write + Send>, failed: IntCounter) {
+    // Before the first pass: a line submitted before this finds no thread
+    // to wake, and the first pass writes it.
+    let _ = log.writer.get_or_init(std::thread::current);
+    let mut writer = Writer::new(log, failed);
+    loop {
+        if writer.pass(&mut out) {
             std::thread::sleep(PAUSE);
+            continue;
         }
+        // Idle first, then look again: a line submitted after that look
+        // sees the flag (the shard's lock orders the two) and wakes us.
+        log.writer_idle.store(true, Ordering::SeqCst);
+        if !writer.pass(&mut out) {
+            std::thread::park();
+        }
+        log.writer_idle.store(false, Ordering::Relaxed);
     }
 }
 
-/// The wall-clock time and the monotonic clock read together, to turn
-/// a line's start (monotonic, read on the request's worker) into
-/// wall-clock time. A line is at most a batch old, so a step of the wall
-/// clock shifts only the lines written after it, as it would have.
+/// The writer's side of the shards: a spare buffer per shard to swap in,
+/// and whether writes fail.
+pub struct Writer<'a> {
+    log: &'a AccessLog,
+    spares: Vec<Vec<u8>>,
+    failed: IntCounter,
+    failing: bool,
+}
+
+impl<'a> Writer<'a> {
+    pub fn new(log: &'a AccessLog, failed: IntCounter) -> Writer<'a> {
+        let spares = (0..log.shards())
+            .map(|_| Vec::with_capacity(log.room()))
+            .collect();
+        Writer {
+            log,
+            spares,
+            failed,
+            failing: false,
+        }
+    }
+
+    /// Takes every shard's lines and writes them; whether there were any.
+    /// A failed write drops its lines (counted) and is logged once until a
+    /// write succeeds again.
+    pub fn pass(&mut self, out: &mut dyn Write) -> bool {
+        let mut any = false;
+        for (i, spare) in self.spares.iter_mut().enumerate() {
+            let lines = self.log.take(i, spare);
+            if lines == 0 {
+                continue;
+            }
+            any = true;
+            match out.write_all(spare).and_then(|()| out.flush()) {
+                Ok(()) if self.failing => {
+                    self.failing = false;
+                    tracing::info!("access log writes succeed again");
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    self.failed.inc_by(lines);
+                    if !self.failing {
+                        self.failing = true;
+                        tracing::warn!(error = %e, "access log write failed; lines dropped");
+                    }
+                }
+            }
+            spare.clear();
+        }
+        any
+    }
+}
+
+/// The wall-clock time and the monotonic clock read together, to turn a
+/// line's start (monotonic, read on the request's thread) into wall-clock
+/// time: read again when a line ends more than [`CLOCK_REFRESH`] after
+/// the last reading, so a line costs no reading of its own.
+#[derive(Default)]
 pub struct Clock {
-    wall: SystemTime,
-    mono: Instant,
+    /// Since the Unix epoch, at `mono`.
+    wall: Duration,
+    mono: Option<Instant>,
 }
 
 impl Clock {
-    pub fn now() -> Clock {
-        Clock {
-            wall: SystemTime::now(),
-            mono: Instant::now(),
-        }
-    }
-
-    /// The wall-clock time of `at` (which is before now).
-    pub fn wall(&self, at: Instant) -> SystemTime {
-        let ago = self.mono.saturating_duration_since(at);
-        self.wall.checked_sub(ago).unwrap_or(self.wall)
+    /// A line's start as wall-clock time (since the Unix epoch), and its
+    /// duration: from its monotonic start and end.
+    pub fn start_and_duration(&mut self, start: Instant, end: Instant) -> (Duration, Duration) {
+        let duration = end.saturating_duration_since(start);
+        let since = match self.mono.and_then(|mono| end.checked_duration_since(mono)) {
+            Some(since) if since < CLOCK_REFRESH => since,
+            _ => {
+                self.wall = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                self.mono = Some(end);
+                Duration::ZERO
+            }
+        };
+        ((self.wall + since).saturating_sub(duration), duration)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access_log::{AccessLog, Text};
+    use crate::access_log::{Line, Text};
     use crate::config::file::FileLogFormat;
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::sync::Mutex;
 
     /// A `Write` that keeps what it gets, or fails every write.
     #[derive(Clone, Default)]
@@ -128,8 +172,8 @@ mod tests {
         }
     }
 
-    fn line(status: u16) -> Box<Line> {
-        Box::new(Line {
+    fn line(status: u16) -> Line {
+        Line {
             start: Instant::now(),
             peer: "127.0.0.1:1".parse().expect("addr"),
             method: http::Method::GET,
@@ -137,26 +181,27 @@ mod tests {
             status,
             cache: None,
             route: None,
-            duration: Duration::from_millis(1),
+            duration: Duration::ZERO,
             upstream: None,
             bytes: 0,
             text: Text::new("/x", None, None),
-        })
+        }
     }
 
     #[test]
     fn writes_every_line_in_order_and_counts_failed_writes() {
         let metrics = Metrics::new();
-        let (log, rx) = AccessLog::new(1000, &metrics);
-        for status in 200..300 {
-            log.submit(line(status));
-        }
-        drop(log);
-        let sink = Sink::default();
         let failed = metrics
             .access_log_dropped
             .with_label_values(&[dropped::WRITE_ERROR]);
-        run(rx, Box::new(sink.clone()), failed.clone());
+        let log = AccessLog::new(1, 64 * 1024, &metrics);
+        for status in 200..300 {
+            log.submit(&mut line(status), Instant::now());
+        }
+        let sink = Sink::default();
+        let mut writer = Writer::new(&log, failed.clone());
+        assert!(writer.pass(&mut sink.clone()));
+        assert!(!writer.pass(&mut sink.clone()), "nothing left");
         let text = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf-8");
         let statuses: Vec<u64> = text
             .lines()
@@ -168,30 +213,42 @@ mod tests {
         assert_eq!(statuses, (200..300).collect::<Vec<u64>>());
         assert_eq!(failed.get(), 0);
 
-        let (log, rx) = AccessLog::new(1000, &metrics);
         for status in 200..210 {
-            log.submit(line(status));
+            log.submit(&mut line(status), Instant::now());
         }
-        drop(log);
-        run(rx, Box::new(Sink(Arc::default(), true)), failed.clone());
+        assert!(writer.pass(&mut Sink(Arc::default(), true)));
         assert_eq!(failed.get(), 10);
     }
 
     #[test]
     fn a_line_gets_the_wall_clock_time_of_its_start() {
-        let clock = Clock {
-            wall: UNIX_EPOCH + Duration::from_secs(1000),
-            mono: Instant::now(),
+        let mono = Instant::now();
+        let mut clock = Clock {
+            wall: Duration::from_secs(1000),
+            mono: Some(mono),
         };
-        let started = clock
-            .mono
-            .checked_sub(Duration::from_millis(250))
-            .expect("the monotonic clock is past 250 ms");
+        let at = |ms| mono + Duration::from_millis(ms);
+        // Ended 300 ms after the reading, took 200 ms.
         assert_eq!(
-            clock.wall(started),
-            UNIX_EPOCH + Duration::from_millis(999_750)
+            clock.start_and_duration(at(100), at(300)),
+            (Duration::from_millis(1_000_100), Duration::from_millis(200))
         );
-        // A start after the clock's reading (not expected): the reading.
-        assert_eq!(clock.wall(clock.mono + Duration::from_secs(1)), clock.wall);
+        // Started before the reading.
+        assert_eq!(
+            clock.start_and_duration(mono, at(10)),
+            (Duration::from_secs(1000), Duration::from_millis(10))
+        );
+        // A reading older than CLOCK_REFRESH is taken again, from the wall
+        // clock (not 1000 s plus the monotonic time).
+        let end = mono + CLOCK_REFRESH + Duration::from_millis(1);
+        let (start, took) = clock.start_and_duration(end, end);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970");
+        assert!(
+            now.abs_diff(start) < Duration::from_secs(5),
+            "{start:?} vs {now:?}"
+        );
+        assert_eq!((took, clock.mono), (Duration::ZERO, Some(end)));
     }
 }

@@ -409,10 +409,21 @@ fn near_cache_defaults_and_limits() {
         None,
         "off by default for a cluster"
     );
-    assert!(err(&format!(
+    let on = parse(&format!(
         "{cluster}    near_cache: {{ enabled: true }}\n{APP}"
     ))
-    .contains("store.redis.near_cache"));
+    .expect("opt-in on a cluster");
+    assert_eq!(
+        on.store.redis.as_ref().and_then(|r| r.near_cache),
+        Some(NearCacheConfig {
+            max_bytes: 64 << 20,
+            max_age: Duration::from_secs(1),
+        })
+    );
+    assert!(err(&format!(
+        "{cluster}    near_cache: {{ enabled: true, max_age: 0s }}\n{APP}"
+    ))
+    .contains("store.redis.near_cache.max_age"));
 }
 
 #[test]

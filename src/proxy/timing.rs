@@ -10,7 +10,7 @@
 //! `Arc`: a logged hit allocates nothing here. The shared cell is made
 //! only when a fill is handed one.
 
-use futures_util::future::{Either, FutureExt};
+use futures_util::future::Either;
 use std::cell::{Cell, OnceCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -89,23 +89,16 @@ impl UpstreamTime {
     }
 }
 
-/// Runs `fut` as a measured request when `on`, and returns its output with
-/// the upstream time it recorded (`None`: no exchange, or not `on`).
-/// Without `on`, `fut` itself: no task-local scope to enter on every poll.
-pub fn measured<F: Future>(
-    on: bool,
-    fut: F,
-) -> impl Future<Output = (F::Output, Option<Duration>)> {
-    if on {
-        let slot = Slot::Own {
-            micros_plus_one: Cell::new(0),
-            handed: OnceCell::new(),
-        };
-        Either::Left(Measured {
-            scoped: UPSTREAM.scope(slot, fut),
-        })
-    } else {
-        Either::Right(fut.map(|out| (out, None)))
+/// Runs `fut` as a measured request, and returns its output with the
+/// upstream time it recorded (`None`: no exchange). A request that is not
+/// logged runs without it: no task-local scope to enter on every poll.
+pub fn measured<F: Future>(fut: F) -> impl Future<Output = (F::Output, Option<Duration>)> {
+    let slot = Slot::Own {
+        micros_plus_one: Cell::new(0),
+        handed: OnceCell::new(),
+    };
+    Measured {
+        scoped: UPSTREAM.scope(slot, fut),
     }
 }
 
@@ -172,7 +165,7 @@ mod tests {
         record(Duration::from_millis(5));
         assert!(current().is_none());
 
-        let ((), time) = measured(true, async {
+        let ((), time) = measured(async {
             record(Duration::from_micros(1500));
             // A task started for this request and handed the cell.
             let handed_cell = current();
@@ -190,7 +183,7 @@ mod tests {
         assert_eq!(time, Some(Duration::from_micros(2000)));
 
         // Only a fill's time, or none at all.
-        let ((), time) = measured(true, async {
+        let ((), time) = measured(async {
             tokio::spawn(handed(current(), async {
                 record(Duration::from_micros(700));
             }))
@@ -199,19 +192,11 @@ mod tests {
         })
         .await;
         assert_eq!(time, Some(Duration::from_micros(700)));
-        let ((), time) = measured(true, async {}).await;
-        assert_eq!(time, None);
-
-        // Not measured: nothing recorded, and no scope to record into.
-        let ((), time) = measured(false, async {
-            assert!(current().is_none());
-            record(Duration::from_millis(1));
-        })
-        .await;
+        let ((), time) = measured(async {}).await;
         assert_eq!(time, None);
 
         // A zero-length exchange still counts as "called".
-        let ((), time) = measured(true, async { record(Duration::ZERO) }).await;
+        let ((), time) = measured(async { record(Duration::ZERO) }).await;
         assert_eq!(time, Some(Duration::ZERO));
     }
 }

@@ -542,9 +542,10 @@ impl Drop for ClientBody {
 }
 
 /// Per request: one config snapshot, the access log's line and the
-/// request id around [`answer`]. One path whether the log is on or off:
-/// the line is a pointer and a branch when off, and the answer's future is
-/// awaited in place (not boxed) when on.
+/// request id around [`answer`]. The answer's future is awaited in place
+/// (not boxed) either way; only a logged request runs it in the scope that
+/// measures its upstream time, and the line is a pointer and a branch when
+/// the log is off.
 async fn handle(
     state: Arc<ProxyState>,
     ambiguous: bool,
@@ -558,8 +559,16 @@ async fn handle(
         wanted: logged,
         ..Routed::default()
     };
-    let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
-    let (mut resp, upstream) = crate::proxy::timing::measured(logged, answered).await;
+    // Not logged: the answer itself, without the upstream-time scope. The
+    // answer's future is made in each branch: made before, it was moved
+    // twice more per request.
+    let (mut resp, upstream) = if logged {
+        let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
+        crate::proxy::timing::measured(answered).await
+    } else {
+        let answered = answer(&state, cfg, ambiguous, req, peer, &mut routed);
+        (answered.await, None)
+    };
     if let Some(id) = begun.request_id {
         resp.headers_mut()
             .insert(access_log::X_REQUEST_ID.clone(), id);

@@ -35,6 +35,7 @@ pub mod breaker;
 pub mod guarded;
 pub mod memory;
 pub mod near;
+pub mod near_tracking;
 pub mod node_breakers;
 pub mod redis;
 pub mod redis_client;

@@ -1,12 +1,17 @@
 //! The near cache: an in-process copy of recently read objects in front of
-//! a single-node Redis, kept coherent by Redis's server-assisted client-side
-//! caching (`CLIENT TRACKING`, RESP3 invalidation pushes).
+//! Redis (single node, Sentinel's primary, or each master of a Cluster),
+//! kept coherent by Redis's server-assisted client-side caching (`CLIENT
+//! TRACKING`, RESP3 invalidation pushes).
 //!
-//! Reads that may fill it go over one dedicated connection with tracking on,
-//! so Redis remembers which keys this instance holds and pushes the key
-//! names as soon as anything modifies them (an invalidation, a publish, an
-//! expiry, an eviction, `FLUSHALL`). A push drops the whole object (entry
-//! variants and generation). What it guarantees:
+//! Reads that may fill it go over a dedicated connection with tracking on
+//! (one per node that serves objects: the single node, the current
+//! Sentinel primary, or the Cluster master owning the object's slot per
+//! the [`SlotMap`]; kept up by [`super::near_tracking`]), so that node
+//! remembers which keys this instance holds and pushes the key names as
+//! soon as anything modifies them (an invalidation, a publish, an expiry,
+//! an eviction, `FLUSHALL`). A push drops the whole object (entry variants
+//! and generation). Each object remembers the connection it was read over.
+//! What it guarantees:
 //!
 //! - **No stale insert.** Each read notes its object's epoch before it is
 //!   sent; pushes bump the epoch (synchronously, in the connection's reader,
@@ -21,9 +26,12 @@
 //!   from this instance.
 //! - **Other instances' writes** are visible here when their push arrives
 //!   (the same event-loop turn of Redis that runs the write sends it).
-//! - **Lost connection = empty cache.** A disconnect or a failed heartbeat
-//!   drops the connection and everything read over it; a new connection
-//!   starts empty, and reads go to the shared connection until it is up.
+//! - **Lost connection = its objects gone.** A disconnect or a failed
+//!   heartbeat drops the connection and everything read over it (and
+//!   refuses every read in flight); a new connection starts empty, and
+//!   reads go to the shared connection until it is up. On a Cluster the
+//!   other masters' objects stay; a slot map change (failover, resharding)
+//!   and a Sentinel primary switch drop everything.
 //! - **`max_age`** bounds how long an entry is served without asking Redis,
 //!   which bounds staleness if pushes stop arriving without the connection
 //!   noticing (a silent network partition).
@@ -31,11 +39,12 @@
 //!   object is held with its generation, and the pipeline applies the same
 //!   generation and freshness checks to what it answers.
 
+use super::slot_map::SlotMap;
 use super::Snapshot;
 use crate::config::NearCacheConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
-use arc_swap::ArcSwapOption;
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};
 use redis::aio::MultiplexedConnection;
@@ -57,6 +66,8 @@ const MAX_TAGS_HELD: usize = 65_536;
 /// One cached object: its generation and the entries of the variants read.
 struct Object {
     generation: Bytes,
+    /// The tracked connection it was read over.
+    conn: u64,
     /// (entry key suffix after the object's `}`, raw entry).
     variants: Vec<(Box<str>, Bytes)>,
     expires: Instant,
@@ -72,10 +83,14 @@ impl quick_cache::Weighter<Box<str>, Arc<Object>> for ByBytes {
     }
 }
 
-/// The connection reads go over while tracking is on.
+/// A connection reads go over while tracking is on.
 pub struct Tracked {
     pub id: u64,
+    /// `host:port` of the node (Cluster: as in `CLUSTER SLOTS`).
+    pub node: Arc<str>,
     pub conn: MultiplexedConnection,
+    /// Wakes its keeper when the connection is dropped.
+    pub(super) lost: Notify,
 }
 
 /// The near cache's metric handles, resolved once.
@@ -90,19 +105,24 @@ struct NearMetrics {
 pub struct NearCache {
     objects: quick_cache::sync::Cache<Box<str>, Arc<Object>, ByBytes>,
     /// Single keys by their full name (tag generations `<ns>t:{<tag>}:g`,
-    /// objects' tag lists) -> (value, read at), for the hit check of tagged
-    /// entries; kept coherent exactly like objects (same epochs, dropped
-    /// by the key's push).
-    tags: quick_cache::sync::Cache<Bytes, (Bytes, Instant)>,
+    /// objects' tag lists) -> (value, read at, connection), for the hit
+    /// check of tagged entries; kept coherent exactly like objects (same
+    /// epochs, dropped by the key's push).
+    tags: quick_cache::sync::Cache<Bytes, (Bytes, Instant, u64)>,
     epochs: [AtomicU64; BUCKETS],
     /// Serialises "check epoch, insert" against "bump epoch, remove".
     write: Mutex<()>,
     hasher: RandomState,
     max_age: Duration,
-    tracked: ArcSwapOption<Tracked>,
+    /// Cluster: which master a key's reads go to. `None`: the one node.
+    route: Option<Arc<SlotMap>>,
+    /// The tracked connections up now (one per node; a handful).
+    tracked: ArcSwap<Vec<Arc<Tracked>>>,
     next_id: AtomicU64,
-    /// Wakes the keeper when the tracked connection is lost.
-    pub(super) lost: Notify,
+    /// Wakes the keeper: on a Cluster when the slot map changed (new
+    /// masters get their connections at once), with Sentinel when the
+    /// primary switched (no reconnect backoff left from the old one).
+    pub(super) reconcile: Notify,
     metrics: NearMetrics,
 }
 
@@ -116,7 +136,8 @@ fn split_key(key: &str) -> Option<(&str, &str)> {
 }
 
 impl NearCache {
-    pub fn new(cfg: &NearCacheConfig, metrics: &Metrics) -> NearCache {
+    /// `route`: on a Cluster, the slot map that picks a key's connection.
+    pub fn new(cfg: &NearCacheConfig, route: Option<Arc<SlotMap>>, metrics: &Metrics) -> NearCache {
         let estimated_items = usize::try_from(cfg.max_bytes / 2048)
             .unwrap_or(1 << 20)
             .max(64);
@@ -131,9 +152,10 @@ impl NearCache {
             write: Mutex::new(()),
             hasher: RandomState::new(),
             max_age: cfg.max_age,
-            tracked: ArcSwapOption::empty(),
+            route,
+            tracked: ArcSwap::default(),
             next_id: AtomicU64::new(1),
-            lost: Notify::new(),
+            reconcile: Notify::new(),
             metrics: NearMetrics {
                 hits: metrics.near_cache.with_label_values(&["hit"]),
                 misses: metrics.near_cache.with_label_values(&["miss"]),
@@ -184,7 +206,7 @@ impl NearCache {
         let now = Instant::now();
         keys.iter()
             .map(|k| {
-                let (value, read_at) = self.tags.get(k.as_bytes())?;
+                let (value, read_at, _) = self.tags.get(k.as_bytes())?;
                 (now < read_at + self.max_age).then_some(Some(value))
             })
             .collect()
@@ -196,7 +218,7 @@ impl NearCache {
     pub fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         let now = Instant::now();
         for (key, generation) in stamped {
-            let (value, read_at) = self.tags.get(key.as_ref())?;
+            let (value, read_at, _) = self.tags.get(key.as_ref())?;
             if now >= read_at + self.max_age {
                 return None;
             }
@@ -216,9 +238,10 @@ impl NearCache {
         }
     }
 
-    /// Keeps a tag generation a tracked read returned, unless anything
-    /// invalidated its bucket since `epoch` was noted.
-    pub fn offer_tag(&self, key: &str, epoch: u64, value: &Bytes) {
+    /// Keeps a tag generation a read over tracked connection `conn`
+    /// returned, unless anything invalidated its bucket since `epoch` was
+    /// noted.
+    pub fn offer_tag(&self, key: &str, epoch: u64, conn: u64, value: &Bytes) {
         let Some((object, _)) = split_key(key) else {
             return;
         };
@@ -227,12 +250,25 @@ impl NearCache {
             return;
         }
         let key = Bytes::copy_from_slice(key.as_bytes());
-        self.tags.insert(key, (value.clone(), Instant::now()));
+        self.tags.insert(key, (value.clone(), Instant::now(), conn));
     }
 
-    /// The tracked connection, if one is up.
-    pub fn tracked(&self) -> Option<Arc<Tracked>> {
-        self.tracked.load_full()
+    /// The tracked connection a read of `key` goes over, if it is up: the
+    /// one node's, or (Cluster) that of the master owning `key`'s slot.
+    pub fn tracked_for(&self, key: &str) -> Option<Arc<Tracked>> {
+        let tracked = self.tracked.load();
+        match &self.route {
+            None => tracked.first().cloned(),
+            Some(map) => {
+                let node = map.node_of(key.as_bytes())?;
+                tracked.iter().find(|t| t.node == node).cloned()
+            }
+        }
+    }
+
+    /// How many tracked connections are up.
+    pub fn connections(&self) -> usize {
+        self.tracked.load().len()
     }
 
     /// The epoch to note before sending a read of `keys`.
@@ -240,10 +276,11 @@ impl NearCache {
         self.key_epoch(&keys.entry)
     }
 
-    /// Keeps what a tracked read returned, unless anything invalidated the
-    /// object's bucket since `epoch` was noted. Only complete hits are kept
-    /// (entry and generation present); the pipeline still judges them.
-    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, snapshot: &Snapshot) {
+    /// Keeps what a read over tracked connection `conn` returned, unless
+    /// anything invalidated the object's bucket since `epoch` was noted.
+    /// Only complete hits are kept (entry and generation present); the
+    /// pipeline still judges them.
+    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, conn: u64, snapshot: &Snapshot) {
         let (Some(entry), Some(generation)) = (&snapshot.entry, &snapshot.generation) else {
             return;
         };
@@ -257,12 +294,13 @@ impl NearCache {
         let now = Instant::now();
         // Keep the other variants read under the same generation.
         let mut variants: Vec<(Box<str>, Bytes)> = match self.objects.get(object) {
-            Some(old) if old.generation == *generation && now < old.expires => old
-                .variants
-                .iter()
-                .filter(|(s, _)| &**s != suffix)
-                .cloned()
-                .collect(),
+            Some(old) if old.generation == *generation && old.conn == conn && now < old.expires => {
+                old.variants
+                    .iter()
+                    .filter(|(s, _)| &**s != suffix)
+                    .cloned()
+                    .collect()
+            }
             _ => Vec::new(),
         };
         variants.push((suffix.into(), entry.clone()));
@@ -275,6 +313,7 @@ impl NearCache {
                 .sum::<u64>();
         let obj = Object {
             generation: generation.clone(),
+            conn,
             variants,
             expires: now + self.max_age,
             weight,
@@ -313,26 +352,79 @@ impl NearCache {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Makes `conn` (tracking already on) the connection reads go over.
-    pub(super) fn install(&self, id: u64, conn: MultiplexedConnection) {
-        self.tracked.store(Some(Arc::new(Tracked { id, conn })));
-        self.metrics.tracking.set(1);
+    /// Makes `conn` (tracking already on) the connection reads of `node`'s
+    /// keys go over, if `valid()` still holds (checked under the lock that
+    /// [`Self::lost`] takes, so a switch that drops all connections cannot
+    /// miss one installed just now). Replaces `node`'s previous one.
+    pub(super) fn install(
+        &self,
+        id: u64,
+        node: Arc<str>,
+        conn: MultiplexedConnection,
+        valid: impl FnOnce() -> bool,
+    ) -> Option<Arc<Tracked>> {
+        let _guard = self.lock();
+        if !valid() {
+            return None;
+        }
+        let tracked = Arc::new(Tracked {
+            id,
+            node,
+            conn,
+            lost: Notify::new(),
+        });
+        let mut all: Vec<Arc<Tracked>> = self
+            .tracked
+            .load()
+            .iter()
+            .filter(|t| t.node != tracked.node)
+            .cloned()
+            .collect();
+        all.push(tracked.clone());
+        self.metrics.tracking.set(all.len() as i64);
+        self.tracked.store(Arc::new(all));
+        Some(tracked)
     }
 
     /// Connection `id` can no longer be trusted to deliver pushes: stop
     /// using it and drop what was read over it. A no-op for a connection
     /// that was already replaced.
     pub fn lost(&self, id: u64) {
-        if self.tracked.load().as_ref().map(|t| t.id) != Some(id) {
+        self.drop_where(|t| t.id == id);
+    }
+
+    /// Drops the connection of `node` (Cluster: no longer a master).
+    pub(super) fn lost_node(&self, node: &str) {
+        self.drop_where(|t| &*t.node == node);
+    }
+
+    /// Drops every connection (Sentinel: the primary switched).
+    pub(super) fn lost_all(&self) {
+        self.drop_where(|_| true);
+    }
+
+    fn drop_where(&self, gone: impl Fn(&Tracked) -> bool) {
+        let _guard = self.lock();
+        let current = self.tracked.load_full();
+        let (dropped, kept): (Vec<_>, Vec<_>) = current.iter().cloned().partition(|t| gone(t));
+        if dropped.is_empty() {
             return;
         }
         // Readers note the epoch before they load the connection: one that
-        // noted it before the flush below is refused at insert, one that
+        // noted it before the bump below is refused at insert, one that
         // noted it after finds no connection here.
-        self.tracked.store(None);
-        self.metrics.tracking.set(0);
-        self.flush();
-        self.lost.notify_one();
+        self.tracked.store(Arc::new(kept));
+        self.metrics.tracking.set(self.tracked.load().len() as i64);
+        for epoch in &self.epochs {
+            epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        let ids: Vec<u64> = dropped.iter().map(|t| t.id).collect();
+        self.objects.retain(|_, o| !ids.contains(&o.conn));
+        self.tags.retain(|_, (_, _, conn)| !ids.contains(conn));
+        self.metrics.flushes.inc();
+        for t in &dropped {
+            t.lost.notify_one();
+        }
     }
 
     /// Handles a push from connection `id` (called by its reader, in order
@@ -356,97 +448,6 @@ impl NearCache {
     }
 }
 
-/// Keeps a tracked connection up for `near`: connect with RESP3, turn
-/// tracking on, install it, ping it every `every`; on loss, reconnect with a
-/// capped backoff. Runs until aborted.
-pub(super) async fn keep_tracked(
-    near: Arc<NearCache>,
-    client: redis::Client,
-    every: Duration,
-    timeout: Duration,
-) {
-    const MIN_BACKOFF: Duration = Duration::from_millis(50);
-    const MAX_BACKOFF: Duration = Duration::from_secs(2);
-    let mut backoff = MIN_BACKOFF;
-    let mut was_up = None;
-    loop {
-        let id = near.next_id();
-        match open_tracked(&near, &client, id, timeout).await {
-            Ok(conn) => {
-                backoff = MIN_BACKOFF;
-                near.install(id, conn.clone());
-                tracing::info!("near cache: tracked connection up");
-                was_up = Some(true);
-                supervise(&near, id, conn, every, timeout).await;
-                tracing::warn!("near cache: tracked connection lost, cache emptied");
-            }
-            Err(e) => {
-                if was_up != Some(false) {
-                    tracing::warn!(error = %e, "near cache: no tracked connection, reads go to redis");
-                }
-                was_up = Some(false);
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-async fn open_tracked(
-    near: &Arc<NearCache>,
-    client: &redis::Client,
-    id: u64,
-    timeout: Duration,
-) -> Result<MultiplexedConnection, redis::RedisError> {
-    // Weak: the connection's reader holds this closure, and the cache holds
-    // the connection.
-    let weak = Arc::downgrade(near);
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .set_response_timeout(Some(timeout))
-        .set_push_sender(move |push: PushInfo| {
-            if let Some(near) = weak.upgrade() {
-                near.on_push(id, push);
-            }
-            Ok::<(), std::convert::Infallible>(())
-        });
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
-    redis::cmd("CLIENT")
-        .arg("TRACKING")
-        .arg("ON")
-        .query_async::<()>(&mut conn)
-        .await?;
-    Ok(conn)
-}
-
-/// Returns once connection `id` is lost (push reader saw it close, or a
-/// heartbeat failed).
-async fn supervise(
-    near: &NearCache,
-    id: u64,
-    mut conn: MultiplexedConnection,
-    every: Duration,
-    timeout: Duration,
-) {
-    let ping = redis::cmd("PING");
-    loop {
-        tokio::select! {
-            _ = near.lost.notified() => {}
-            _ = tokio::time::sleep(every) => {}
-        }
-        if near.tracked().map(|t| t.id) != Some(id) {
-            return;
-        }
-        let alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await;
-        if !matches!(alive, Ok(Ok(()))) {
-            near.lost(id);
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,6 +459,7 @@ mod tests {
                 max_bytes: 1 << 20,
                 max_age,
             },
+            None,
             &Metrics::new(),
         )
     }
@@ -483,7 +485,7 @@ mod tests {
         let k = object_keys("sc:", "app:acme:1", "v1");
         assert_eq!(c.get(&k), None);
         let e = c.epoch(&k);
-        c.offer(&k, e, &snap("E", "g1"));
+        c.offer(&k, e, 1, &snap("E", "g1"));
         assert_eq!(c.get(&k), Some(snap("E", "g1")));
         // A push for the generation key drops the entry too.
         c.on_push(
@@ -505,11 +507,11 @@ mod tests {
         let e = c.epoch(&k);
         // The push for the key arrives between the reply and the insert.
         c.forget(k.entry.as_bytes());
-        c.offer(&k, e, &snap("OLD", "g1"));
+        c.offer(&k, e, 1, &snap("OLD", "g1"));
         assert_eq!(c.get(&k), None);
         // A read noted after the push is kept.
         let e = c.epoch(&k);
-        c.offer(&k, e, &snap("NEW", "g2"));
+        c.offer(&k, e, 1, &snap("NEW", "g2"));
         assert_eq!(c.get(&k), Some(snap("NEW", "g2")));
     }
 
@@ -518,12 +520,12 @@ mod tests {
         let c = cache(Duration::from_secs(60));
         let a = object_keys("sc:", "app:acme:1", "a");
         let b = object_keys("sc:", "app:acme:1", "b");
-        c.offer(&a, c.epoch(&a), &snap("A", "g1"));
-        c.offer(&b, c.epoch(&b), &snap("B", "g1"));
+        c.offer(&a, c.epoch(&a), 1, &snap("A", "g1"));
+        c.offer(&b, c.epoch(&b), 1, &snap("B", "g1"));
         assert_eq!(c.get(&a), Some(snap("A", "g1")));
         assert_eq!(c.get(&b), Some(snap("B", "g1")));
         // A newer generation replaces the object: `a` is no longer held.
-        c.offer(&b, c.epoch(&b), &snap("B2", "g2"));
+        c.offer(&b, c.epoch(&b), 1, &snap("B2", "g2"));
         assert_eq!(c.get(&a), None);
         assert_eq!(c.get(&b), Some(snap("B2", "g2")));
     }
@@ -535,13 +537,14 @@ mod tests {
         c.offer(
             &k,
             c.epoch(&k),
+            1,
             &Snapshot {
                 entry: None,
                 generation: Some(Bytes::from_static(b"g1")),
             },
         );
         assert_eq!(c.get(&k), None);
-        c.offer(&k, c.epoch(&k), &snap("E", "g1"));
+        c.offer(&k, c.epoch(&k), 1, &snap("E", "g1"));
         c.on_push(
             1,
             PushInfo {
@@ -552,7 +555,7 @@ mod tests {
         assert_eq!(c.get(&k), None);
 
         let young = cache(Duration::from_millis(1));
-        young.offer(&k, young.epoch(&k), &snap("E", "g1"));
+        young.offer(&k, young.epoch(&k), 1, &snap("E", "g1"));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(young.get(&k), None);
     }
@@ -562,7 +565,7 @@ mod tests {
         let c = cache(Duration::from_secs(60));
         let k = object_keys("sc:", "app:acme:1", "v1");
         let e = c.epoch(&k);
-        c.offer(&k, e, &snap("E", "g1"));
+        c.offer(&k, e, 1, &snap("E", "g1"));
         // No connection installed: a Disconnection from connection 7 is stale.
         c.on_push(
             7,
@@ -575,7 +578,7 @@ mod tests {
         c.flush();
         assert_eq!(c.get(&k), None);
         // A read in flight across the flush is refused.
-        c.offer(&k, e, &snap("E", "g1"));
+        c.offer(&k, e, 1, &snap("E", "g1"));
         assert_eq!(c.get(&k), None);
     }
 
@@ -591,7 +594,7 @@ mod tests {
         };
         assert_eq!(c.tags_current(&stamped("g1")), None, "not held: ask Redis");
         let e = c.key_epoch(key);
-        c.offer_tag(key, e, &Bytes::from_static(b"g1"));
+        c.offer_tag(key, e, 1, &Bytes::from_static(b"g1"));
         assert_eq!(c.tags_current(&stamped("g1")), Some(true));
         assert_eq!(c.tags_current(&stamped("g0")), Some(false));
         assert_eq!(c.tags(&[key]), Some(vec![Some(Bytes::from_static(b"g1"))]));
@@ -599,13 +602,13 @@ mod tests {
         let e = c.key_epoch(key);
         c.forget(key.as_bytes());
         assert_eq!(c.tags_current(&stamped("g1")), None);
-        c.offer_tag(key, e, &Bytes::from_static(b"g1"));
+        c.offer_tag(key, e, 1, &Bytes::from_static(b"g1"));
         assert_eq!(
             c.tags_current(&stamped("g1")),
             None,
             "overtaken by its push"
         );
-        c.offer_tag(key, c.key_epoch(key), &Bytes::from_static(b"g2"));
+        c.offer_tag(key, c.key_epoch(key), 1, &Bytes::from_static(b"g2"));
         assert_eq!(c.tags_current(&stamped("g1")), Some(false));
         c.flush();
         assert_eq!(c.tags(&[key]), None);

@@ -21,7 +21,8 @@
 //!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
 //!   so it is set in both places. The cluster test fails without them.
 
-use super::near::{self, NearCache};
+use super::near::NearCache;
+use super::near_tracking::{self, Source};
 use super::redis_client;
 use super::redis_sentinel;
 use super::redis_slots;
@@ -39,10 +40,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{
-    Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, Script,
-    Value,
-};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,20 +161,13 @@ impl RedisStore {
                     .map_err(config_error)?
                     .set_tcp_settings(tcp);
                 if let Some(near_cfg) = &cfg.near_cache {
-                    // Invalidation pushes need RESP3.
-                    let settings = info
-                        .redis_settings()
-                        .clone()
-                        .set_protocol(ProtocolVersion::RESP3);
-                    let tracked_client = redis_client::client(
-                        info.clone().set_redis_settings(settings),
-                        cfg.tls.as_ref(),
-                    )
-                    .map_err(config_error)?;
-                    let cache = Arc::new(NearCache::new(near_cfg, metrics));
-                    let keeper = near::keep_tracked(
+                    let tracked_client =
+                        near_tracking::tracked_client(info.clone(), cfg.tls.as_ref())
+                            .map_err(config_error)?;
+                    let cache = Arc::new(NearCache::new(near_cfg, None, metrics));
+                    let keeper = near_tracking::keep_tracked(
                         cache.clone(),
-                        tracked_client,
+                        Source::Fixed(Arc::new(tracked_client)),
                         heartbeat,
                         command_timeout,
                     );
@@ -200,12 +191,37 @@ impl RedisStore {
             }
             RedisTarget::Sentinel(target) => {
                 let primary = redis_sentinel::Primary::default();
+                // The near cache tracks the primary the store follows.
+                let tracked_primary = Arc::new(arc_swap::ArcSwapOption::empty());
+                if let Some(near_cfg) = &cfg.near_cache {
+                    let cache = Arc::new(NearCache::new(near_cfg, None, metrics));
+                    let keeper = near_tracking::keep_tracked(
+                        cache.clone(),
+                        Source::Following(tracked_primary.clone()),
+                        heartbeat,
+                        command_timeout,
+                    );
+                    tasks.push(tokio::spawn(keeper).abort_handle());
+                    near = Some(cache);
+                }
+                let (switch_near, tls) = (near.clone(), cfg.tls.clone());
+                let switched = move |client: &redis::Client| {
+                    if let Some(near) = &switch_near {
+                        near_tracking::primary_switched(
+                            near,
+                            &tracked_primary,
+                            client,
+                            tls.as_ref(),
+                        );
+                    }
+                };
                 let follow = redis_sentinel::follow(
                     target.clone(),
                     primary.clone(),
                     heartbeat,
                     single_manager_config(command_timeout, connect_timeout),
                     tcp.clone(),
+                    switched,
                 );
                 tasks.push(tokio::spawn(follow).abort_handle());
                 (Conn::Sentinel(primary), "redis-sentinel")
@@ -216,7 +232,7 @@ impl RedisStore {
                     builder = builder.certs(redis_client::certificates(tls));
                 }
                 let client = builder
-                    .tcp_settings(tcp)
+                    .tcp_settings(tcp.clone())
                     .connection_timeout(connect_timeout)
                     .response_timeout(command_timeout)
                     .retries(RECONNECT_RETRIES as u32)
@@ -232,11 +248,37 @@ impl RedisStore {
                     .set_response_timeout(command_timeout);
                 let conn = client.get_pending_async_connection_with_config(cluster_cfg);
                 let map = Arc::new(SlotMap::default());
+                if let Some(near_cfg) = &cfg.near_cache {
+                    let template = urls
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or_default()
+                        .into_connection_info()
+                        .map_err(config_error)?
+                        .set_tcp_settings(tcp.clone());
+                    let cache = Arc::new(NearCache::new(near_cfg, Some(map.clone()), metrics));
+                    let keeper = near_tracking::keep_cluster(
+                        cache.clone(),
+                        map.clone(),
+                        template,
+                        cfg.tls.clone(),
+                        heartbeat,
+                        command_timeout,
+                    );
+                    tasks.push(tokio::spawn(keeper).abort_handle());
+                    near = Some(cache);
+                }
+                let slots_near = near.clone();
                 let refresh = redis_slots::keep_current(
                     map.clone(),
                     conn.clone(),
                     heartbeat,
                     command_timeout,
+                    move || {
+                        if let Some(near) = &slots_near {
+                            near_tracking::on_slots_changed(near);
+                        }
+                    },
                 );
                 tasks.push(tokio::spawn(refresh).abort_handle());
                 slots = Some(map);
@@ -313,6 +355,33 @@ impl RedisStore {
             .await
             .map_err(map_error)?;
         Ok(Bytes::from(generation))
+    }
+
+    /// Cluster: each key over the tracked connection of its master
+    /// (concurrently, about one round trip), kept if that read was
+    /// tracked; a key whose master has none, or that answers `MOVED`, goes
+    /// the cluster path and is not kept.
+    async fn read_tags_tracked(
+        &self,
+        near: &NearCache,
+        tag_keys: &[&str],
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let calls = tag_keys.iter().map(|key| async move {
+            let epoch = near.key_epoch(key);
+            if let Some(tracked) = near.tracked_for(key) {
+                if let Ok(value) = get_one(&mut tracked.conn.clone(), key).await {
+                    if let Some(value) = &value {
+                        near.offer_tag(key, epoch, tracked.id, value);
+                    }
+                    return Ok(value);
+                }
+            }
+            get_one(&mut self.conn.current(), key).await
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// After our own write to an object: drop it from the near cache now,
@@ -489,10 +558,20 @@ impl Store for RedisStore {
                 // Epoch first: a connection lost after this point bumps it,
                 // so nothing read over that connection can be kept.
                 let epoch = near.epoch(keys);
-                if let Some(tracked) = near.tracked() {
-                    let snapshot = mget(&mut tracked.conn.clone(), keys).await?;
-                    near.offer(keys, epoch, &snapshot);
-                    return Ok(snapshot);
+                if let Some(tracked) = near.tracked_for(&keys.entry) {
+                    match mget(&mut tracked.conn.clone(), keys).await {
+                        Ok(snapshot) => {
+                            near.offer(keys, epoch, tracked.id, &snapshot);
+                            return Ok(snapshot);
+                        }
+                        // Cluster: the slot moved or is moving (`MOVED`,
+                        // `ASK`) or the node is failing: the cluster path
+                        // follows it, and nothing is kept.
+                        Err(e) if self.slots.is_some() => {
+                            tracing::debug!(error = %e, "near cache: tracked read refused, via the cluster");
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             mget(&mut self.conn.current(), keys).await
@@ -672,12 +751,15 @@ impl Store for RedisStore {
                 if let Some(held) = near.tags(tag_keys) {
                     return Ok(held);
                 }
+                if self.slots.is_some() {
+                    return self.read_tags_tracked(near, tag_keys).await;
+                }
                 let epochs: Vec<u64> = tag_keys.iter().map(|k| near.key_epoch(k)).collect();
-                if let Some(tracked) = near.tracked() {
+                if let Some(tracked) = tag_keys.first().and_then(|k| near.tracked_for(k)) {
                     let values = mget_values(&mut tracked.conn.clone(), tag_keys).await?;
                     for ((key, epoch), value) in tag_keys.iter().zip(epochs).zip(&values) {
                         if let Some(value) = value {
-                            near.offer_tag(key, epoch, value);
+                            near.offer_tag(key, epoch, tracked.id, value);
                         }
                     }
                     return Ok(values);
@@ -955,6 +1037,15 @@ async fn mget_values<S: AsRef<str> + Sync>(
     }
     let values: Vec<Option<Vec<u8>>> = mget.query_async(conn).await.map_err(map_error)?;
     Ok(values.into_iter().map(|v| v.map(Bytes::from)).collect())
+}
+
+async fn get_one(conn: &mut impl ConnectionLike, key: &str) -> Result<Option<Bytes>, StoreError> {
+    let value: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(map_error)?;
+    Ok(value.map(Bytes::from))
 }
 
 /// The values of keys that may live in different slots: one `MGET` on a

@@ -25,12 +25,15 @@ use tracing::{info, warn};
 pub type Primary = Arc<ArcSwapOption<ConnectionManager>>;
 
 /// Follows the primary forever (the store aborts the task on drop).
+/// `switched` runs with the new primary's client before calls go to it
+/// (the near cache drops what it read from the old one).
 pub async fn follow(
     target: SentinelTarget,
     primary: Primary,
     every: Duration,
     manager_cfg: ConnectionManagerConfig,
     tcp: TcpSettings,
+    switched: impl Fn(&redis::Client) + Send,
 ) {
     let mut sentinel = match Sentinel::build(target.nodes.clone()) {
         Ok(sentinel) => sentinel,
@@ -79,6 +82,7 @@ pub async fn follow(
         if current.as_deref() == Some(addr.as_str()) {
             continue;
         }
+        switched(&client);
         match ConnectionManager::new_lazy_with_config(client, manager_cfg.clone()) {
             Ok(manager) => {
                 primary.store(Some(Arc::new(manager)));

@@ -13,12 +13,14 @@ use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Refreshes `map` from `conn` every `every`; each call bounded by `timeout`.
+/// Refreshes `map` from `conn` every `every`; each call bounded by
+/// `timeout`. `changed` runs right after a refresh that changed the table.
 pub async fn keep_current(
     map: Arc<SlotMap>,
     conn: ClusterConnection,
     every: Duration,
     timeout: Duration,
+    changed: impl Fn() + Send,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -31,7 +33,11 @@ pub async fn keep_current(
         );
         match tokio::time::timeout(timeout, slots).await {
             Ok(Ok(reply)) => match parse(&reply) {
-                Some(ranges) if !ranges.is_empty() => map.replace(ranges),
+                Some(ranges) if !ranges.is_empty() => {
+                    if map.replace(ranges) {
+                        changed();
+                    }
+                }
                 _ => tracing::debug!(?reply, "unexpected CLUSTER SLOTS reply"),
             },
             Ok(Err(error)) => tracing::debug!(%error, "CLUSTER SLOTS failed"),

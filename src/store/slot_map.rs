@@ -33,10 +33,11 @@ pub struct SlotMap {
 }
 
 impl SlotMap {
-    /// Replaces the table (`ranges` in any order).
-    pub fn replace(&self, mut ranges: Vec<SlotRange>) {
+    /// Replaces the table (`ranges` in any order); true if it changed.
+    pub fn replace(&self, mut ranges: Vec<SlotRange>) -> bool {
         ranges.sort_by_key(|r| r.start);
-        self.ranges.store(Arc::new(ranges));
+        let old = self.ranges.swap(Arc::new(ranges));
+        **old != **self.ranges.load()
     }
 
     /// The master serving `key`'s slot; `None` before the first refresh or

@@ -439,9 +439,20 @@ fn sentinel_settings_are_checked() {
         "store.redis",
         "not several",
     );
+    // The near cache is opt-in with Sentinel; its limits still apply.
+    let out = check(&with_section(&format!(
+        "{sentinel}    near_cache: {{ enabled: true }}\n"
+    )));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     rejects(
-        &with_section(&format!("{sentinel}    near_cache: {{ enabled: true }}\n")),
-        "store.redis.near_cache",
-        "sentinel",
+        &with_section(&format!(
+            "{sentinel}    near_cache: {{ enabled: true, max_age: 0s }}\n"
+        )),
+        "store.redis.near_cache.max_age",
+        "between",
     );
 }

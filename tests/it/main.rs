@@ -26,6 +26,7 @@ mod join_current;
 mod kubernetes;
 mod limits;
 mod lookup;
+mod near_cluster_binary;
 mod origin_ttl;
 mod origin_vary;
 mod outbox;

@@ -93,38 +93,6 @@ async fn stream_invalidates_objects_on_every_master() {
     consumer.stop().await;
 }
 
-fn text(v: redis::RedisResult<redis::Value>) -> String {
-    match v {
-        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-        Ok(redis::Value::SimpleString(s)) => s,
-        other => panic!("expected a string, got {other:?}"),
-    }
-}
-
-/// Moves `slot` with its keys from `from` to `to` (the resharding steps
-/// `redis-cli --cluster reshard` takes), and tells every node.
-fn move_slot(cluster: &RedisCluster, slot: &str, from: &RedisServer, to: &RedisServer) {
-    let from_id = text(from.cli(&["CLUSTER", "MYID"]));
-    let to_id = text(to.cli(&["CLUSTER", "MYID"]));
-    to.cli(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id])
-        .expect("IMPORTING");
-    from.cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id])
-        .expect("MIGRATING");
-    let keys = match from.cli(&["CLUSTER", "GETKEYSINSLOT", slot, "100"]) {
-        Ok(redis::Value::Array(keys)) => keys,
-        other => panic!("GETKEYSINSLOT: {other:?}"),
-    };
-    let port = to.port().to_string();
-    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-    let names: Vec<String> = keys.into_iter().map(|k| text(Ok(k))).collect();
-    migrate.extend(names.iter().map(String::as_str));
-    from.cli(&migrate).expect("MIGRATE");
-    for node in &cluster.nodes {
-        node.cli(&["CLUSTER", "SETSLOT", slot, "NODE", &to_id])
-            .expect("SETSLOT NODE");
-    }
-}
-
 /// The stream's slot is resharded to another master while the consumer
 /// runs: its sessions end on `MOVED` and resume on the new master, so
 /// entries appended there are applied and acked.
@@ -184,7 +152,7 @@ async fn the_consumer_follows_the_stream_to_another_master() {
         .iter()
         .find(|n| n.port() != before.port())
         .expect("another master");
-    move_slot(&cluster, &slot, before, after);
+    cluster.move_slot(&slot, before, after);
     assert_eq!(cluster.owner(STREAM).port(), after.port(), "slot moved");
 
     add(after, 11..=20);

@@ -18,6 +18,8 @@ mod depends;
 mod generation;
 mod lease;
 mod near_cache;
+mod near_cluster;
+mod near_sentinel;
 mod publish;
 mod script_flush;
 

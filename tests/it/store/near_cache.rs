@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Publishes `entry` for `k` through `s` (ticket, lease, publish).
-async fn publish_through(s: &dyn Store, k: &ObjectKeys, entry: Bytes) -> Bytes {
+pub(super) async fn publish_through(s: &dyn Store, k: &ObjectKeys, entry: Bytes) -> Bytes {
     let (o, ticket) = lease(s, k, "o", LEASE).await.expect("free");
     let outcome = s.publish(k, &o, &ticket, entry, ENTRY_TTL).await.unwrap();
     assert_eq!(outcome, PublishOutcome::Published);

@@ -400,4 +400,37 @@ impl RedisCluster {
             node.cli(args).expect("command on a cluster node");
         }
     }
+
+    /// Moves `slot` with its keys from `from` to `to` (the resharding steps
+    /// `redis-cli --cluster reshard` takes), and tells every node.
+    pub fn move_slot(&self, slot: &str, from: &RedisServer, to: &RedisServer) {
+        let from_id = text(from.cli(&["CLUSTER", "MYID"]));
+        let to_id = text(to.cli(&["CLUSTER", "MYID"]));
+        to.cli(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id])
+            .expect("IMPORTING");
+        from.cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id])
+            .expect("MIGRATING");
+        let keys = match from.cli(&["CLUSTER", "GETKEYSINSLOT", slot, "100"]) {
+            Ok(redis::Value::Array(keys)) => keys,
+            other => panic!("GETKEYSINSLOT: {other:?}"),
+        };
+        let port = to.port().to_string();
+        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        let names: Vec<String> = keys.into_iter().map(|k| text(Ok(k))).collect();
+        migrate.extend(names.iter().map(String::as_str));
+        from.cli(&migrate).expect("MIGRATE");
+        for node in &self.nodes {
+            node.cli(&["CLUSTER", "SETSLOT", slot, "NODE", &to_id])
+                .expect("SETSLOT NODE");
+        }
+    }
+}
+
+/// A string reply as text.
+fn text(v: redis::RedisResult<redis::Value>) -> String {
+    match v {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(redis::Value::SimpleString(s)) => s,
+        other => panic!("expected a string, got {other:?}"),
+    }
 }
