@@ -2,6 +2,7 @@
 //! the admin listener exports. Label handles that sit on the request path are
 //! looked up once per request, never formatted.
 
+use crate::pipeline::status::CacheStatus;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -241,10 +242,44 @@ impl ForwardMetrics {
     }
 }
 
+/// A cache route's `sidecache_requests_total{route, result}` series, one
+/// per [`CacheStatus`], looked up on first use like [`ForwardMetrics`]'s.
+/// Held by the route ([`crate::config::Route`]), so a reload starts with
+/// empty slots; a slot remembers which [`Metrics`] it came from, so a
+/// route shared by two (tests run several proxies on one config) counts
+/// into each one's own registry.
+#[derive(Default)]
+pub struct RouteCounters {
+    requests: [OnceLock<(usize, IntCounter)>; CacheStatus::COUNT],
+}
+
+impl RouteCounters {
+    /// Counts one request of `route` answered with `status` in `m`.
+    pub fn count(&self, m: &Metrics, route: &str, status: CacheStatus) {
+        let lookup = || m.requests.with_label_values(&[route, status.as_str()]);
+        match self.requests[status.index()].get_or_init(|| (m.id(), lookup())) {
+            (owner, counter) if *owner == m.id() => counter.inc(),
+            _ => lookup().inc(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RouteCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteCounters")
+    }
+}
+
 /// Route label of everything forwarded outside a cache route.
 pub const FORWARD_ROUTE: &str = "-";
 
 impl Metrics {
+    /// Which process-wide set this is: clones share it (their series are
+    /// the same), two `Metrics::new()` differ.
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.forward) as usize
+    }
+
     pub fn new() -> Metrics {
         let registry = Registry::new();
         fn reg<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -696,5 +731,29 @@ impl BloomMetrics {
             }
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_counters_count_into_each_metrics_own_registry() {
+        // One route (one config) served by two proxies, as in tests that
+        // run several on one config: the handle kept for the first must
+        // not count the second's requests.
+        let counters = RouteCounters::default();
+        let (a, b) = (Metrics::new(), Metrics::new());
+        counters.count(&a, "app", CacheStatus::Hit);
+        counters.count(&b, "app", CacheStatus::Hit);
+        counters.count(&b, "app", CacheStatus::Hit);
+        counters.count(&a.clone(), "app", CacheStatus::Miss);
+        let get =
+            |m: &Metrics, s: CacheStatus| m.requests.with_label_values(&["app", s.as_str()]).get();
+        assert_eq!(get(&a, CacheStatus::Hit), 1);
+        assert_eq!(get(&b, CacheStatus::Hit), 2);
+        assert_eq!(get(&a, CacheStatus::Miss), 1);
+        assert_eq!(get(&b, CacheStatus::Miss), 0);
     }
 }

@@ -161,15 +161,15 @@ fn parse_scope(template: &str, params: &[Param]) -> Result<Vec<ScopePart>, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::pattern::ParamPattern;
     use crate::config::units::HumanDuration;
-    use regex::Regex;
 
     fn params(names: &[&str]) -> Vec<Param> {
         names
             .iter()
             .map(|n| Param {
                 name: (*n).to_owned(),
-                pattern: Regex::new(".*").unwrap(),
+                pattern: ParamPattern::new(".*").unwrap(),
             })
             .collect()
     }

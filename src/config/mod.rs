@@ -12,6 +12,7 @@ pub mod bloom_sizing;
 pub mod file;
 pub mod interpolate;
 pub mod path;
+pub mod pattern;
 pub mod relations;
 pub mod route;
 pub mod units;

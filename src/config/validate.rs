@@ -7,6 +7,7 @@ use super::file::{
     defaults, FileClientCacheControl, FileConfig, FileEtag, FileNearCache, FileOriginCacheControl,
     FileQuery, FileQueryMode, FileRedis, FileRedisTls, FileRoute, FileSentinel, FileTtl,
 };
+use super::pattern::ParamPattern;
 use super::route::{
     overlaps, parse_template, ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, Param,
     QueryMode, Route, RouteTable, Ttl,
@@ -20,7 +21,6 @@ use super::{
 };
 use http::{HeaderName, Method};
 use redis::IntoConnectionInfo;
-use regex::Regex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
@@ -731,7 +731,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
                 format!("path param {{{name}}} has no pattern; every param needs one"),
             );
         };
-        let re = Regex::new(&format!("^(?:{pattern})$"))
+        let re = ParamPattern::new(pattern)
             .or_else(|e| err(format!("{at}.params.{name}"), format!("bad regex: {e}")))?;
         params.push(Param { name, pattern: re });
     }
@@ -930,6 +930,7 @@ fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Re
         also_invalidates: Vec::new(),
         tags_from: optional_header(&format!("{at}.tags_from"), r.tags_from.as_deref())?,
         version_from: optional_header(&format!("{at}.version_from"), r.version_from.as_deref())?,
+        counters: Default::default(),
     })
 }
 

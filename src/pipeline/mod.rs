@@ -148,7 +148,8 @@ impl Pipeline {
         peer: SocketAddr,
     ) -> (CacheStatus, Response<Body>) {
         let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
-        resp.headers_mut().insert("x-cache", status.header_value());
+        resp.headers_mut()
+            .insert(status::X_CACHE.clone(), status.header_value());
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
             self.shared
                 .metrics
@@ -163,11 +164,9 @@ impl Pipeline {
                 .with_label_values(&[&route.name, overload.as_str()])
                 .inc();
         }
-        self.shared
-            .metrics
-            .requests
-            .with_label_values(&[&route.name, status.as_str()])
-            .inc();
+        route
+            .counters
+            .count(&self.shared.metrics, &route.name, status);
         tracing::debug!(route = %route.name, cache = status.as_str(), status = resp.status().as_u16(), "cache read");
         (status, resp)
     }

@@ -21,7 +21,26 @@ pub enum CacheStatus {
     Stale,
 }
 
+/// The `X-Cache` response header's name, parsed once.
+pub static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
+
 impl CacheStatus {
+    /// How many values there are (see [`CacheStatus::index`]).
+    pub const COUNT: usize = 7;
+
+    /// 0..[`CacheStatus::COUNT`], for arrays with a slot per value.
+    pub fn index(self) -> usize {
+        match self {
+            CacheStatus::Hit => 0,
+            CacheStatus::Miss => 1,
+            CacheStatus::Negative => 2,
+            CacheStatus::Bloom => 3,
+            CacheStatus::Bypass => 4,
+            CacheStatus::Degraded => 5,
+            CacheStatus::Stale => 6,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             CacheStatus::Hit => "HIT",

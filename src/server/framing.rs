@@ -416,39 +416,50 @@ impl<IO> FramingGuard<IO> {
             return Phase::Off;
         }
         // Bytes, not `str::lines`/`split_once`: this runs over every request
-        // head, and most lines are none of the three names looked for.
-        let mut lines = head
-            .split(|&b| b == b'\n')
+        // head. Lines found with `memchr` (the request line alone is often
+        // 40+ bytes); a line is looked at only if it starts with one of the
+        // three names and a `:` follows it, so the usual lines (`Host`,
+        // `Accept`, ...) cost a byte comparison each, not a scan for `:`.
+        let mut start = 0;
+        let mut lines = memchr::memchr_iter(b'\n', head)
+            .map(|nl| {
+                let line = &head[start..nl];
+                start = nl + 1;
+                line
+            })
             .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
         let request_line = lines.next().unwrap_or_default();
         if request_line.ends_with(b"HTTP/2.0") || request_line.starts_with(b"CONNECT ") {
             return Phase::Off;
         }
         let (mut length, mut chunked, mut has_te) = (None::<u64>, false, false);
+        // The head ends with an empty line, so every line ends with `\n`.
         for line in lines {
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let name = &line[..colon];
             // Checked for UTF-8 above, and `:` is ASCII: a valid split.
-            let value = || {
-                std::str::from_utf8(&line[colon + 1..])
+            let value = |name: &[u8]| {
+                std::str::from_utf8(&line[name.len() + 1..])
                     .unwrap_or_default()
                     .trim()
             };
-            if name.eq_ignore_ascii_case(b"content-length") {
-                match value().parse::<u64>() {
-                    Ok(n) => length = Some(n),
-                    Err(_) => return Phase::Off,
+            let named = |name: &[u8]| {
+                line.get(name.len()) == Some(&b':') && line[..name.len()].eq_ignore_ascii_case(name)
+            };
+            match line.first().map(u8::to_ascii_lowercase) {
+                Some(b'c') if named(b"content-length") => {
+                    match value(b"content-length").parse::<u64>() {
+                        Ok(n) => length = Some(n),
+                        Err(_) => return Phase::Off,
+                    }
                 }
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                has_te = true;
-                chunked = value()
-                    .rsplit(',')
-                    .next()
-                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            } else if name.eq_ignore_ascii_case(b"upgrade") {
-                return Phase::Off;
+                Some(b't') if named(b"transfer-encoding") => {
+                    has_te = true;
+                    chunked = value(b"transfer-encoding")
+                        .rsplit(',')
+                        .next()
+                        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+                }
+                Some(b'u') if named(b"upgrade") => return Phase::Off,
+                _ => {}
             }
         }
         if has_te && length.is_some() {
@@ -471,7 +482,7 @@ fn head_end(buf: &[u8], from: usize) -> Option<usize> {
     // Jump from one `\n` to the next instead of matching a pattern at every
     // byte: this runs over every request head.
     let mut i = from;
-    while let Some(offset) = buf.get(i..)?.iter().position(|&b| b == b'\n') {
+    while let Some(offset) = memchr::memchr(b'\n', buf.get(i..)?) {
         let nl = i + offset;
         match &buf[nl..] {
             [b'\n', b'\n', ..] => return Some(nl + 2),
@@ -610,6 +621,20 @@ mod tests {
         ]);
         assert_eq!(heads, 2);
         assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn names_in_any_case_and_only_whole_names() {
+        // A name longer than `Content-Length` is another header: no body
+        // follows, the next head is a head.
+        let (state, heads) = run(&[
+            b"POST /a HTTP/1.1\r\nContent-Lengthy: 3\r\n\r\n",
+            b"GET /b HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc",
+            b"POST /c HTTP/1.1\r\nCONTENT-LENGTH: 1\r\nTRANSFER-ENCODING: chunked\r\n\r\n0\r\n\r\n",
+            b"GET /d HTTP/1.1\r\nX-Upgrade: h2c\r\n\r\nGET /e HTTP/1.1\r\n\r\n",
+        ]);
+        assert_eq!(heads, 5);
+        assert_eq!(state.ambiguous_from.load(Ordering::Relaxed), 2);
     }
 
     #[test]
