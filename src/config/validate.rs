@@ -235,12 +235,6 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
             let tls = redis_tls(r.tls.as_ref(), &target)?;
-            if near_cache.is_some() && tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
-                return err(
-                    "store.redis.tls.server_name",
-                    "not supported with the near cache yet (set store.redis.near_cache.enabled: false)",
-                );
-            }
             let replicas_ack = replicas_ack(r)?;
             Some(RedisConfig {
                 target,

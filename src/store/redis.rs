@@ -223,12 +223,13 @@ impl RedisStore {
                     near = Some(cache);
                 }
                 let (switch_near, tls) = (near.clone(), cfg.tls.clone());
-                let switched = move |client: &redis::Client| {
+                let switched = move |client: &redis::Client, pinned: Option<&Pinned>| {
                     if let Some(near) = &switch_near {
                         near_tracking::primary_switched(
                             near,
                             &tracked_primary,
                             client,
+                            pinned,
                             tls.as_ref(),
                         );
                     }

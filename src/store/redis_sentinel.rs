@@ -154,7 +154,7 @@ pub async fn follow(
     tcp: TcpSettings,
     primaries: Vec<(Primary, Timeouts)>,
     every: Duration,
-    switched: impl Fn(&redis::Client) + Send,
+    switched: impl Fn(&redis::Client, Option<&Pinned>) + Send,
 ) {
     let master = &target.master;
     let mut current: Option<String> = None;
@@ -193,7 +193,7 @@ pub async fn follow(
         if current.as_deref() == Some(addr.as_str()) {
             continue;
         }
-        switched(&client);
+        switched(&client, pinned.as_ref());
         let nodes = primaries
             .iter()
             .map(|(_, timeouts)| Node::new(client.clone(), pinned.clone(), *timeouts))

@@ -396,9 +396,9 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         "store.redis.tls.key_file",
         "needed with cert_file",
     );
-    // server_name: a name or address; not (yet) with the near cache or a
-    // cluster.
-    let named = "store:\n  redis:\n    url: \"rediss://10.0.0.7:6380/0\"\n    near_cache: { enabled: false }\n    tls:\n      server_name: redis.internal\n";
+    // server_name: a name or address (with the near cache, on by default);
+    // not with a cluster.
+    let named = "store:\n  redis:\n    url: \"rediss://10.0.0.7:6380/0\"\n    tls:\n      server_name: redis.internal\n";
     let out = check(&with_section(named));
     assert!(
         out.status.success(),
@@ -411,13 +411,8 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         "not a DNS name",
     );
     rejects(
-        &with_section(&named.replace("    near_cache: { enabled: false }\n", "")),
-        "store.redis.tls.server_name",
-        "near cache",
-    );
-    rejects(
         &with_section(&named.replace(
-            "url: \"rediss://10.0.0.7:6380/0\"\n    near_cache: { enabled: false }",
+            "url: \"rediss://10.0.0.7:6380/0\"",
             "cluster: [\"rediss://10.0.0.7:7000\"]",
         )),
         "store.redis.tls.server_name",

@@ -67,6 +67,22 @@ async fn redis_over_mtls_hits_misses_and_invalidates() {
 
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    eventually(
+        "the near cache tracks over TLS",
+        Duration::from_secs(10),
+        || async { sc.metric("sidecache_near_cache_tracking").await == Some(1.0) },
+    )
+    .await;
+    let near_hits = || async {
+        sc.metric_sum("sidecache_near_cache_total", &[("outcome", "hit")])
+            .await
+    };
+    let before = near_hits().await;
+    // The first read after tracking is up fills the near cache, the next
+    // is answered from it.
+    client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    assert!(near_hits().await > before, "a near-cache hit");
     let event = r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#;
     let inv = client::post(&sc.admin_url("/admin/invalidate"), event).await;
     assert!(inv.status.is_success(), "invalidate: {}", inv.status);
@@ -113,13 +129,10 @@ async fn redis_server_name_is_what_the_certificate_is_checked_against() {
     let certs = Certs::generate();
     let redis = RedisServer::start_tls(&certs, "named", false);
     let origin = Origin::start().await;
-    let store = |server_name: &str| {
-        // Not with the near cache yet (`sidecache check` refuses it).
-        tls_store(&redis, &format!("{}{server_name}", ca(&certs, "ca"))).replace(
-            "    tls:\n",
-            "    near_cache: { enabled: false }\n    tls:\n",
-        )
-    };
+    // The near cache is on (the default): its tracked connection is
+    // verified against the server name too.
+    let store =
+        |server_name: &str| tls_store(&redis, &format!("{}{server_name}", ca(&certs, "ca")));
 
     let sc = start(&origin, &store("")).await;
     degrades_naming(&sc, &origin, "store.redis.tls.server_name").await;
@@ -134,6 +147,22 @@ async fn redis_server_name_is_what_the_certificate_is_checked_against() {
     let sc = start(&origin, &store(&named)).await;
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    eventually(
+        "the near cache tracks over TLS",
+        Duration::from_secs(10),
+        || async { sc.metric("sidecache_near_cache_tracking").await == Some(1.0) },
+    )
+    .await;
+    let near_hits = || async {
+        sc.metric_sum("sidecache_near_cache_total", &[("outcome", "hit")])
+            .await
+    };
+    let before = near_hits().await;
+    // The first read after tracking is up fills the near cache, the next
+    // is answered from it.
+    client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    assert!(near_hits().await > before, "a near-cache hit");
     let event = r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#;
     let inv = client::post(&sc.admin_url("/admin/invalidate"), event).await;
     assert!(inv.status.is_success(), "invalidate: {}", inv.status);
