@@ -253,6 +253,10 @@ pub struct FileRedisTls {
     pub cert_file: Option<String>,
     #[serde(default)]
     pub key_file: Option<String>,
+    /// The name the server's certificate is verified against, instead of
+    /// the host connected to.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// `store.redis.near_cache`; absent = defaults (on for `url`, off for

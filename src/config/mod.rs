@@ -183,6 +183,9 @@ pub struct RedisTls {
     pub ca: Option<Vec<u8>>,
     /// PEM of the client certificate chain and of its key (mTLS).
     pub client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Verify the server's certificate against this name instead of the
+    /// host connected to (`store.redis.tls.server_name`).
+    pub server_name: Option<String>,
 }
 
 impl std::fmt::Debug for RedisTls {
@@ -191,6 +194,7 @@ impl std::fmt::Debug for RedisTls {
         f.debug_struct("RedisTls")
             .field("ca", &self.ca.is_some())
             .field("client", &self.client.is_some())
+            .field("server_name", &self.server_name)
             .finish()
     }
 }

@@ -20,6 +20,7 @@ use super::{
     UpstreamConfig,
 };
 use http::{HeaderName, Method};
+use redis::IntoConnectionInfo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
@@ -234,7 +235,7 @@ fn store(raw: &FileConfig) -> Result<StoreConfig> {
             }
             let near_cache = near_cache(r.near_cache.as_ref(), &target)?;
             let tls = redis_tls(r.tls.as_ref(), &target)?;
-            let replicas_ack = replicas_ack(r, &target)?;
+            let replicas_ack = replicas_ack(r)?;
             Some(RedisConfig {
                 target,
                 command_timeout: r.command_timeout.0,
@@ -346,7 +347,7 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
             let at = "invalidation.redis_stream";
             match &store.redis {
                 Some(RedisConfig {
-                    target: RedisTarget::Single(_),
+                    target: RedisTarget::Single(_) | RedisTarget::Sentinel(_),
                     ..
                 }) => {}
                 // The dead-letter stream `<stream>:dead` must live on the
@@ -365,12 +366,6 @@ fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<InvalidationCon
                     target: RedisTarget::Cluster(_),
                     ..
                 }) => {}
-                Some(_) => {
-                    return err(
-                        at,
-                        "not supported with store.redis.sentinel yet (needs store.redis.url or cluster)",
-                    )
-                }
                 None => return err(at, "needs store.redis: the stream lives in that Redis"),
             }
             if r.stream.is_empty() || r.stream.chars().any(|c| c.is_whitespace()) {
@@ -539,12 +534,38 @@ fn sentinel(s: &FileSentinel) -> Result<SentinelTarget> {
     if s.nodes.is_empty() {
         return err(format!("{at}.nodes"), "needs at least one sentinel URL");
     }
+    // redis-rs gives all sentinels one scheme's certificates and one set
+    // of credentials: the URLs must agree on both.
+    let first = &s.nodes[0];
+    let credentials = |url: &str| {
+        url.into_connection_info()
+            .map(|i| {
+                let r = i.redis_settings();
+                (
+                    r.username().map(str::to_owned),
+                    r.password().map(str::to_owned),
+                )
+            })
+            .ok()
+    };
     for (i, n) in s.nodes.iter().enumerate() {
-        if !n.starts_with("redis://") {
+        let at = format!("{at}.nodes[{i}]");
+        redis_url(&at, n)?;
+        if n.starts_with("rediss://") != first.starts_with("rediss://") {
             return err(
-                format!("{at}.nodes[{i}]"),
-                format!("{n:?} is not a redis:// URL"),
+                at,
+                "all sentinel URLs must use the same scheme (redis:// or rediss://)",
             );
+        }
+        match credentials(n) {
+            None => return err(at, format!("{n:?} is not a valid redis URL")),
+            Some(c) if Some(&c) != credentials(first).as_ref() => {
+                return err(
+                    at,
+                    "all sentinel URLs must carry the same username and password",
+                )
+            }
+            Some(_) => {}
         }
     }
     if !(0..=15).contains(&s.db) {
@@ -566,15 +587,9 @@ fn has_hash_tag(key: &str) -> bool {
         .is_some_and(|(tag, _)| !tag.is_empty())
 }
 
-fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAck>> {
+fn replicas_ack(r: &FileRedis) -> Result<Option<ReplicasAck>> {
     if r.replicas_ack == 0 {
         return Ok(None);
-    }
-    if !matches!(target, RedisTarget::Single(_)) {
-        return err(
-            "store.redis.replicas_ack",
-            "not supported with store.redis.cluster or sentinel yet (needs store.redis.url)",
-        );
     }
     let timeout = r.replicas_timeout.0;
     if timeout.is_zero() || timeout > Duration::from_secs(60) {
@@ -592,16 +607,27 @@ fn replicas_ack(r: &FileRedis, target: &RedisTarget) -> Result<Option<ReplicasAc
 /// `store.redis.tls`: only with `rediss://` URLs; every file is read and
 /// its PEM parsed now, so a config that could not connect fails `check`.
 fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<RedisTls>> {
+    let at = "store.redis.tls";
     let Some(t) = raw else {
+        // Sentinels over TLS but the primary in plain text is surely not
+        // what was meant: say so rather than guess.
+        if let RedisTarget::Sentinel(s) = target {
+            if s.nodes.iter().any(|n| n.starts_with("rediss://")) {
+                return err(
+                    at,
+                    "needed with rediss:// sentinels: the primary and replicas use TLS only \
+                     with it (`tls: {}` for the system's roots)",
+                );
+            }
+        }
         return Ok(None);
     };
-    let at = "store.redis.tls";
     let urls = match target {
         RedisTarget::Single(url) => std::slice::from_ref(url),
         RedisTarget::Cluster(urls) => urls.as_slice(),
-        RedisTarget::Sentinel(_) => {
-            return err(at, "not supported with store.redis.sentinel yet");
-        }
+        // The primary and replicas (addresses from the sentinels) use TLS
+        // because `tls` is given; the sentinels themselves as their URLs say.
+        RedisTarget::Sentinel(_) => &[],
     };
     if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
         return err(
@@ -653,7 +679,30 @@ fn redis_tls(raw: Option<&FileRedisTls>, target: &RedisTarget) -> Result<Option<
         (Some(_), None) => return err(format!("{at}.key_file"), "needed with cert_file"),
         (None, Some(_)) => return err(format!("{at}.cert_file"), "needed with key_file"),
     };
-    Ok(Some(RedisTls { ca, client }))
+    let server_name = match &t.server_name {
+        None => None,
+        Some(name) => {
+            let at = format!("{at}.server_name");
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return err(at, format!("{name:?} is not a DNS name or IP address"));
+            }
+            // redis-rs verifies each cluster node against the host that
+            // `CLUSTER SLOTS` names, and takes no per-node resolver.
+            if matches!(target, RedisTarget::Cluster(_)) {
+                return err(
+                    at,
+                    "not supported with store.redis.cluster (the nodes are verified against \
+                     the names the cluster announces: set cluster-announce-hostname)",
+                );
+            }
+            Some(name.clone())
+        }
+    };
+    Ok(Some(RedisTls {
+        ca,
+        client,
+        server_name,
+    }))
 }
 
 fn route(at: &str, r: FileRoute, fill: &FillConfig, default_budget: usize) -> Result<Route> {

@@ -63,12 +63,12 @@ pub fn spawn_sources(
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     if let Some(stream) = &cfg.invalidation.stream {
-        // Validation only accepts a stream with a single-node or cluster store.
+        // Validation only accepts a stream with a Redis store.
         if let Some(redis) = &cfg.store.redis {
             let target = match &redis.target {
                 RedisTarget::Single(url) => stream_conn::StreamTarget::Single(url.clone()),
                 RedisTarget::Cluster(seeds) => stream_conn::StreamTarget::Cluster(seeds.clone()),
-                RedisTarget::Sentinel(_) => return tasks,
+                RedisTarget::Sentinel(s) => stream_conn::StreamTarget::Sentinel(s.clone()),
             };
             let consumer = stream::StreamConsumer::new(
                 stream.clone(),

@@ -45,7 +45,8 @@
 //! Each path has its own connection: a blocking `XREADGROUP`/`XREAD` on the
 //! store's multiplexed connection would stall every request behind it. Their
 //! response timeout exceeds `BLOCK`. Where they go (the single node, or the
-//! Cluster master of the stream's slot, following `MOVED`):
+//! Cluster master of the stream's slot, following `MOVED`, or the primary
+//! Sentinel names):
 //! [`super::stream_conn`].
 
 use super::backoff::Backoff;

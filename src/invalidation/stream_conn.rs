@@ -1,5 +1,13 @@
 //! Where the stream consumer's own connections go (issue 15): to the single
-//! node, or on Redis Cluster to the master serving the stream key's slot.
+//! node, to the primary Sentinel names now, or on Redis Cluster to the
+//! master serving the stream key's slot.
+//!
+//! With Sentinel every connect asks the sentinels. After a failover the
+//! session's connection fails (the old primary is gone, or answers
+//! `READONLY` once demoted) and the next connect reaches the promoted
+//! replica, which holds the stream and its consumer group as far as they
+//! were replicated: entries appended after the promotion are read, and the
+//! pending entries it knows are retried.
 //!
 //! The consumer's commands block (`XREADGROUP`/`XREAD ... BLOCK`), so they
 //! cannot share the store's cluster connection (CRATES.md); each path opens
@@ -14,11 +22,12 @@
 //! (config validation requires a hash tag in the stream's name on Cluster),
 //! so every command of a session goes to the one node.
 
-use crate::config::RedisTls;
-use crate::store::redis_client;
+use crate::config::{RedisTls, SentinelTarget};
 use crate::store::redis_slots;
 use crate::store::slot_map::{slot_of, SlotMap};
+use crate::store::{redis_client, redis_sentinel};
 use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
 use redis::{
     AsyncConnectionConfig, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError,
     ServerErrorKind,
@@ -38,6 +47,8 @@ pub enum StreamTarget {
     Single(String),
     /// `store.redis.cluster`: seed nodes.
     Cluster(Vec<String>),
+    /// `store.redis.sentinel`.
+    Sentinel(SentinelTarget),
 }
 
 /// Opens the consumer's connections (see the module doc).
@@ -64,6 +75,21 @@ impl StreamConn {
     pub async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
         match &self.target {
             StreamTarget::Single(url) => open(url.as_str(), self.tls.as_ref(), block).await,
+            StreamTarget::Sentinel(target) => {
+                let tcp = TcpSettings::default().set_nodelay(true);
+                let mut sentinel = redis_sentinel::client(target, self.tls.as_ref(), tcp.clone())?;
+                let ask = redis_sentinel::primary(&mut sentinel, target, self.tls.as_ref(), tcp);
+                let (primary, pinned) =
+                    tokio::time::timeout(CONNECT_TIMEOUT, ask)
+                        .await
+                        .map_err(|_| {
+                            RedisError::from((ErrorKind::Io, "redis sentinel: no answer in time"))
+                        })??;
+                let config = redis_client::resolve_with(conn_config(block), pinned.as_ref());
+                primary
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            }
             StreamTarget::Cluster(seeds) => {
                 let moved = self
                     .moved_to
@@ -155,13 +181,19 @@ async fn open(
     tls: Option<&RedisTls>,
     block: Duration,
 ) -> Result<MultiplexedConnection, RedisError> {
+    let (info, pinned) = redis_client::pin(info.into_connection_info()?, tls);
     let client = redis_client::client(info, tls)?;
-    let conn_cfg = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(block + BLOCK_MARGIN));
+    let config = redis_client::resolve_with(conn_config(block), pinned.as_ref());
     client
-        .get_multiplexed_async_connection_with_config(&conn_cfg)
+        .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+/// Connect timeout, and a response timeout that exceeds `block`.
+fn conn_config(block: Duration) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(block + BLOCK_MARGIN))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The cache store: the [`Store`] trait that the read pipeline and the
 //! invalidation sources talk to, its two backends ([`redis::RedisStore`],
 //! [`memory::MemoryStore`]), how redis-rs clients are built from the config
-//! (TLS: [`redis_client`]; Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
+//! (TLS and server names: [`redis_client`]; one node's connection: [`redis_node`];
+//! Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
 //! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
 //! breaker ([`breaker`]; on Redis Cluster one per master, [`node_breakers`]
 //! over the [`slot_map`] that [`redis_slots`] keeps current) around every call.
@@ -39,6 +40,7 @@ pub mod near_tracking;
 pub mod node_breakers;
 pub mod redis;
 pub mod redis_client;
+pub mod redis_node;
 pub mod redis_sentinel;
 pub mod redis_slots;
 pub mod scripts;

@@ -19,7 +19,7 @@
 //! every heartbeat; on loss it is reconnected with a capped backoff.
 
 use super::near::{NearCache, Tracked};
-use super::redis_client;
+use super::redis_client::{self, Pinned};
 use super::slot_map::SlotMap;
 use crate::config::RedisTls;
 use arc_swap::ArcSwapOption;
@@ -30,17 +30,24 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::{AbortHandle, JoinSet};
 
+/// A tracked connection's client, with the resolver of
+/// `store.redis.tls.server_name` when one is set.
+pub struct TrackedClient {
+    client: redis::Client,
+    pinned: Option<Pinned>,
+}
+
 /// Where a keeper gets the client of its node.
 pub enum Source {
     /// Single node, or one Cluster master.
-    Fixed(Arc<redis::Client>),
+    Fixed(Arc<TrackedClient>),
     /// Sentinel: the current primary's client, replaced on a switch
     /// (empty until the sentinels named one).
-    Following(Arc<ArcSwapOption<redis::Client>>),
+    Following(Arc<ArcSwapOption<TrackedClient>>),
 }
 
 impl Source {
-    fn current(&self) -> Option<Arc<redis::Client>> {
+    fn current(&self) -> Option<Arc<TrackedClient>> {
         match self {
             Source::Fixed(client) => Some(client.clone()),
             Source::Following(primary) => primary.load_full(),
@@ -48,7 +55,7 @@ impl Source {
     }
 
     /// Whether `client` is still the one to track.
-    fn is_current(&self, client: &Arc<redis::Client>) -> bool {
+    fn is_current(&self, client: &Arc<TrackedClient>) -> bool {
         match self {
             Source::Fixed(_) => true,
             Source::Following(primary) => primary
@@ -59,26 +66,40 @@ impl Source {
     }
 }
 
-/// A client for tracked connections to `info`: RESP3 (invalidation pushes
-/// need it), with `store.redis.tls`.
-pub fn tracked_client(info: ConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<redis::Client> {
+/// A client for tracked connections to `info` (its host as configured):
+/// RESP3 (invalidation pushes need it), with `store.redis.tls` and its
+/// server name.
+pub fn tracked_client(info: ConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<TrackedClient> {
+    let (info, pinned) = redis_client::pin(info, tls);
+    resp3_client(info, tls, pinned)
+}
+
+/// `info` already carries the server name as its host (see
+/// [`redis_client::pin`]); `pinned` finds the real host.
+fn resp3_client(
+    info: ConnectionInfo,
+    tls: Option<&RedisTls>,
+    pinned: Option<Pinned>,
+) -> RedisResult<TrackedClient> {
     let settings = info
         .redis_settings()
         .clone()
         .set_protocol(ProtocolVersion::RESP3);
-    redis_client::client(info.set_redis_settings(settings), tls)
+    let client = redis_client::client(info.set_redis_settings(settings), tls)?;
+    Ok(TrackedClient { client, pinned })
 }
 
-/// Sentinel: the primary switched to `client`'s node. Nothing read from
-/// the old primary may be served from now on, and the keeper connects to
-/// the new one.
+/// Sentinel: the primary switched to `client`'s node (`pinned`: its
+/// server name's resolver, if any). Nothing read from the old primary may
+/// be served from now on, and the keeper connects to the new one.
 pub fn primary_switched(
     near: &NearCache,
-    source: &ArcSwapOption<redis::Client>,
+    source: &ArcSwapOption<TrackedClient>,
     client: &redis::Client,
+    pinned: Option<&Pinned>,
     tls: Option<&RedisTls>,
 ) {
-    match tracked_client(client.get_connection_info().clone(), tls) {
+    match resp3_client(client.get_connection_info().clone(), tls, pinned.cloned()) {
         Ok(client) => source.store(Some(Arc::new(client))),
         Err(e) => {
             tracing::warn!(error = %e, "near cache: cannot track the new primary");
@@ -187,7 +208,12 @@ pub async fn keep_tracked(
     let mut was_up = None;
     loop {
         if let Some(client) = source.current() {
-            let node: Arc<str> = client.get_connection_info().addr().to_string().into();
+            let node: Arc<str> = client
+                .client
+                .get_connection_info()
+                .addr()
+                .to_string()
+                .into();
             let id = near.next_id();
             match open_tracked(&near, &client, id, timeout).await {
                 Ok(conn) => {
@@ -230,7 +256,7 @@ pub async fn keep_tracked(
 
 async fn open_tracked(
     near: &Arc<NearCache>,
-    client: &redis::Client,
+    client: &TrackedClient,
     id: u64,
     timeout: Duration,
 ) -> Result<MultiplexedConnection, redis::RedisError> {
@@ -246,7 +272,9 @@ async fn open_tracked(
             }
             Ok::<(), std::convert::Infallible>(())
         });
+    let config = redis_client::resolve_with(config, client.pinned.as_ref());
     let mut conn = client
+        .client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     redis::cmd("CLIENT")

@@ -1,5 +1,5 @@
 //! The Redis backend: the generation protocol over one multiplexed
-//! connection (single node, via `ConnectionManager`; with Sentinel, the one
+//! connection (single node, [`super::redis_node`]; with Sentinel, the one
 //! to the current primary, [`super::redis_sentinel`]) or a cluster
 //! connection (`cluster_async`). Clients are built (TLS) by
 //! [`super::redis_client`]. Every multi-key operation is a script from
@@ -23,11 +23,12 @@
 
 use super::near::NearCache;
 use super::near_tracking::{self, Source};
-use super::redis_client;
+use super::redis_client::{self, Pinned};
+use super::redis_node::{Node, Timeouts};
 use super::redis_sentinel;
 use super::redis_slots;
 use super::scripts;
-use super::slot_map::SlotMap;
+use super::slot_map::{slot_of, SlotMap};
 use super::{
     BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, Store, StoreError,
     WitnessSlot,
@@ -36,11 +37,15 @@ use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    Script, Value,
+};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,9 +55,9 @@ mod bloom;
 /// Reconnect attempts after the first one fails, before a reconnect gives up
 /// (the next command starts a new one). Small, so a dead server does not
 /// hold calls in backoff for seconds.
-const RECONNECT_RETRIES: usize = 2;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
+pub(super) const RECONNECT_RETRIES: usize = 2;
+pub(super) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+pub(super) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 /// Floor for the TCP connect timeout; a connect is slower than a command.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -77,7 +82,7 @@ pub struct RedisStore {
 /// underlying multiplexed connection (or cluster connection task).
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(Node),
     Cluster(ClusterConnection),
     /// The primary Sentinel names (see [`redis_sentinel`]); resolved to
     /// `Single` by [`Conn::current`] at the start of every call.
@@ -89,7 +94,7 @@ impl Conn {
     fn current(&self) -> Conn {
         match self {
             Conn::Sentinel(primary) => match primary.load_full() {
-                Some(manager) => Conn::Single((*manager).clone()),
+                Some(node) => Conn::Single((*node).clone()),
                 None => self.clone(),
             },
             other => other.clone(),
@@ -174,23 +179,36 @@ impl RedisStore {
                     tasks.push(tokio::spawn(keeper).abort_handle());
                     near = Some(cache);
                 }
+                let (info, pinned) = redis_client::pin(info, cfg.tls.as_ref());
                 let client = redis_client::client(info, cfg.tls.as_ref()).map_err(config_error)?;
-                diagnose = Some(client.clone());
-                let manager_cfg = single_manager_config(command_timeout, connect_timeout);
+                diagnose = Some((client.clone(), pinned.clone()));
+                let node = |response| {
+                    let timeouts = Timeouts {
+                        response,
+                        connect: connect_timeout,
+                    };
+                    Node::new(client.clone(), pinned.clone(), timeouts).map_err(config_error)
+                };
                 if let Some(ack) = cfg.replicas_ack {
-                    let wait_cfg = manager_cfg
-                        .clone()
-                        .set_response_timeout(Some(command_timeout + ack.timeout));
-                    let manager = ConnectionManager::new_lazy_with_config(client.clone(), wait_cfg)
-                        .map_err(config_error)?;
-                    replicated = Some((Conn::Single(manager), ack));
+                    let waiting = node(command_timeout + ack.timeout)?;
+                    replicated = Some((Conn::Single(waiting), ack));
                 }
-                let manager = ConnectionManager::new_lazy_with_config(client, manager_cfg)
-                    .map_err(config_error)?;
-                (Conn::Single(manager), "redis")
+                (Conn::Single(node(command_timeout)?), "redis")
             }
             RedisTarget::Sentinel(target) => {
+                let sentinel = redis_sentinel::client(target, cfg.tls.as_ref(), tcp.clone())
+                    .map_err(config_error)?;
+                let timeouts = |response| Timeouts {
+                    response,
+                    connect: connect_timeout,
+                };
                 let primary = redis_sentinel::Primary::default();
+                let mut primaries = vec![(primary.clone(), timeouts(command_timeout))];
+                if let Some(ack) = cfg.replicas_ack {
+                    let waiting = redis_sentinel::Primary::default();
+                    primaries.push((waiting.clone(), timeouts(command_timeout + ack.timeout)));
+                    replicated = Some((Conn::Sentinel(waiting), ack));
+                }
                 // The near cache tracks the primary the store follows.
                 let tracked_primary = Arc::new(arc_swap::ArcSwapOption::empty());
                 if let Some(near_cfg) = &cfg.near_cache {
@@ -205,48 +223,39 @@ impl RedisStore {
                     near = Some(cache);
                 }
                 let (switch_near, tls) = (near.clone(), cfg.tls.clone());
-                let switched = move |client: &redis::Client| {
+                let switched = move |client: &redis::Client, pinned: Option<&Pinned>| {
                     if let Some(near) = &switch_near {
                         near_tracking::primary_switched(
                             near,
                             &tracked_primary,
                             client,
+                            pinned,
                             tls.as_ref(),
                         );
                     }
                 };
                 let follow = redis_sentinel::follow(
+                    sentinel,
                     target.clone(),
-                    primary.clone(),
-                    heartbeat,
-                    single_manager_config(command_timeout, connect_timeout),
+                    cfg.tls.clone(),
                     tcp.clone(),
+                    primaries,
+                    heartbeat,
                     switched,
                 );
                 tasks.push(tokio::spawn(follow).abort_handle());
                 (Conn::Sentinel(primary), "redis-sentinel")
             }
             RedisTarget::Cluster(urls) => {
-                let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
-                if let Some(tls) = &cfg.tls {
-                    builder = builder.certs(redis_client::certificates(tls));
+                let connect = |response_timeout| {
+                    cluster_conn(urls, cfg, tcp.clone(), connect_timeout, response_timeout)
+                };
+                if let Some(ack) = cfg.replicas_ack {
+                    // Blocked by WAIT: per-node connections of its own.
+                    let waiting = connect(command_timeout + ack.timeout)?;
+                    replicated = Some((Conn::Cluster(waiting), ack));
                 }
-                let client = builder
-                    .tcp_settings(tcp.clone())
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(command_timeout)
-                    .retries(RECONNECT_RETRIES as u32)
-                    .min_retry_wait(RECONNECT_MIN_DELAY.as_millis() as u64)
-                    .max_retry_wait(RECONNECT_MAX_DELAY.as_millis() as u64)
-                    .build()
-                    .map_err(config_error)?;
-                // `with_config` replaces the builder's per-node response
-                // timeout with this one (None by default): set it again.
-                // The builder's value still bounds the whole request.
-                let cluster_cfg = ClusterConfig::new()
-                    .set_connection_timeout(connect_timeout)
-                    .set_response_timeout(command_timeout);
-                let conn = client.get_pending_async_connection_with_config(cluster_cfg);
+                let conn = connect(command_timeout)?;
                 let map = Arc::new(SlotMap::default());
                 if let Some(near_cfg) = &cfg.near_cache {
                     let template = urls
@@ -304,41 +313,67 @@ impl RedisStore {
         })
     }
 
-    /// The connection invalidations are written on.
-    fn invalidation_conn(&self) -> Conn {
+    /// The connection invalidations are written on (resolved once per
+    /// call: the writes and their `WAIT` must share it), and
+    /// `replicas_ack`.
+    fn invalidation_conn(&self) -> (Conn, Option<ReplicasAck>) {
         match &self.replicated {
-            Some((conn, _)) => conn.clone(),
-            None => self.conn.current(),
+            Some((conn, ack)) => (conn.current(), Some(*ack)),
+            None => (self.conn.current(), None),
         }
     }
 
-    /// With `replicas_ack`: waits until that many replicas hold every write
-    /// made so far on the invalidation connection.
-    async fn replicated(&self) -> Result<(), StoreError> {
-        let Some((conn, ack)) = &self.replicated else {
+    /// `invalidate.lua` per key, or `invalidate_marked.lua` with
+    /// `marks[i]` for `gen_keys[i]`: one pipeline on a single node, one per
+    /// hash slot on a cluster (a cluster pipeline goes to its first key's
+    /// node), concurrently, so about one round trip either way.
+    async fn invalidate_keys(
+        &self,
+        gen_keys: &[String],
+        marks: Option<&[String]>,
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        // Redis refuses an empty pipeline.
+        if gen_keys.is_empty() {
             return Ok(());
-        };
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(ack.replicas)
-            .arg(
-                u64::try_from(ack.timeout.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            )
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(map_error)?;
-        if acked < i64::from(ack.replicas) {
-            return Err(StoreError::ReplicaShortfall {
-                acked,
-                wanted: ack.replicas,
-            });
         }
-        Ok(())
+        let script = match marks {
+            Some(_) => &*scripts::INVALIDATE_MARKED,
+            None => &*scripts::INVALIDATE,
+        };
+        let (conn, ack) = self.invalidation_conn();
+        let mut by_slot: BTreeMap<u16, Pipeline> = BTreeMap::new();
+        for (i, key) in gen_keys.iter().enumerate() {
+            let slot = match conn {
+                Conn::Cluster(_) => slot_of(key.as_bytes()),
+                Conn::Single(_) | Conn::Sentinel(_) => 0,
+            };
+            let mut call = script.key(key);
+            call.arg(nonce).arg(px(gen_ttl));
+            if let Some(mark) = marks.and_then(|m| m.get(i)) {
+                call.arg(mark);
+            }
+            by_slot
+                .entry(slot)
+                .or_insert_with(redis::pipe)
+                .invoke_script(&call)
+                .ignore();
+        }
+        let calls = by_slot.into_values().map(|pipe| {
+            let mut conn = conn.clone();
+            async move { invalidate_pipelined(&mut conn, script, pipe, ack).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        for key in gen_keys {
+            self.forget(key);
+        }
+        results.into_iter().try_for_each(|r| r.map(drop))
     }
 
-    /// Runs the ticket or invalidate script: both take the generation key,
-    /// a nonce and the generation TTL, and return the generation.
+    /// Runs a generation script (the ticket's; invalidations go through
+    /// [`invalidate_pipelined`]): it takes the generation key, a nonce and
+    /// the generation TTL, and returns the generation.
     async fn generation_script(
         &self,
         mut conn: Conn,
@@ -410,7 +445,7 @@ async fn keep_alive(
     conn: Conn,
     every: Duration,
     timeout: Duration,
-    diagnose: Option<redis::Client>,
+    diagnose: Option<(redis::Client, Option<Pinned>)>,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -425,10 +460,11 @@ async fn keep_alive(
             Ok(Err(e)) => Err(map_error(e)),
             Err(_) => Err(StoreError::Timeout),
         };
-        if let (Err(StoreError::Timeout), Some(client), false) =
+        if let (Err(StoreError::Timeout), Some((client, pinned)), false) =
             (&outcome, &diagnose, reachable == Some(false))
         {
-            let connect = client.get_multiplexed_async_connection();
+            let config = redis_client::resolve_with(AsyncConnectionConfig::new(), pinned.as_ref());
+            let connect = client.get_multiplexed_async_connection_with_config(&config);
             if let Ok(Err(e)) =
                 tokio::time::timeout(timeout.max(MIN_CONNECT_TIMEOUT), connect).await
             {
@@ -444,17 +480,35 @@ async fn keep_alive(
     }
 }
 
-/// Capped reconnects and a response timeout (module doc).
-fn single_manager_config(
-    command_timeout: Duration,
+/// A cluster connection (not yet connected) whose per-node and overall
+/// response timeout is `response_timeout` (module doc).
+fn cluster_conn(
+    urls: &[String],
+    cfg: &RedisConfig,
+    tcp: TcpSettings,
     connect_timeout: Duration,
-) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_response_timeout(Some(command_timeout))
-        .set_connection_timeout(Some(connect_timeout))
-        .set_number_of_retries(RECONNECT_RETRIES)
-        .set_min_delay(RECONNECT_MIN_DELAY)
-        .set_max_delay(RECONNECT_MAX_DELAY)
+    response_timeout: Duration,
+) -> Result<ClusterConnection, StoreError> {
+    let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+    if let Some(tls) = &cfg.tls {
+        builder = builder.certs(redis_client::certificates(tls));
+    }
+    let client = builder
+        .tcp_settings(tcp)
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .retries(RECONNECT_RETRIES as u32)
+        .min_retry_wait(RECONNECT_MIN_DELAY.as_millis() as u64)
+        .max_retry_wait(RECONNECT_MAX_DELAY.as_millis() as u64)
+        .build()
+        .map_err(config_error)?;
+    // `with_config` replaces the builder's per-node response timeout with
+    // this one (None by default): set it again. The builder's value still
+    // bounds the whole request.
+    let cluster_cfg = ClusterConfig::new()
+        .set_connection_timeout(connect_timeout)
+        .set_response_timeout(response_timeout);
+    Ok(client.get_pending_async_connection_with_config(cluster_cfg))
 }
 
 fn config_error(e: RedisError) -> StoreError {
@@ -797,7 +851,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let calls = floors.iter().map(|(key, revision)| {
-                let mut conn = self.invalidation_conn();
+                let mut conn = self.invalidation_conn().0;
                 async move {
                     scripts::FLOOR
                         .key(key)
@@ -876,18 +930,19 @@ impl Store for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
         Box::pin(async move {
-            let generation = self
-                .generation_script(
-                    self.invalidation_conn(),
-                    &scripts::INVALIDATE,
-                    gen_key,
-                    nonce,
-                    gen_ttl,
-                )
-                .await?;
+            let (mut conn, ack) = self.invalidation_conn();
+            let mut call = scripts::INVALIDATE.key(gen_key);
+            call.arg(nonce).arg(px(gen_ttl));
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(&call);
+            let values = invalidate_pipelined(&mut conn, &scripts::INVALIDATE, pipe, ack).await;
             self.forget(gen_key);
-            self.replicated().await?;
-            Ok(generation)
+            match values?.into_iter().next() {
+                Some(Value::BulkString(generation)) => Ok(Bytes::from(generation)),
+                other => Err(StoreError::Protocol(format!(
+                    "invalidate.lua returned {other:?}"
+                ))),
+            }
         })
     }
 
@@ -897,45 +952,7 @@ impl Store for RedisStore {
         nonce: &'a str,
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            // Redis refuses an empty pipeline.
-            if gen_keys.is_empty() {
-                return Ok(());
-            }
-            let mut conn = self.invalidation_conn();
-            match &mut conn {
-                // An unresolved Sentinel primary fails the call.
-                Conn::Single(_) | Conn::Sentinel(_) => {
-                    invalidate_pipelined(&mut conn, gen_keys, None, nonce, px(gen_ttl))
-                        .await
-                        .map_err(map_error)?;
-                    for key in gen_keys {
-                        self.forget(key);
-                    }
-                    self.replicated().await
-                }
-                // A cluster pipeline is routed by its first key: keys of
-                // other slots would be refused. Concurrent single calls keep
-                // the latency at about one round trip instead.
-                Conn::Cluster(_) => {
-                    let calls = gen_keys.iter().map(|key| {
-                        let mut conn = conn.clone();
-                        async move {
-                            scripts::INVALIDATE
-                                .key(key)
-                                .arg(nonce)
-                                .arg(px(gen_ttl))
-                                .invoke_async::<Vec<u8>>(&mut conn)
-                                .await
-                        }
-                    });
-                    for result in futures_util::future::join_all(calls).await {
-                        result.map_err(map_error)?;
-                    }
-                    Ok(())
-                }
-            }
-        })
+        Box::pin(self.invalidate_keys(gen_keys, None, nonce, gen_ttl))
     }
 
     fn invalidate_marked<'a>(
@@ -946,43 +963,11 @@ impl Store for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            if gen_keys.is_empty() {
-                return Ok(());
-            }
             if marks.len() != gen_keys.len() {
                 return Err(StoreError::Protocol("one mark per key expected".into()));
             }
-            let mut conn = self.invalidation_conn();
-            match &mut conn {
-                // An unresolved Sentinel primary fails the call.
-                Conn::Single(_) | Conn::Sentinel(_) => {
-                    invalidate_pipelined(&mut conn, gen_keys, Some(marks), nonce, px(gen_ttl))
-                        .await
-                        .map_err(map_error)?;
-                }
-                // One call per key, concurrently, as in `invalidate_many`.
-                Conn::Cluster(_) => {
-                    let calls = gen_keys.iter().zip(marks).map(|(key, mark)| {
-                        let mut conn = conn.clone();
-                        async move {
-                            scripts::INVALIDATE_MARKED
-                                .key(key)
-                                .arg(nonce)
-                                .arg(px(gen_ttl))
-                                .arg(mark)
-                                .invoke_async::<i64>(&mut conn)
-                                .await
-                        }
-                    });
-                    for result in futures_util::future::join_all(calls).await {
-                        result.map_err(map_error)?;
-                    }
-                }
-            }
-            for key in gen_keys {
-                self.forget(key);
-            }
-            self.replicated().await
+            self.invalidate_keys(gen_keys, Some(marks), nonce, gen_ttl)
+                .await
         })
     }
 
@@ -1076,39 +1061,51 @@ async fn get_each<S: AsRef<str> + Sync>(
     Ok(out)
 }
 
-/// One pipeline of `EVALSHA invalidate` per key. A pipeline cannot fall back
-/// to `EVAL` per command, so on `NOSCRIPT` (Redis restarted or `SCRIPT
-/// FLUSH`) the script is loaded and the whole pipeline sent again; commands
-/// that did run the first time simply invalidate twice (idempotent).
-/// `invalidate.lua` per key in one pipeline, or `invalidate_marked.lua`
-/// with `marks[i]` for `gen_keys[i]`.
+/// Sends `pipe` (calls of `script`) and, with `ack`, `WAIT` in the same
+/// pipeline; returns the replies of the commands not ignored, `WAIT`'s
+/// last. WAIT counts only the writes of the connection it runs on: a
+/// pipeline goes out on one connection (on a cluster, the node of its
+/// first key), so a reconnect or a Sentinel switch between the writes and
+/// the WAIT cannot make it count nothing and succeed at once.
+///
+/// A pipeline cannot fall back to `EVAL` per command, so on `NOSCRIPT`
+/// (Redis restarted or `SCRIPT FLUSH`) the script is loaded and the whole
+/// pipeline sent again; commands that did run the first time simply
+/// invalidate twice (idempotent).
 async fn invalidate_pipelined(
     conn: &mut Conn,
-    gen_keys: &[String],
-    marks: Option<&[String]>,
-    nonce: &str,
-    px_ttl: u64,
-) -> Result<(), RedisError> {
-    let script = match marks {
-        Some(_) => &*scripts::INVALIDATE_MARKED,
-        None => &*scripts::INVALIDATE,
-    };
-    let mut pipe = redis::pipe();
-    for (i, key) in gen_keys.iter().enumerate() {
-        let mut call = script.key(key);
-        call.arg(nonce).arg(px_ttl);
-        if let Some(mark) = marks.and_then(|m| m.get(i)) {
-            call.arg(mark);
-        }
-        pipe.invoke_script(&call).ignore();
+    script: &Script,
+    mut pipe: Pipeline,
+    ack: Option<ReplicasAck>,
+) -> Result<Vec<Value>, StoreError> {
+    if let Some(ack) = ack {
+        pipe.cmd("WAIT").arg(ack.replicas).arg(px(ack.timeout));
     }
-    match pipe.query_async::<()>(conn).await {
+    let values: Vec<Value> = match pipe.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.prepare_invoke().load_async(conn).await?;
-            pipe.query_async::<()>(conn).await
+            script
+                .prepare_invoke()
+                .load_async(conn)
+                .await
+                .map_err(map_error)?;
+            pipe.query_async(conn).await
         }
         other => other,
     }
+    .map_err(map_error)?;
+    if let Some(ack) = ack {
+        let acked = match values.last() {
+            Some(Value::Int(n)) => *n,
+            other => return Err(StoreError::Protocol(format!("WAIT returned {other:?}"))),
+        };
+        if acked < i64::from(ack.replicas) {
+            return Err(StoreError::ReplicaShortfall {
+                acked,
+                wanted: ack.replicas,
+            });
+        }
+    }
+    Ok(values)
 }
 
 #[cfg(test)]

@@ -396,6 +396,28 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         "store.redis.tls.key_file",
         "needed with cert_file",
     );
+    // server_name: a name or address (with the near cache, on by default);
+    // not with a cluster.
+    let named = "store:\n  redis:\n    url: \"rediss://10.0.0.7:6380/0\"\n    tls:\n      server_name: redis.internal\n";
+    let out = check(&with_section(named));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rejects(
+        &with_section(&named.replace("redis.internal", "\"not a name\"")),
+        "store.redis.tls.server_name",
+        "not a DNS name",
+    );
+    rejects(
+        &with_section(&named.replace(
+            "url: \"rediss://10.0.0.7:6380/0\"",
+            "cluster: [\"rediss://10.0.0.7:7000\"]",
+        )),
+        "store.redis.tls.server_name",
+        "cluster",
+    );
     rejects(
         &with_section("store:\n  redis:\n    url: \"rediss://h:6380/#insecure\"\n"),
         "store.redis.url",
@@ -412,11 +434,6 @@ fn store_tls_settings_that_could_not_connect_are_refused() {
         &outbox("host=h sslmode=verify-full sslrootcert=/nonexistent/ca.pem"),
         "invalidation.outbox.url",
         "sslrootcert",
-    );
-    rejects(
-        &with_section("store:\n  redis:\n    cluster: [\"redis://h:7000\"]\n    replicas_ack: 1\n"),
-        "store.redis.replicas_ack",
-        "cluster",
     );
 }
 
@@ -455,4 +472,64 @@ fn sentinel_settings_are_checked() {
         "store.redis.near_cache.max_age",
         "between",
     );
+    // TLS: the data nodes with `tls`, the sentinels as their URLs say.
+    let accepted = |yaml: &str| {
+        let out = check(&with_section(yaml));
+        assert!(
+            out.status.success(),
+            "{yaml}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let tls_sentinels = sentinel.replace("redis://", "rediss://");
+    accepted(&format!("{sentinel}    tls: {{}}\n    replicas_ack: 1\n"));
+    accepted(&format!("{tls_sentinels}    tls: {{}}\n"));
+    rejects(
+        &with_section(&tls_sentinels),
+        "store.redis.tls",
+        "rediss:// sentinels",
+    );
+    let two = |second: &str| {
+        sentinel.replace(
+            "[\"redis://127.0.0.1:26379\"]",
+            &format!("[\"redis://127.0.0.1:26379\", \"{second}\"]"),
+        )
+    };
+    rejects(
+        &with_section(&two("rediss://127.0.0.1:26380")),
+        "store.redis.sentinel.nodes[1]",
+        "same scheme",
+    );
+    rejects(
+        &with_section(&two("redis://:secret@127.0.0.1:26380")),
+        "store.redis.sentinel.nodes[1]",
+        "same username and password",
+    );
+    rejects(
+        &with_section(&two("http://127.0.0.1:26380")),
+        "store.redis.sentinel.nodes[1]",
+        "not a redis:// URL",
+    );
+}
+
+#[test]
+fn replicas_ack_is_accepted_on_every_target_with_a_sane_timeout() {
+    for target in [
+        "url: \"redis://h:6379\"",
+        "cluster: [\"redis://h:7000\"]",
+        "sentinel: { master: m, nodes: [\"redis://h:26379\"] }",
+    ] {
+        let redis = format!("store:\n  redis:\n    {target}\n    replicas_ack: 1\n");
+        let out = check(&with_section(&redis));
+        assert!(
+            out.status.success(),
+            "{target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        rejects(
+            &with_section(&format!("{redis}    replicas_timeout: 0s\n")),
+            "store.redis.replicas_timeout",
+            "between",
+        );
+    }
 }

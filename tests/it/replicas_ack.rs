@@ -10,12 +10,20 @@
 //! row was deleted after the old primary's apply: the promoted primary still
 //! holds `g0`, an entry stamped with it would be served again (the
 //! documented loss).
+//!
+//! On Cluster and Sentinel, through the stream consumer: with the replica
+//! of the object's master stopped (SIGSTOP), an entry is applied on the
+//! master but not acknowledged (a counted shortfall; it stays pending);
+//! once the replica resumes, the retry is acknowledged.
 
 use crate::support::postgres::PostgresServer;
+use crate::support::redis::RedisCluster;
 use crate::support::redis::RedisServer;
-use crate::support::{eventually, library_config, Background};
+use crate::support::sentinel::{Sentinels, MASTER};
+use crate::support::{eventually, library_config, library_config_on, Background};
 use sidecache::config::{Config, ReplicasAck};
 use sidecache::invalidation::ddl::outbox_ddl;
+use sidecache::invalidation::{spawn_sources, Source};
 use sidecache::keys;
 use std::time::Duration;
 
@@ -23,7 +31,11 @@ const TABLE: &str = "sidecache_outbox";
 
 fn config(redis: &RedisServer, pg: &PostgresServer, replicas: u32) -> Config {
     let outbox = format!(r#"outbox: {{ url: "{}", poll_interval: 100ms }}"#, pg.url());
-    let mut cfg = library_config(&redis.url(), &outbox);
+    with_ack(library_config(&redis.url(), &outbox), replicas)
+}
+
+/// `cfg` with `store.redis.replicas_ack: replicas` (200 ms timeout).
+fn with_ack(mut cfg: Config, replicas: u32) -> Config {
     if let Some(r) = cfg.store.redis.as_mut() {
         r.replicas_ack = (replicas > 0).then_some(ReplicasAck {
             replicas,
@@ -124,4 +136,132 @@ async fn with_replicas_ack_the_promoted_primary_gets_the_invalidation() {
 async fn without_replicas_ack_a_failover_loses_the_invalidation() {
     // Documented, not hidden: the trade-off replicas_ack exists for.
     assert_eq!(failover(0).await.as_deref(), Some("g0"));
+}
+
+/// A hash tag: on a cluster the dead-letter stream shares the slot.
+const STREAM: &str = "{sc}:inv";
+const GROUP: &str = "sidecache";
+
+/// `GET` on a replica: on a cluster one must say `READONLY` first (on the
+/// same connection); elsewhere that fails and is ignored.
+fn replica_get(replica: &RedisServer, key: &str) -> Option<String> {
+    let client = redis::Client::open(replica.url()).expect("replica URL");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .expect("connect to the replica");
+    let _ = redis::cmd("READONLY").query::<()>(&mut conn);
+    redis::cmd("GET")
+        .arg(key)
+        .query::<Option<String>>(&mut conn)
+        .expect("GET on the replica")
+}
+
+/// `XPENDING` count of the group on `node`.
+fn pending(node: &RedisServer) -> i64 {
+    match node.cli(&["XPENDING", STREAM, GROUP]) {
+        Ok(redis::Value::Array(items)) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING: {other:?}"),
+        },
+        other => panic!("XPENDING: {other:?}"),
+    }
+}
+
+/// A stream consumer on `target` (`store.redis`'s YAML) with
+/// `replicas_ack: 1`.
+async fn consumer(target: &str) -> Background {
+    let stream = format!(
+        r#"redis_stream: {{ stream: "{STREAM}", group: {GROUP}, start: earliest, claim_idle: 30s }}"#
+    );
+    let cfg = with_ack(library_config_on(target, &stream), 1);
+    Background::start(cfg, Source::Stream, |cfg, invalidator, stopped| {
+        let tasks = spawn_sources(cfg, &invalidator, &stopped);
+        assert_eq!(tasks.len(), 1, "the stream consumer runs");
+        tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+    })
+    .await
+}
+
+/// The script on a running consumer: the stream lives on `stream_node`, the
+/// object's generation on `master`, whose only replica is `replica`.
+async fn paused_replica_keeps_the_entry_pending(
+    consumer: &Background,
+    stream_node: &RedisServer,
+    master: &RedisServer,
+    replica: &RedisServer,
+) {
+    let gen = keys::generation_key("sc:", &keys::identity("app", &["t", "7"]));
+    master.cli(&["SET", &gen, "g0"]).expect("SET");
+    eventually("g0 replicated", Duration::from_secs(10), || async {
+        replica_get(replica, &gen).as_deref() == Some("g0")
+    })
+    .await;
+    replica.stop();
+    stream_node
+        .cli(&[
+            "XADD",
+            STREAM,
+            "*",
+            "route",
+            "app",
+            "params",
+            r#"{"tenant":"t","id":7}"#,
+        ])
+        .expect("XADD");
+    eventually(
+        "applied on the master, not acknowledged: a counted shortfall, still pending",
+        Duration::from_secs(10),
+        || async {
+            get(master, &gen).as_deref() != Some("g0")
+                && consumer.metrics.replica_ack_shortfalls.get() >= 1
+                && pending(stream_node) == 1
+        },
+    )
+    .await;
+    replica.resume();
+    eventually(
+        "acknowledged once the replica holds it",
+        Duration::from_secs(15),
+        || async { pending(stream_node) == 0 },
+    )
+    .await;
+    let applied = get(master, &gen);
+    assert!(applied.is_some() && applied.as_deref() != Some("g0"));
+    assert_eq!(replica_get(replica, &gen), applied, "the replica holds it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_stopped_replica_keeps_the_entry_pending() {
+    let cluster = RedisCluster::start(3);
+    let gen = keys::generation_key("sc:", &keys::identity("app", &["t", "7"]));
+    let master = cluster.owner(&gen);
+    let replica = cluster.add_replica(master);
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let consumer = consumer(&format!("cluster: [{}]", seeds.join(", "))).await;
+    paused_replica_keeps_the_entry_pending(&consumer, cluster.owner(STREAM), master, &replica)
+        .await;
+    consumer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sentinel_a_stopped_replica_keeps_the_entry_pending() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let sentinels = Sentinels::start(3, primary.port(), 1);
+    let nodes: Vec<String> = sentinels
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect();
+    let consumer = consumer(&format!(
+        "sentinel: {{ master: {MASTER}, nodes: [{}] }}",
+        nodes.join(", ")
+    ))
+    .await;
+    paused_replica_keeps_the_entry_pending(&consumer, &primary, &primary, &replica).await;
+    consumer.stop().await;
 }

@@ -4,7 +4,7 @@
 //! setting, and the request path degrades; nothing falls back to plain text
 //! (the servers have no plain-text listener to fall back to).
 
-use crate::support::certs::Certs;
+use crate::support::certs::{Certs, NAMED};
 use crate::support::client::{self, x_cache};
 use crate::support::redis::RedisServer;
 use crate::support::{app_routes, eventually, Origin, Sidecache, SidecacheBuilder};
@@ -57,6 +57,27 @@ async fn degrades_naming(sc: &Sidecache, origin: &Origin, setting: &str) {
     .await;
 }
 
+/// The near cache's tracked connection comes up over TLS and answers a
+/// hit of `P` (cached already).
+async fn near_hit_over_tls(sc: &Sidecache) {
+    eventually(
+        "the near cache tracks over TLS",
+        Duration::from_secs(10),
+        || async { sc.metric("sidecache_near_cache_tracking").await == Some(1.0) },
+    )
+    .await;
+    let near_hits = || async {
+        sc.metric_sum("sidecache_near_cache_total", &[("outcome", "hit")])
+            .await
+    };
+    let before = near_hits().await;
+    // The first read after tracking is up fills the near cache, the next
+    // is answered from it.
+    client::get(&sc.url(P)).await;
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    assert!(near_hits().await > before, "a near-cache hit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_over_mtls_hits_misses_and_invalidates() {
     let certs = Certs::generate();
@@ -67,6 +88,7 @@ async fn redis_over_mtls_hits_misses_and_invalidates() {
 
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
     assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    near_hit_over_tls(&sc).await;
     let event = r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#;
     let inv = client::post(&sc.admin_url("/admin/invalidate"), event).await;
     assert!(inv.status.is_success(), "invalidate: {}", inv.status);
@@ -101,7 +123,54 @@ async fn redis_certificate_for_another_name_is_refused() {
     // The certificate names 127.0.0.1; the URL says localhost.
     let store = tls_store(&redis, &ca(&certs, "ca")).replace("127.0.0.1", "localhost");
     let sc = start(&origin, &store).await;
-    degrades_naming(&sc, &origin, "certificate's names against the URL's host").await;
+    degrades_naming(&sc, &origin, "or the URL's host").await;
+}
+
+/// `store.redis.tls.server_name`: the certificate names only [`NAMED`], the
+/// URL says 127.0.0.1. Verified against the URL's host it is refused;
+/// against the configured name it works, also after the server restarts;
+/// against another name it is refused naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_server_name_is_what_the_certificate_is_checked_against() {
+    let certs = Certs::generate();
+    let redis = RedisServer::start_tls(&certs, "named", false);
+    let origin = Origin::start().await;
+    // The near cache is on (the default): its tracked connection is
+    // verified against the server name too.
+    let store =
+        |server_name: &str| tls_store(&redis, &format!("{}{server_name}", ca(&certs, "ca")));
+
+    let sc = start(&origin, &store("")).await;
+    degrades_naming(&sc, &origin, "store.redis.tls.server_name").await;
+    assert!(
+        sc.stderr_text().contains("not valid for name"),
+        "{}",
+        sc.stderr_text()
+    );
+    drop(sc);
+
+    let named = format!("      server_name: {NAMED}\n");
+    let sc = start(&origin, &store(&named)).await;
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+    near_hit_over_tls(&sc).await;
+    let event = r#"{"route":"app","params":{"tenant":"acme","id":"1"}}"#;
+    let inv = client::post(&sc.admin_url("/admin/invalidate"), event).await;
+    assert!(inv.status.is_success(), "invalidate: {}", inv.status);
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "MISS");
+    // The connection is made again after the server restarts (empty).
+    redis.restart();
+    eventually("HITs after a restart", Duration::from_secs(10), || async {
+        client::get(&sc.url(P)).await;
+        x_cache(&client::get(&sc.url(P)).await) == "HIT"
+    })
+    .await;
+    drop(sc);
+
+    let origin = Origin::start().await;
+    let other = "      server_name: other.sidecache.test\n";
+    let sc = start(&origin, &store(other)).await;
+    degrades_naming(&sc, &origin, "store.redis.tls.server_name").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,16 @@
 //! directory: a CA, a server certificate for `localhost` and `127.0.0.1`,
 //! a client certificate (mTLS), a second, unrelated CA (the "wrong CA"),
 //! and `ip-only`, signed by the CA for `127.0.0.1` only (so a client that
-//! connects to `localhost` sees a certificate for another name).
+//! connects to `localhost` sees a certificate for another name), and
+//! `named`, for [`NAMED`] only (a name no resolver knows: reachable only
+//! with `store.redis.tls.server_name`).
 //! A missing `openssl` fails the test with the reason.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// The only name in the `named` certificate.
+pub const NAMED: &str = "redis.sidecache.test";
 
 pub struct Certs {
     dir: tempfile::TempDir,
@@ -22,6 +27,7 @@ impl Certs {
         certs.leaf("server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1");
         certs.leaf("client", "ca", "extendedKeyUsage=clientAuth");
         certs.leaf("ip-only", "ca", "subjectAltName=IP:127.0.0.1");
+        certs.leaf("named", "ca", &format!("subjectAltName=DNS:{NAMED}"));
         certs
     }
 

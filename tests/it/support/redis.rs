@@ -7,7 +7,7 @@
 
 use std::io::ErrorKind;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -49,15 +49,27 @@ impl RedisServer {
     /// (`"server"` or `"ip-only"`); with `require_client_cert` it refuses clients without a certificate
     /// signed by `certs`' CA. The harness's own commands present `client`.
     pub fn start_tls(certs: &Certs, server: &str, require_client_cert: bool) -> RedisServer {
-        let tls = ServerTls {
-            ca: certs.cert("ca"),
-            cert: certs.cert(server),
-            key: certs.key(server),
-            client_cert: certs.cert("client"),
-            client_key: certs.key("client"),
-            require_client_cert,
-        };
+        let tls = ServerTls::new(certs, server, require_client_cert);
         RedisServer::start_inner(&[], Some(Box::new(tls)))
+    }
+
+    /// A TLS-only replica (certificate `server`: `"server"` or `"named"`,
+    /// also its client certificate towards `primary`) of the TLS-only
+    /// `primary`, replicating over TLS and requiring client certificates,
+    /// once its link is up.
+    pub fn start_tls_replica_of(primary: &RedisServer, certs: &Certs, server: &str) -> RedisServer {
+        let port = primary.port.to_string();
+        let args = [
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--tls-replication",
+            "yes",
+        ];
+        let tls = ServerTls::new(certs, server, true);
+        let replica = RedisServer::start_inner(&args, Some(Box::new(tls)));
+        replica.wait_info("the replica's link to its primary", "master_link_status:up");
+        replica
     }
 
     fn start_inner(extra_args: &[&str], tls: Option<Box<ServerTls>>) -> RedisServer {
@@ -138,7 +150,10 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = match &self.tls {
             None => redis::Client::open(self.url())?,
-            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates())?,
+            Some(tls) => match tls.harness_port {
+                Some(port) => redis::Client::open(format!("redis://127.0.0.1:{port}/0"))?,
+                None => redis::Client::build_with_tls(self.url(), tls.certificates())?,
+            },
         };
         command(&client, args)
     }
@@ -147,6 +162,26 @@ impl RedisServer {
     pub fn pause(&self, ms: u64) {
         self.cli(&["CLIENT", "PAUSE", &ms.to_string(), "ALL"])
             .expect("CLIENT PAUSE");
+    }
+
+    /// SIGSTOP: the process stops where it is (a replica stops acknowledging
+    /// replication) until [`RedisServer::resume`].
+    pub fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`RedisServer::stop`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let child = guard.as_ref().expect("the server is running");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) on our own child's pid; no memory is shared.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill({pid}, {signal})");
     }
 
     /// SIGKILL: no shutdown, connections are reset.
@@ -260,9 +295,27 @@ struct ServerTls {
     client_cert: PathBuf,
     client_key: PathBuf,
     require_client_cert: bool,
+    /// A plain-text port for the harness's own commands (certificate
+    /// `named` only); sidecache is only given the TLS port.
+    harness_port: Option<u16>,
 }
 
 impl ServerTls {
+    fn new(certs: &Certs, server: &str, require_client_cert: bool) -> ServerTls {
+        // The harness cannot verify `named` against 127.0.0.1 (redis-rs
+        // checks the host it connects to), so it gets a plain port.
+        let harness_port = (server == "named").then(free_port);
+        ServerTls {
+            harness_port,
+            ca: certs.cert("ca"),
+            cert: certs.cert(server),
+            key: certs.key(server),
+            client_cert: certs.cert("client"),
+            client_key: certs.key("client"),
+            require_client_cert,
+        }
+    }
+
     fn args(&self, port: &str) -> Vec<String> {
         let path = |p: &PathBuf| p.display().to_string();
         let auth = if self.require_client_cert {
@@ -272,7 +325,7 @@ impl ServerTls {
         };
         [
             "--port",
-            "0",
+            &self.harness_port.unwrap_or(0).to_string(),
             "--tls-port",
             port,
             "--tls-cert-file",
@@ -290,14 +343,27 @@ impl ServerTls {
     }
 
     fn certificates(&self) -> redis::TlsCertificates {
-        let read = |p: &PathBuf| std::fs::read(p).expect("read a test certificate");
-        redis::TlsCertificates {
-            client_tls: Some(redis::ClientTlsConfig {
-                client_cert: read(&self.client_cert),
-                client_key: read(&self.client_key),
-            }),
-            root_cert: Some(read(&self.ca)),
-        }
+        client_certificates(&self.ca, &self.client_cert, &self.client_key)
+    }
+}
+
+/// The harness's own client certificates for a TLS server of `certs`.
+pub fn harness_certificates(certs: &Certs) -> redis::TlsCertificates {
+    client_certificates(
+        &certs.cert("ca"),
+        &certs.cert("client"),
+        &certs.key("client"),
+    )
+}
+
+fn client_certificates(ca: &Path, cert: &Path, key: &Path) -> redis::TlsCertificates {
+    let read = |p: &Path| std::fs::read(p).expect("read a test certificate");
+    redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig {
+            client_cert: read(cert),
+            client_key: read(key),
+        }),
+        root_cert: Some(read(ca)),
     }
 }
 
@@ -375,6 +441,34 @@ impl RedisCluster {
             }
         }
         RedisCluster { nodes }
+    }
+
+    /// A new node joined as a replica of `master` (one of `nodes`), once
+    /// its replication link is up.
+    pub fn add_replica(&self, master: &RedisServer) -> RedisServer {
+        let args: Vec<&str> = master.extra_args.iter().map(String::as_str).collect();
+        let replica = RedisServer::start_with(&args);
+        let id = match master.cli(&["CLUSTER", "MYID"]) {
+            Ok(redis::Value::BulkString(id)) => String::from_utf8_lossy(&id).into_owned(),
+            other => panic!("CLUSTER MYID: {other:?}"),
+        };
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "add-node"])
+            .arg(format!("127.0.0.1:{}", replica.port))
+            .arg(format!("127.0.0.1:{}", master.port))
+            .args(["--cluster-slave", "--cluster-master-id", &id])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli to add a replica: {e}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster add-node failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        replica.wait_info("the replica's link to its master", "master_link_status:up");
+        master.wait_info("the master sees its replica", "connected_slaves:1");
+        replica
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
