@@ -158,13 +158,7 @@ fn replica_get(replica: &RedisServer, key: &str) -> Option<String> {
 
 /// `XPENDING` count of the group on `node`.
 fn pending(node: &RedisServer) -> i64 {
-    match node.cli(&["XPENDING", STREAM, GROUP]) {
-        Ok(redis::Value::Array(items)) => match items.first() {
-            Some(redis::Value::Int(n)) => *n,
-            other => panic!("XPENDING: {other:?}"),
-        },
-        other => panic!("XPENDING: {other:?}"),
-    }
+    node.xpending(STREAM, GROUP)
 }
 
 /// A stream consumer on `target` (`store.redis`'s YAML) with

@@ -187,21 +187,11 @@ mod stream {
     }
 
     fn get(node: &RedisServer, key: &str) -> Option<Vec<u8>> {
-        match node.cli(&["GET", key]) {
-            Ok(redis::Value::BulkString(v)) => Some(v),
-            Ok(redis::Value::Nil) => None,
-            other => panic!("GET {key}: {other:?}"),
-        }
+        node.get_bytes(key)
     }
 
     fn pending(node: &RedisServer) -> i64 {
-        match node.cli(&["XPENDING", STREAM, GROUP]) {
-            Ok(redis::Value::Array(items)) => match items.first() {
-                Some(redis::Value::Int(n)) => *n,
-                other => panic!("XPENDING: {other:?}"),
-            },
-            other => panic!("XPENDING: {other:?}"),
-        }
+        node.xpending(STREAM, GROUP)
     }
 
     /// Entries pending in the consumer `ghost`.

@@ -147,6 +147,26 @@ impl RedisServer {
     }
 
     /// Runs one raw command on a fresh connection, e.g. `cli(&["SCRIPT", "FLUSH"])`.
+    /// `GET key`: the value's bytes, or `None` when the key is absent.
+    pub fn get_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        match self.cli(&["GET", key]) {
+            Ok(redis::Value::BulkString(v)) => Some(v),
+            Ok(redis::Value::Nil) => None,
+            other => panic!("GET {key}: {other:?}"),
+        }
+    }
+
+    /// `XPENDING stream group`: how many entries the group has pending.
+    pub fn xpending(&self, stream: &str, group: &str) -> i64 {
+        match self.cli(&["XPENDING", stream, group]) {
+            Ok(redis::Value::Array(items)) => match items.first() {
+                Some(redis::Value::Int(n)) => *n,
+                other => panic!("XPENDING: {other:?}"),
+            },
+            other => panic!("XPENDING: {other:?}"),
+        }
+    }
+
     pub fn cli(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = match &self.tls {
             None => redis::Client::open(self.url())?,
