@@ -137,6 +137,12 @@ impl Invalidator {
         self.store.feeds_ready_at()
     }
 
+    /// Resolves when the feeds' store calls go through again (early if the
+    /// store answers a probe before the cooldown ends).
+    pub async fn feeds_ready(&self) {
+        self.store.feeds_ready().await
+    }
+
     /// Applies a batch; the result has one outcome per input, in order.
     /// Inputs that already failed to parse are passed in as poison so that
     /// the outcome list lines up with the source's entries.

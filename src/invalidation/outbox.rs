@@ -14,7 +14,11 @@
 //!
 //! Store health (issue 20): the worker takes no rows while the feeds'
 //! breaker is open (`Invalidator::feeds_ready_at`), neither in the fan-out
-//! nor in a claim; it looks again when the breaker lets a probe through.
+//! nor in a claim; it looks again when the breaker lets a probe through,
+//! or, a witness, as soon as the store answers its early probe
+//! (`Invalidator::feeds_ready`: a Redis restarted in 30 ms serves reads
+//! long before a cooldown ends, and the events committed meanwhile must
+//! not wait for it).
 //! That breaker is the feeds' own: the request path's does not stop it. A crash anywhere before the commit leaves every
 //! claimed row in place to be applied again (harmless: idempotent).
 //!
@@ -352,6 +356,9 @@ impl OutboxWorker {
         // Always poll after (re)connecting: NOTIFYs sent meanwhile are lost.
         let mut poll_now = true;
         let mut next_poll = Instant::now();
+        // A witness whose store failed: it looks again the moment the store
+        // answers (`feeds_ready`), not at the breaker's cooldown's end.
+        let mut store_lost = false;
         // The role first: a witness LISTENs before its first poll.
         witness.beat_if_due().await;
         loop {
@@ -403,6 +410,7 @@ impl OutboxWorker {
                 if let Some(at) = woke.store_back_at {
                     next_poll = next_poll.min(at);
                 }
+                store_lost = woke.store_back_at.is_some() && is_witness;
                 // The leader's gauges (read before its claims) miss what
                 // a wake-up that found rows changed: wake up for the next
                 // refresh.
@@ -431,6 +439,10 @@ impl OutboxWorker {
                     // Many inserts, one cycle.
                     while wake_rx.try_recv().is_ok() {}
                     poll_now = listening;
+                }
+                _ = self.invalidator.feeds_ready(), if store_lost => {
+                    store_lost = false;
+                    poll_now = true;
                 }
                 _ = tokio::time::sleep_until(next_poll.min(witness.due_at())) => {}
             }

@@ -49,7 +49,7 @@
 //! Sentinel names):
 //! [`super::stream_conn`].
 
-use super::backoff::Backoff;
+use super::backoff::{Backoff, Reconnect};
 use super::event::{Event, Poison};
 use super::invalidator::{ApplyOutcome, Invalidator, Source};
 use super::stream_conn::{StreamConn, StreamTarget};
@@ -79,6 +79,12 @@ const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
 /// long, doubling to one second (the group path keeps the entries anyway).
 const FANOUT_RETRY_BASE: Duration = Duration::from_millis(50);
 const FANOUT_RETRY_MAX: Duration = Duration::from_secs(1);
+/// The fan-out's reconnect pace after a dropped or refused connection, for
+/// the first [`FANOUT_FAST_FOR`] of an outage (then [`RECONNECT_BASE`]
+/// doubling): both cost a restarting Redis nothing, and only the `k`
+/// witnesses run the fan-out.
+const FANOUT_RECONNECT_FAST: Duration = Duration::from_millis(25);
+const FANOUT_FAST_FOR: Duration = Duration::from_secs(5);
 /// A new witness's cursor starts this far before the stream's last entry:
 /// longer than a vacant slot lasts (its holder's last renewal, then TTL).
 const LOOKBACK: Duration = Duration::from_secs(3);
@@ -198,7 +204,9 @@ impl StreamConsumer {
         loop {
             if let Some(at) = self.invalidator.feeds_ready_at() {
                 // The store is unavailable to this instance: read nothing,
-                // so that the group gives new entries to the others.
+                // so that the group gives new entries to the others. (Only
+                // the witnesses' fan-out probes early: k instances, not a
+                // fleet knocking at a Redis that is coming back.)
                 tokio::time::sleep_until(at).await;
                 continue;
             }
@@ -370,7 +378,15 @@ impl StreamConsumer {
             &self.cfg.stream,
             self.witnesses,
         );
-        let mut reconnect = Backoff::new(RECONNECT_BASE, RECONNECT_MAX);
+        // A dropped or refused connection (a Redis restart) is retried at
+        // a short pace for a while: entries appended right after the
+        // restart wait for this reconnect, while reads may already hit.
+        let mut reconnect = Reconnect::new(
+            RECONNECT_BASE,
+            RECONNECT_MAX,
+            FANOUT_RECONNECT_FAST,
+            FANOUT_FAST_FOR,
+        );
         // Survives reconnects: after a Redis restart the new entries' ids
         // are later than any this process read (ids follow Redis's clock).
         // Dropped when the instance stops being a witness.
@@ -387,6 +403,7 @@ impl StreamConsumer {
                     _ = shutdown.changed() => break,
                 }
             }
+            let fast;
             tokio::select! {
                 result = self.fanout_session(&mut cursor, &mut reconnect, &mut witness) => {
                     match result {
@@ -395,12 +412,13 @@ impl StreamConsumer {
                         Err(e) => {
                             self.conn.follow(&e);
                             warn!(error = %e, "stream fan-out lost Redis; reconnecting");
+                            fast = e.is_connection_refusal() || e.is_connection_dropped();
                         }
                     }
                 }
                 _ = shutdown.changed() => break,
             }
-            let delay = reconnect.next_delay();
+            let delay = reconnect.next_delay(fast);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.changed() => break,
@@ -417,7 +435,7 @@ impl StreamConsumer {
     async fn fanout_session(
         &self,
         cursor: &mut Option<String>,
-        reconnect: &mut Backoff,
+        reconnect: &mut Reconnect,
         witness: &mut Witness,
     ) -> Result<(), RedisError> {
         let mut conn = self.connect(MAX_BLOCK).await?;
@@ -469,7 +487,7 @@ impl StreamConsumer {
                     break;
                 }
                 match self.invalidator.feeds_ready_at() {
-                    Some(at) => tokio::time::sleep_until(at).await,
+                    Some(_) => self.invalidator.feeds_ready().await,
                     None => tokio::time::sleep(retry.next_delay()).await,
                 }
                 witness.beat_if_due().await;

@@ -143,6 +143,21 @@ impl Breaker {
         }
     }
 
+    /// The probe, before the cooldown is over: `None` unless open. For a
+    /// caller that probes cheaply and often (the feeds'
+    /// [`super::GuardedStore::feeds_ready`]); a failure opens the breaker
+    /// for a full cooldown again, as any failed probe does.
+    pub fn admit_early(&self) -> Option<Permit<'_>> {
+        let mut state = self.lock();
+        match *state {
+            BreakerState::Open { .. } => {
+                *state = BreakerState::HalfOpen;
+                Some(self.permit(true))
+            }
+            BreakerState::Closed | BreakerState::HalfOpen => None,
+        }
+    }
+
     fn permit(&self, probe: bool) -> Permit<'_> {
         Permit {
             breaker: self,
@@ -302,6 +317,21 @@ mod tests {
         assert_eq!(b.admits_at(), Some(Instant::now() + PROBE_WAIT));
         probe.success();
         assert_eq!(b.admits_at(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_early_probe_needs_an_open_breaker_and_decides_it() {
+        let b = breaker();
+        assert!(b.admit_early().is_none(), "closed: nothing to probe");
+        fail(&b);
+        let probe = b.admit_early().expect("open: an early probe");
+        assert!(b.admit_early().is_none(), "one probe at a time");
+        assert!(matches!(b.admit(), Err(StoreError::BreakerOpen)));
+        probe.failure(&StoreError::Timeout);
+        assert_eq!(b.admits_at(), Some(Instant::now() + COOLDOWN));
+        b.admit_early().expect("open again").success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.gauge.get(), 0);
     }
 
     #[tokio::test(start_paused = true)]

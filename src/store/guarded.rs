@@ -40,6 +40,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How often a feed waiting for its breaker pings the store
+/// ([`GuardedStore::feeds_ready`]).
+const FEEDS_PROBE_EVERY: Duration = Duration::from_millis(25);
+
 /// A [`Store`] behind the breaker and the command timeout. Built once by
 /// [`open`] and shared (`Arc`) by the pipeline, admin and invalidation.
 pub struct GuardedStore {
@@ -289,6 +293,42 @@ impl GuardedStore {
     /// leaves events to instances whose store works.
     pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
         self.feeds.admits_at()
+    }
+
+    /// Resolves when a feed's store call would be let through: at the end
+    /// of the feeds' breaker's cooldown, or as soon as a `PING` (one per
+    /// [`FEEDS_PROBE_EVERY`]) is answered, which closes the breaker. A
+    /// Redis that restarts in 30 ms is back for the request path (a read
+    /// that fails opens only its own breaker, the near cache's connection
+    /// reconnects at once) long before the cooldown ends, and every event
+    /// committed meanwhile would wait for it while fills of the old
+    /// version are served.
+    pub async fn feeds_ready(&self) {
+        while let Some(at) = self.feeds.admits_at() {
+            let next = at.min(tokio::time::Instant::now() + FEEDS_PROBE_EVERY);
+            tokio::time::sleep_until(next).await;
+            if next < at {
+                self.probe_feeds().await;
+            }
+        }
+    }
+
+    /// One early probe of the feeds' breaker, if it is open.
+    async fn probe_feeds(&self) {
+        let Some(permit) = self.feeds.admit_early() else {
+            return;
+        };
+        let ping = self.inner.ping();
+        let answer = match self.timeout {
+            Some(limit) => tokio::time::timeout(limit, ping)
+                .await
+                .unwrap_or(Err(StoreError::Timeout)),
+            None => ping.await,
+        };
+        match answer {
+            Ok(()) => permit.success(),
+            Err(e) => permit.failure(&e),
+        }
     }
 
     /// One call on `key`'s slot, through the breaker guarding it.
@@ -790,6 +830,9 @@ mod tests {
         ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
             self.gate(self.inner.witness(k, o, t))
         }
+        fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+            self.gate(Box::pin(std::future::ready(Ok(()))))
+        }
     }
 
     impl crate::store::bloom::BloomStore for Faulty {
@@ -988,6 +1031,41 @@ mod tests {
             .expect("the request path probes and closes its own breaker");
         assert!(!store.breaker_is_open());
         assert!(matches!(marked().await, Err(StoreError::BreakerOpen)));
+    }
+
+    /// A store that answers again is seen by a waiting feed within one
+    /// probe period, not at the end of the cooldown; while it fails, the
+    /// waiter keeps probing and does not resolve.
+    #[tokio::test(start_paused = true)]
+    async fn feeds_ready_resolves_when_a_probe_is_answered() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
+        faulty.fail.store(true, Ordering::SeqCst);
+        assert!(store
+            .invalidate_marked(&gens, &marks, "n", COOLDOWN)
+            .await
+            .is_err());
+        let opened = tokio::time::Instant::now();
+        assert_eq!(store.feeds_ready_at(), Some(opened + COOLDOWN));
+
+        let calls = faulty.calls.load(Ordering::SeqCst);
+        let wait = tokio::time::timeout(COOLDOWN / 4, store.feeds_ready()).await;
+        assert!(wait.is_err(), "resolved while every probe fails");
+        let probes = faulty.calls.load(Ordering::SeqCst) - calls;
+        assert!(probes >= 10, "{probes} probes in a quarter cooldown");
+        assert_eq!(metrics.feed_breaker_open.get(), 1);
+
+        faulty.fail.store(false, Ordering::SeqCst);
+        let back = tokio::time::Instant::now();
+        store.feeds_ready().await;
+        assert!(back.elapsed() <= FEEDS_PROBE_EVERY, "{:?}", back.elapsed());
+        assert_eq!(store.feeds_ready_at(), None);
+        assert_eq!(metrics.feed_breaker_open.get(), 0);
+        store
+            .invalidate_marked(&gens, &marks, "n", COOLDOWN)
+            .await
+            .expect("the feeds' calls go through again");
     }
 
     #[tokio::test]

@@ -421,6 +421,13 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>>;
+
+    /// Whether the connection the invalidations take answers (`PING`): the
+    /// feeds' early probe ([`GuardedStore::feeds_ready`]). A backend that
+    /// cannot fail answers at once.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 pub use guarded::{open, GuardedStore};
 

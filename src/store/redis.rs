@@ -971,6 +971,16 @@ impl Store for RedisStore {
         })
     }
 
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let (mut conn, _) = self.invalidation_conn();
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(map_error)
+        })
+    }
+
     fn witness<'a>(
         &'a self,
         slots: &'a [String],

@@ -254,6 +254,48 @@ async fn redis_down_rows_are_left_untouched_and_drain_when_back() {
     worker.stop().await;
 }
 
+/// A Redis that is back before the feeds' breaker's cooldown ends is used
+/// at once: the worker, a witness waiting on its breaker, pings the store
+/// (`GuardedStore::feeds_ready`) and applies what is pending as soon as it
+/// answers. Waiting for the cooldown instead let the outbox history test
+/// read entries stale by up to 430 ms: a Redis restarted in 30 ms served
+/// hits again while the rows committed meanwhile waited. The cooldown here
+/// is 10 s, so a worker that waits for it fails the 3 s bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_back_before_the_cooldown_ends_is_used_at_once() {
+    let (redis, pg, mut cfg) = setup("200ms", 100).await;
+    let cooldown = Duration::from_secs(10);
+    cfg.store.breaker_cooldown = cooldown;
+    let worker = start_worker(cfg).await;
+    warm_up(&pg, &redis).await;
+    let client = pg.client().await;
+
+    redis.kill();
+    insert(&client, "down", 1).await;
+    eventually(
+        "the feeds' breaker opens on the row it could not apply",
+        Duration::from_secs(15),
+        || async { worker.metrics.feed_breaker_open.get() == 1 },
+    )
+    .await;
+    redis.restart();
+    let back = Instant::now();
+    insert(&client, "back", 1).await;
+    let conn = redis_conn(&redis).await;
+    eventually(
+        "both rows applied long before the cooldown ends",
+        Duration::from_secs(3),
+        || async {
+            has_generation(&conn, &gen_key("down", 1)).await
+                && has_generation(&conn, &gen_key("back", 1)).await
+        },
+    )
+    .await;
+    assert!(back.elapsed() < cooldown / 2, "{:?}", back.elapsed());
+    assert_eq!(worker.metrics.feed_breaker_open.get(), 0);
+    worker.stop().await;
+}
+
 /// Issue 20, point 3: after a Postgres outage the worker reconnects within
 /// its backoff cap (1 s, jittered), LISTENs, then polls: a row committed as
 /// soon as Postgres is back is applied within the cap plus a round trip.
