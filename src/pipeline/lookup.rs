@@ -86,7 +86,67 @@ pub async fn lookup(
     metrics: &Metrics,
 ) -> Result<Found, StoreError> {
     let snapshot = store.read(&key.keys).await?;
+    resolve(store, key, check_entry(snapshot, key), route, metrics).await
+}
+
+/// What the near cache said about a key before [`lookup_from`] runs.
+#[derive(Debug, Default)]
+pub enum Near {
+    /// Not asked: the read asks it.
+    #[default]
+    Unasked,
+    /// It holds nothing for the key (or there is none): the store is read
+    /// past it.
+    Nothing,
+    /// Its entry, judged, but not a fresh hit (boxed: rare, and large).
+    Held(Box<Verdict>),
+}
+
+/// Stages 2+3 from the near cache alone, without waiting: the entry if it
+/// is a fresh hit (current generation, every stamped tag current), exactly
+/// as [`lookup`] would find it. Otherwise what was found, for
+/// [`lookup_from`].
+pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Entry, Near> {
+    let snapshot = store.read_near(&key.keys).ok_or(Near::Nothing)?;
     match check_entry(snapshot, key) {
+        // Tags the near cache does not hold (or that moved) take the
+        // async path, which asks the store.
+        Verdict::Hit(e)
+            if (e.tags.is_empty() || store.tags_current_near(&e.tags) == Some(true))
+                && !e.expired(super::publish::now_ms()) =>
+        {
+            Ok(e)
+        }
+        other => Err(Near::Held(Box::new(other))),
+    }
+}
+
+/// [`lookup`], going on from what the near cache said.
+pub async fn lookup_from(
+    store: &GuardedStore,
+    key: &CacheKey,
+    near: Near,
+    route: &str,
+    metrics: &Metrics,
+) -> Result<Found, StoreError> {
+    let verdict = match near {
+        Near::Unasked => check_entry(store.read(&key.keys).await?, key),
+        Near::Nothing => check_entry(store.read_far(&key.keys).await?, key),
+        Near::Held(verdict) => *verdict,
+    };
+    resolve(store, key, verdict, route, metrics).await
+}
+
+/// Stage 3 after [`check_entry`]: the tag check, freshness, and the removal
+/// of a corrupt entry.
+async fn resolve(
+    store: &GuardedStore,
+    key: &CacheKey,
+    verdict: Verdict,
+    route: &str,
+    metrics: &Metrics,
+) -> Result<Found, StoreError> {
+    match verdict {
         // An untagged entry costs nothing more here.
         Verdict::Hit(e) if !e.tags.is_empty() && !tags_current(store, &e).await? => {
             Ok(Found::Miss(Some(e.generation)))

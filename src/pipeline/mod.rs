@@ -99,6 +99,24 @@ struct Fill {
     learned: Vec<HeaderName>,
 }
 
+/// What [`Pipeline::try_hit`] did on its way to a miss, handed to
+/// [`Pipeline::serve`] so that it is not done twice. Boxed where it is
+/// passed: the futures it goes through are moved whole.
+pub struct Early {
+    key: CacheKey,
+    near: lookup::Near,
+}
+
+/// What stages 2 + 3 found when it was not a fresh entry.
+struct Missed {
+    /// The store could not be read.
+    degraded: bool,
+    /// Of the current generation, past its freshness.
+    expired: Option<Arc<Entry>>,
+    /// The object's generation as read (none: the key is missing).
+    read_generation: Option<bytes::Bytes>,
+}
+
 /// What [`Pipeline::serve_keyed`] did with one key.
 enum Keyed {
     Served(CacheStatus, Response<Body>),
@@ -136,9 +154,43 @@ impl Pipeline {
         }
     }
 
+    /// A fresh hit from the near cache, answered without waiting: the
+    /// stages [`Pipeline::serve`] would run for it (0 bypass, 1 key, 2+3
+    /// with the generation and tag checks, 10), with no future to build,
+    /// box and move. `Err`: not such a hit; what was done so far, for
+    /// `serve` (`None`: nothing, e.g. a bypass or a route that keys on
+    /// learned `Vary` names, which needs the store first).
+    pub fn try_hit(
+        &self,
+        cfg: &Config,
+        route: &Route,
+        params: &[String],
+        req: &Request<Incoming>,
+    ) -> Result<(CacheStatus, Response<Body>), Option<Box<Early>>> {
+        let (headers, query) = (req.headers(), req.uri().query());
+        // Without a near cache every read waits for the store: nothing to
+        // do here that `serve` would not then carry along for nothing.
+        let store = &self.shared.store;
+        if !store.has_near() || route.origin_vary.is_some() || bypass(route, headers, query) {
+            return Err(None);
+        }
+        let ns = &cfg.store.namespace;
+        let key = keys::cache_key(ns, route, params, query, &[], headers);
+        match lookup::near_hit(store, &key) {
+            Ok(entry) => {
+                let status = hit_status(&entry);
+                let ask = ClientAsk::from_request(req.method(), headers);
+                let resp = respond(route, &entry, status, &ask);
+                Ok((status, self.finish(route, status, resp)))
+            }
+            Err(near) => Err(Some(Box::new(Early { key, near }))),
+        }
+    }
+
     /// Serves a cache read. `params` are the raw path param values in
-    /// template order, already validated against their patterns. Also
-    /// returns what it did (the response's `X-Cache`), for the access log.
+    /// template order, already validated against their patterns; `early`:
+    /// what [`Pipeline::try_hit`] did. Also returns what it did (the
+    /// response's `X-Cache`), for the access log.
     pub async fn serve(
         &self,
         cfg: Arc<Config>,
@@ -146,8 +198,21 @@ impl Pipeline {
         params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        early: Option<Box<Early>>,
     ) -> (CacheStatus, Response<Body>) {
-        let (status, mut resp) = self.serve_inner(cfg, &route, params, req, peer).await;
+        let (status, resp) = self
+            .serve_inner(cfg, &route, params, req, peer, early)
+            .await;
+        (status, self.finish(&route, status, resp))
+    }
+
+    /// Every answer's `X-Cache` and counters.
+    fn finish(
+        &self,
+        route: &Route,
+        status: CacheStatus,
+        mut resp: Response<Body>,
+    ) -> Response<Body> {
         resp.headers_mut()
             .insert(status::X_CACHE.clone(), status.header_value());
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
@@ -168,7 +233,7 @@ impl Pipeline {
             .counters
             .count(&self.shared.metrics, &route.name, status);
         tracing::debug!(route = %route.name, cache = status.as_str(), status = resp.status().as_u16(), "cache read");
-        (status, resp)
+        resp
     }
 
     async fn serve_inner(
@@ -178,13 +243,14 @@ impl Pipeline {
         params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        mut early: Option<Box<Early>>,
     ) -> (CacheStatus, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
         // response personal, and a query parameter outside the route's
         // allow-list could change the answer behind the key's back (or bust
-        // the cache): forward untouched.
-        if bypass(route, req.headers(), req.uri().query()) {
+        // the cache): forward untouched. (`early`: `try_hit` checked.)
+        if early.is_none() && bypass(route, req.headers(), req.uri().query()) {
             let resp = crate::proxy::forward::forward(
                 &sh.client,
                 req,
@@ -230,6 +296,7 @@ impl Pipeline {
                 &parts,
                 &ask,
                 may_relearn,
+                early.take(),
             );
             match keyed.await {
                 Keyed::Served(status, resp) => return (status, resp),
@@ -247,7 +314,9 @@ impl Pipeline {
         }
     }
 
-    /// Stages 1-10 for the key built with `learned` (see [`Fill::learned`]).
+    /// Stages 1-10 for the key built with `learned` (see [`Fill::learned`]);
+    /// `early`: the key and the near cache's verdict from
+    /// [`Pipeline::try_hit`].
     #[allow(clippy::too_many_arguments)]
     async fn serve_keyed(
         &self,
@@ -258,32 +327,82 @@ impl Pipeline {
         req: &http::request::Parts,
         ask: &ClientAsk,
         may_relearn: bool,
+        early: Option<Box<Early>>,
     ) -> Keyed {
         let sh = &self.shared;
-        // Stage 1.
-        let key = keys::cache_key(
-            &cfg.store.namespace,
-            route,
-            params,
-            req.uri.query(),
-            &learned,
-            &req.headers,
-        );
+        // Stage 1, unless `try_hit` did it.
+        let mut early = early.unwrap_or_else(|| {
+            let ns = &cfg.store.namespace;
+            let query = req.uri.query();
+            Box::new(Early {
+                key: keys::cache_key(ns, route, params, query, &learned, &req.headers),
+                near: lookup::Near::Unasked,
+            })
+        });
         // Stages 2 + 3. With the store unavailable there is no entry, so
         // nothing to serve stale either: the degraded path as before.
-        let (mut degraded, expired, read_generation) =
-            match lookup::lookup(&sh.store, &key, &route.name, &sh.metrics).await {
-                Ok(Found::Fresh(entry)) => {
-                    let status = hit_status(&entry);
-                    return Keyed::Served(status, respond(route, &entry, status, ask));
+        let near = std::mem::take(&mut early.near);
+        let found = lookup::lookup_from(&sh.store, &early.key, near, &route.name, &sh.metrics);
+        let missed = match found.await {
+            Ok(Found::Fresh(entry)) => {
+                let status = hit_status(&entry);
+                return Keyed::Served(status, respond(route, &entry, status, ask));
+            }
+            Ok(Found::Expired(entry)) => Missed {
+                degraded: false,
+                expired: Some(Arc::new(entry)),
+                read_generation: None,
+            },
+            Ok(Found::Miss(generation)) => Missed {
+                degraded: false,
+                expired: None,
+                read_generation: generation,
+            },
+            Err(e) => {
+                tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
+                Missed {
+                    degraded: true,
+                    expired: None,
+                    read_generation: None,
                 }
-                Ok(Found::Expired(entry)) => (false, Some(Arc::new(entry)), None),
-                Ok(Found::Miss(generation)) => (false, None, generation),
-                Err(e) => {
-                    tracing::debug!(route = %route.name, error = %e, "store read failed; degraded");
-                    (true, None, None)
-                }
-            };
+            }
+        };
+        // Boxed: this future is moved whole on every read, hits included,
+        // and the fill's states below are most of its size.
+        let rest = Box::pin(self.serve_missed(
+            cfg,
+            route,
+            params,
+            learned,
+            req,
+            ask,
+            may_relearn,
+            early.key,
+            missed,
+        ));
+        rest.await
+    }
+
+    /// Stages 4-10 for a key that found no fresh entry.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_missed(
+        &self,
+        cfg: Arc<Config>,
+        route: &Arc<Route>,
+        params: &[String],
+        learned: Vec<HeaderName>,
+        req: &http::request::Parts,
+        ask: &ClientAsk,
+        may_relearn: bool,
+        key: CacheKey,
+        missed: Missed,
+    ) -> Keyed {
+        let sh = &self.shared;
+        let Missed {
+            mut degraded,
+            expired,
+            read_generation,
+        } = missed;
         // Stage 4: only on a real miss (an expired entry of the current
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.

@@ -654,11 +654,20 @@ async fn answer(
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
             routed.note(&route);
+            // A fresh near-cache hit is answered here, without a future.
+            let early = match state.pipeline.try_hit(&cfg, &route, &params, &req) {
+                Ok((status, resp)) => {
+                    routed.cache = Some(status);
+                    return resp;
+                }
+                Err(early) => early,
+            };
             // Boxed: a future holds room for its largest branch, and this
             // whole future is moved into a box per request (see `run`), so
             // a read pipeline held inline would make every forwarded request
             // copy it too.
-            let serve = Box::pin(state.pipeline.serve(cfg.clone(), route, params, req, peer));
+            let pipeline = &state.pipeline;
+            let serve = Box::pin(pipeline.serve(cfg.clone(), route, params, req, peer, early));
             let (status, resp) = serve.await;
             routed.cache = Some(status);
             return resp;

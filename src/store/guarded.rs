@@ -413,6 +413,30 @@ impl GuardedStore {
             .await
     }
 
+    /// What the near cache holds for `keys`, counted as a near-cache hit
+    /// or miss; never waits.
+    pub fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+        self.inner.read_near(keys)
+    }
+
+    /// Whether there is a near cache for [`Self::read_near`] to ask.
+    pub fn has_near(&self) -> bool {
+        self.inner.has_near()
+    }
+
+    /// [`Self::read`] after [`Self::read_near`] found nothing: not counted
+    /// as a second near-cache lookup.
+    pub async fn read_far(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
+        self.call(Op::Read, &keys.generation, |s| s.read(keys))
+            .await
+    }
+
+    /// Whether every stamped tag generation is current, from the near cache
+    /// alone (`None`: it does not hold them all).
+    pub fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+        self.inner.tags_current_near(stamped)
+    }
+
     /// Everything stored for one variant, with TTLs (`/admin/lookup`).
     pub async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
         self.call(Op::Inspect, &keys.generation, |s| s.inspect(keys))

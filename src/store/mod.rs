@@ -221,6 +221,11 @@ pub trait Store: bloom::BloomStore + Send + Sync + 'static {
         None
     }
 
+    /// Whether [`Store::read_near`] can ever answer.
+    fn has_near(&self) -> bool {
+        false
+    }
+
     /// What the near cache holds for `keys`, without counting a lookup;
     /// `None` when it holds nothing (or there is no near cache).
     fn peek_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {

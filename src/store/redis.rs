@@ -556,6 +556,10 @@ impl Store for RedisStore {
         self.near.as_ref()?.get(keys)
     }
 
+    fn has_near(&self) -> bool {
+        self.near.is_some()
+    }
+
     fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         self.near.as_ref()?.tags_current(stamped)
     }
