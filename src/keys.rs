@@ -95,6 +95,13 @@ pub fn identity<S: AsRef<str>>(route: &str, params: &[S]) -> String {
 /// hash tag, split the key or make two objects collide: `{ } : %`,
 /// whitespace and control characters. Other Unicode stays as it is.
 pub fn encode_param(value: &str, out: &mut String) {
+    // Most values are plain ASCII: one byte test each instead of decoding
+    // chars for the Unicode whitespace and control checks.
+    let plain = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':' | b'%');
+    if value.as_bytes().iter().all(plain) {
+        out.push_str(value);
+        return;
+    }
     let mut start = 0;
     for (i, c) in value.char_indices() {
         let unsafe_char = matches!(c, '{' | '}' | ':' | '%') || c.is_whitespace() || c.is_control();

@@ -130,8 +130,11 @@ pub struct NearCache {
 /// and including `}`) and the suffix. Params are percent-encoded, so the
 /// first `}` after the first `{` ends the object.
 fn split_key(key: &str) -> Option<(&str, &str)> {
-    let open = key.find('{')?;
-    let close = open + key[open..].find('}')?;
+    // Bytes, not `str::find`'s char searcher: this runs on every lookup,
+    // and both braces are ASCII (so the cut is on a char boundary).
+    let b = key.as_bytes();
+    let open = b.iter().position(|&c| c == b'{')?;
+    let close = open + b[open..].iter().position(|&c| c == b'}')?;
     Some(key.split_at(close + 1))
 }
 
