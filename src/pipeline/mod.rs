@@ -957,7 +957,7 @@ fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -
     for (name, value) in &entry.headers {
         h.append(name.clone(), value.clone());
     }
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.body.len()));
+    h.insert(header::CONTENT_LENGTH, int_value(entry.body.len() as u64));
     // A stale answer's Age counts from the original fetch as well; a
     // fresh fill's answer carries the origin's own Age, if it sent one.
     let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
@@ -968,10 +968,42 @@ fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -
             CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
         )
     {
-        h.insert(header::AGE, HeaderValue::from(age));
+        h.insert(header::AGE, int_value(age));
     }
     client_cc::apply(route, entry, h);
     answer::shape(resp, entry, ask)
+}
+
+/// "0000" to "9999": the small integers of an answer built from an entry
+/// (`Content-Length`, `Age`) become header values of static text, where
+/// `HeaderValue::from(u64)` makes two allocations per value.
+static DIGITS: [[u8; 4]; 10_000] = digits();
+
+const fn digits() -> [[u8; 4]; 10_000] {
+    let mut table = [[0u8; 4]; 10_000];
+    let mut n = 0;
+    while n < 10_000 {
+        table[n] = [digit(n / 1000), digit(n / 100), digit(n / 10), digit(n)];
+        n += 1;
+    }
+    table
+}
+
+const fn digit(n: usize) -> u8 {
+    b'0' + (n % 10) as u8
+}
+
+/// `n` as a header value, without an allocation below 10 000.
+fn int_value(n: u64) -> HeaderValue {
+    let skip = match n {
+        0..=9 => 3,
+        10..=99 => 2,
+        100..=999 => 1,
+        1_000..=9_999 => 0,
+        _ => return HeaderValue::from(n),
+    };
+    let digits = Bytes::from_static(&DIGITS[n as usize][skip..]);
+    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// A flight's answer as this client's response; `None` for a one-client
@@ -1002,4 +1034,30 @@ fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
     }
     let (parts, _) = resp.into_parts();
     Response::from_parts(parts, body::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int_values_are_the_decimal_text() {
+        for n in [
+            0,
+            7,
+            9,
+            10,
+            42,
+            99,
+            100,
+            999,
+            1_000,
+            1_024,
+            9_999,
+            10_000,
+            u64::MAX,
+        ] {
+            assert_eq!(int_value(n).as_bytes(), n.to_string().as_bytes(), "{n}");
+        }
+    }
 }
