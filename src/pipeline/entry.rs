@@ -22,7 +22,7 @@
 //! version (`e:v2:`), so v1 entries are simply never read (misses, not
 //! corrupt entries) and expire on their own.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
 
 const MAGIC: &[u8; 4] = b"SCE2";
@@ -43,8 +43,10 @@ pub struct Entry {
     pub stale_if_error_ms: u32,
     /// The generation ticket the entry was published under.
     pub generation: Bytes,
-    pub identity: String,
-    pub variant: String,
+    /// The object's identity and variant, as in the key (bytes: compared,
+    /// never parsed).
+    pub identity: Bytes,
+    pub variant: Bytes,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub body: Bytes,
     /// (tag generation key, the tag's generation when the fill began):
@@ -82,8 +84,8 @@ impl Entry {
         out.put_u32(self.grace_ms);
         out.put_u32(self.stale_if_error_ms);
         put_str16(&mut out, &self.generation);
-        put_str16(&mut out, self.identity.as_bytes());
-        put_str16(&mut out, self.variant.as_bytes());
+        put_str16(&mut out, &self.identity);
+        put_str16(&mut out, &self.variant);
         out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
         for (name, value) in self.headers.iter().take(u16::MAX as usize) {
             put_str16(&mut out, name.as_str().as_bytes());
@@ -121,49 +123,52 @@ impl Entry {
                     .saturating_add(self.stale_if_error_ms.into())
     }
 
+    /// Fields kept as `Bytes` (generation, identity, variant, header
+    /// values, body, tags) are slices of `raw`, not copies; everything else
+    /// is read through a borrowed cursor, so a hit pays a reference count
+    /// only for what it keeps.
     pub fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
-        let mut buf = raw.clone();
-        if buf.remaining() < MAGIC.len() + 1 + 2 + 8 + 8 + 4 + 4 || &buf[..4] != MAGIC {
+        let mut r = Reader { raw, at: 0 };
+        if raw.len() < MAGIC.len() + 1 + 2 + 8 + 8 + 4 + 4 || &raw[..4] != MAGIC {
             return Err(CorruptEntry("bad magic or too short"));
         }
-        buf.advance(4);
-        let flags = buf.get_u8();
-        let status = buf.get_u16();
-        let stored_at_ms = buf.get_u64();
-        let fresh_until_ms = buf.get_u64();
-        let grace_ms = buf.get_u32();
-        let stale_if_error_ms = buf.get_u32();
-        let generation = take_str16(&mut buf)?;
-        let identity = utf8(take_str16(&mut buf)?)?;
-        let variant = utf8(take_str16(&mut buf)?)?;
-        let count = take_u16(&mut buf)?;
+        r.at = MAGIC.len();
+        let flags = r.array::<1>()?[0];
+        let status = u16::from_be_bytes(r.array()?);
+        let stored_at_ms = u64::from_be_bytes(r.array()?);
+        let fresh_until_ms = u64::from_be_bytes(r.array()?);
+        let grace_ms = u32::from_be_bytes(r.array()?);
+        let stale_if_error_ms = u32::from_be_bytes(r.array()?);
+        let generation = r.str16()?;
+        let identity = r.str16()?;
+        let variant = r.str16()?;
+        let count = u16::from_be_bytes(r.array()?);
         let mut headers = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let name = take_str16(&mut buf)?;
-            let name =
-                HeaderName::from_bytes(&name).map_err(|_| CorruptEntry("bad header name"))?;
-            let len = take_u32(&mut buf)? as usize;
-            let value = take(&mut buf, len)?;
+            let len = usize::from(u16::from_be_bytes(r.array()?));
+            let name = HeaderName::from_bytes(r.take(len)?)
+                .map_err(|_| CorruptEntry("bad header name"))?;
+            let len = u32::from_be_bytes(r.array()?) as usize;
+            let value = r.slice(len)?;
             let value = HeaderValue::from_maybe_shared(value)
                 .map_err(|_| CorruptEntry("bad header value"))?;
             headers.push((name, value));
         }
-        let body_len = take_u32(&mut buf)? as usize;
-        let body = take(&mut buf, body_len)?;
+        let body_len = u32::from_be_bytes(r.array()?) as usize;
+        let body = r.slice(body_len)?;
         let mut tags = Vec::new();
         if flags & FLAG_TAGGED != 0 {
-            let count = take(&mut buf, 1)?[0];
+            let count = r.array::<1>()?[0];
             if count == 0 {
                 return Err(CorruptEntry("tagged without tags"));
             }
             tags.reserve(usize::from(count));
             for _ in 0..count {
-                // Slices of the value read: no copy on a hit.
-                let key = take_str16(&mut buf)?;
-                tags.push((key, take_str16(&mut buf)?));
+                let key = r.str16()?;
+                tags.push((key, r.str16()?));
             }
         }
-        if buf.has_remaining() {
+        if r.at != raw.len() {
             return Err(CorruptEntry("trailing bytes"));
         }
         Ok(Entry {
@@ -189,34 +194,41 @@ fn put_str16(out: &mut BytesMut, s: &[u8]) {
     out.put_slice(&s[..len]);
 }
 
-fn take(buf: &mut Bytes, len: usize) -> Result<Bytes, CorruptEntry> {
-    if buf.remaining() < len {
-        return Err(CorruptEntry("truncated"));
+/// A cursor over an encoded entry.
+struct Reader<'a> {
+    raw: &'a Bytes,
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], CorruptEntry> {
+        let end = self
+            .at
+            .checked_add(len)
+            .filter(|&end| end <= self.raw.len())
+            .ok_or(CorruptEntry("truncated"))?;
+        let taken = &self.raw[self.at..end];
+        self.at = end;
+        Ok(taken)
     }
-    Ok(buf.split_to(len))
-}
 
-fn take_u16(buf: &mut Bytes) -> Result<u16, CorruptEntry> {
-    if buf.remaining() < 2 {
-        return Err(CorruptEntry("truncated"));
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CorruptEntry> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
     }
-    Ok(buf.get_u16())
-}
 
-fn take_u32(buf: &mut Bytes) -> Result<u32, CorruptEntry> {
-    if buf.remaining() < 4 {
-        return Err(CorruptEntry("truncated"));
+    /// The next `len` bytes as a slice of the entry (shared, not copied).
+    fn slice(&mut self, len: usize) -> Result<Bytes, CorruptEntry> {
+        let start = self.at;
+        self.take(len)?;
+        Ok(self.raw.slice(start..self.at))
     }
-    Ok(buf.get_u32())
-}
 
-fn take_str16(buf: &mut Bytes) -> Result<Bytes, CorruptEntry> {
-    let len = take_u16(buf)? as usize;
-    take(buf, len)
-}
-
-fn utf8(b: Bytes) -> Result<String, CorruptEntry> {
-    String::from_utf8(b.to_vec()).map_err(|_| CorruptEntry("identity is not UTF-8"))
+    fn str16(&mut self) -> Result<Bytes, CorruptEntry> {
+        let len = u16::from_be_bytes(self.array()?);
+        self.slice(usize::from(len))
+    }
 }
 
 #[cfg(test)]

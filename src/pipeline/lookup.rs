@@ -196,7 +196,7 @@ mod tests {
             grace_ms: 50,
             stale_if_error_ms: 0,
             generation: Bytes::from_static(generation),
-            identity: identity.into(),
+            identity: Bytes::copy_from_slice(identity.as_bytes()),
             variant: "v1".into(),
             headers: vec![],
             body: Bytes::from_static(b"x"),

@@ -779,7 +779,12 @@ fn entry_keys<'f>(fill: &'f Fill, entry: &Entry) -> std::borrow::Cow<'f, keys::O
     }
     let ns = &fill.cfg.store.namespace;
     std::borrow::Cow::Owned(keys::ObjectKeys {
-        entry: keys::object_keys(ns, &fill.key.identity, &entry.variant).entry,
+        entry: keys::object_keys(
+            ns,
+            &fill.key.identity,
+            &String::from_utf8_lossy(&entry.variant),
+        )
+        .entry,
         generation: own.generation.clone(),
         lease: own.lease.clone(),
     })
@@ -893,7 +898,8 @@ fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
     // (see `vary`): the origin's answer for exactly that variant.
     if let Some(names) = &deps.learned {
         let query = &fill.key.query;
-        entry.variant = keys::variant(query, &fill.route, names, &fill.request.headers);
+        let variant = keys::variant(query, &fill.route, names, &fill.request.headers);
+        entry.variant = Bytes::from(variant);
     }
     Judged::Shareable(entry, kind, life, deps)
 }
