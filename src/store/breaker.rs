@@ -143,18 +143,18 @@ impl Breaker {
         }
     }
 
-    /// The probe, before the cooldown is over: `None` unless open. For a
-    /// caller that probes cheaply and often (the feeds'
-    /// [`super::GuardedStore::feeds_ready`]); a failure opens the breaker
-    /// for a full cooldown again, as any failed probe does.
-    pub fn admit_early(&self) -> Option<Permit<'_>> {
+    /// The store answered a call made outside the breaker (the feeds'
+    /// early `PING`, [`super::GuardedStore::feeds_ready`]): close now,
+    /// instead of at the next probe after the cooldown. A failed early
+    /// call changes nothing, so the breaker's other callers see it as
+    /// if none had been made.
+    pub fn close_early(&self) {
         let mut state = self.lock();
-        match *state {
-            BreakerState::Open { .. } => {
-                *state = BreakerState::HalfOpen;
-                Some(self.permit(true))
-            }
-            BreakerState::Closed | BreakerState::HalfOpen => None,
+        if *state != BreakerState::Closed {
+            *state = BreakerState::Closed;
+            self.closed.store(true, Ordering::Release);
+            self.show(false);
+            tracing::info!("store breaker closed: store reachable again (early probe)");
         }
     }
 
@@ -320,17 +320,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_early_probe_needs_an_open_breaker_and_decides_it() {
+    async fn an_early_answer_closes_an_open_or_probing_breaker() {
         let b = breaker();
-        assert!(b.admit_early().is_none(), "closed: nothing to probe");
         fail(&b);
-        let probe = b.admit_early().expect("open: an early probe");
-        assert!(b.admit_early().is_none(), "one probe at a time");
-        assert!(matches!(b.admit(), Err(StoreError::BreakerOpen)));
-        probe.failure(&StoreError::Timeout);
-        assert_eq!(b.admits_at(), Some(Instant::now() + COOLDOWN));
-        b.admit_early().expect("open again").success();
+        b.close_early();
         assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.gauge.get(), 0);
+        fail(&b);
+        tokio::time::advance(COOLDOWN).await;
+        let probe = b.admit().unwrap();
+        b.close_early();
+        // The probe's late failure is stale news.
+        probe.failure(&StoreError::Timeout);
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.close_early();
         assert_eq!(b.gauge.get(), 0);
     }
 

@@ -297,7 +297,7 @@ impl GuardedStore {
 
     /// Resolves when a feed's store call would be let through: at the end
     /// of the feeds' breaker's cooldown, or as soon as a `PING` (one per
-    /// [`FEEDS_PROBE_EVERY`]) is answered, which closes the breaker. A
+    /// [`FEEDS_PROBE_EVERY`] at most) is answered, which closes the breaker. A
     /// Redis that restarts in 30 ms is back for the request path (a read
     /// that fails opens only its own breaker, the near cache's connection
     /// reconnects at once) long before the cooldown ends, and every event
@@ -313,21 +313,17 @@ impl GuardedStore {
         }
     }
 
-    /// One early probe of the feeds' breaker, if it is open.
+    /// One early probe of the feeds' breaker: made beside it (the
+    /// breaker's own probe still comes at the cooldown's end), it only
+    /// closes the breaker when answered.
     async fn probe_feeds(&self) {
-        let Some(permit) = self.feeds.admit_early() else {
-            return;
-        };
         let ping = self.inner.ping();
-        let answer = match self.timeout {
-            Some(limit) => tokio::time::timeout(limit, ping)
-                .await
-                .unwrap_or(Err(StoreError::Timeout)),
-            None => ping.await,
+        let answered = match self.timeout {
+            Some(limit) => matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(()))),
+            None => ping.await.is_ok(),
         };
-        match answer {
-            Ok(()) => permit.success(),
-            Err(e) => permit.failure(&e),
+        if answered {
+            self.feeds.close_early();
         }
     }
 

@@ -28,6 +28,10 @@
 //! are the Redis `TIME` inside each value; both share the machine's clock.
 //! Timed steps below are the nemesis schedule, not synchronisation:
 //! readiness is always polled with a deadline.
+//!
+//! A rare failure is best studied from the instances' logs of many runs:
+//! `SIDECACHE_TEST_LOGS=/tmp/logs SIDECACHE_LOG=info,sidecache::store=debug
+//! cargo test --test it -- --ignored --nocapture history::outbox`.
 
 use crate::support::history::{self, created_us, Generation, History, PhaseReport, Read, Write};
 use crate::support::postgres::PostgresServer;

@@ -43,7 +43,9 @@
 //!   (its lines, with `access_log.format: json`), `metrics().await`,
 //!   `metric("name{labels}").await -> Option<f64>`, `metric_sum(name,
 //!   &[(label, value)]).await` (sum over series). Drop kills the child
-//!   and, if the test panicked, prints the stderr tail.
+//!   and, if the test panicked, prints the stderr tail; with
+//!   `SIDECACHE_TEST_LOGS=dir` it copies the whole stderr there (children
+//!   inherit the environment, so `SIDECACHE_LOG=debug` sets their level).
 //!
 //! # `upstream::Upstream` — the example upstream on Postgres
 //! - `build_example()` (blocking, once per process) gives the executable;

@@ -407,6 +407,21 @@ impl Sidecache {
 impl Drop for Sidecache {
     fn drop(&mut self) {
         self.kill();
+        // For a post-mortem of runs that pass (the history checker's
+        // rare failures): every instance's log, named by when it ended.
+        if let Ok(dir) = std::env::var("SIDECACHE_TEST_LOGS") {
+            let ended = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let kept = fs::create_dir_all(&dir)
+                .and_then(|()| fs::copy(&self.stderr, format!("{dir}/{ended}.log")));
+            if let Err(e) = kept {
+                eprintln!(
+                    "SIDECACHE_TEST_LOGS: cannot keep {}: {e}",
+                    self.stderr.display()
+                );
+            }
+        }
         if std::thread::panicking() {
             eprintln!(
                 "---- sidecache stderr (last 60 lines, {}) ----\n{}\n----",
