@@ -829,6 +829,9 @@ async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
 }
 
 /// An upstream answer, judged for sharing (stage 8's first half).
+// Matched once per fill, where it is made: a box would cost an allocation
+// per fill and save nothing.
+#[allow(clippy::large_enum_variant)]
 enum Judged {
     /// Coalesced requests may all receive it; `Cacheability` says whether
     /// it may also be stored, `Lifetime` for how long, `Deps` what it
