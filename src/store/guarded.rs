@@ -36,7 +36,7 @@ use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +64,9 @@ pub struct GuardedStore {
     /// Added to `timeout` for invalidations (`store.redis.replicas_timeout`).
     replicas_wait: Duration,
     shortfalls: IntCounter,
+    /// Early probes answered since a feed's invalidation last succeeded:
+    /// each doubles the wait for the next ([`GuardedStore::feeds_ready`]).
+    early_closes: AtomicU32,
 }
 
 /// The request path's breakers: one for the store, or one per Redis
@@ -191,6 +194,7 @@ impl GuardedStore {
             refusing_gauge: metrics.store_writes_refused.clone(),
             replicas_wait: Duration::ZERO,
             shortfalls: metrics.replica_ack_shortfalls.clone(),
+            early_closes: AtomicU32::new(0),
         }
     }
 
@@ -303,9 +307,17 @@ impl GuardedStore {
     /// reconnects at once) long before the cooldown ends, and every event
     /// committed meanwhile would wait for it while fills of the old
     /// version are served.
+    ///
+    /// A store that answers the `PING` but still fails the invalidations
+    /// (a dead master of a cluster, whose slots `PING` does not reach)
+    /// would make this a loop at the probe's pace: each answered probe
+    /// doubles the next one's wait until an invalidation succeeds, so it
+    /// falls back to the cooldown's pace.
     pub async fn feeds_ready(&self) {
         while let Some(at) = self.feeds.admits_at() {
-            let next = at.min(tokio::time::Instant::now() + FEEDS_PROBE_EVERY);
+            let doublings = self.early_closes.load(Ordering::Relaxed).min(16);
+            let every = FEEDS_PROBE_EVERY.saturating_mul(1 << doublings);
+            let next = at.min(tokio::time::Instant::now() + every);
             tokio::time::sleep_until(next).await;
             if next < at {
                 self.probe_feeds().await;
@@ -324,6 +336,7 @@ impl GuardedStore {
         };
         if answered {
             self.feeds.close_early();
+            self.early_closes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -676,10 +689,15 @@ impl GuardedStore {
         if gen_keys.is_empty() {
             return Ok(());
         }
-        self.call_through(&self.feeds, Op::Invalidate, |s| {
-            s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
-        })
-        .await
+        let result = self
+            .call_through(&self.feeds, Op::Invalidate, |s| {
+                s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
+            })
+            .await;
+        if result.is_ok() {
+            self.early_closes.store(0, Ordering::Relaxed);
+        }
+        result
     }
 
     /// [`Store::witness`], through the feeds' breaker: it is feed work,
@@ -755,6 +773,8 @@ mod tests {
     #[derive(Default)]
     struct Faulty {
         fail: AtomicBool,
+        /// `PING` answers even while `fail` (a cluster with a dead master).
+        ping_answers: AtomicBool,
         hang: AtomicBool,
         calls: AtomicUsize,
         inner: MemoryStore,
@@ -851,7 +871,10 @@ mod tests {
             self.gate(self.inner.witness(k, o, t))
         }
         fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-            self.gate(Box::pin(std::future::ready(Ok(()))))
+            match self.ping_answers.load(Ordering::SeqCst) {
+                true => Box::pin(std::future::ready(Ok(()))),
+                false => self.gate(Box::pin(std::future::ready(Ok(())))),
+            }
         }
     }
 
@@ -1086,6 +1109,39 @@ mod tests {
             .invalidate_marked(&gens, &marks, "n", COOLDOWN)
             .await
             .expect("the feeds' calls go through again");
+    }
+
+    /// A store that answers `PING` but fails every invalidation: each
+    /// answered early probe doubles the wait for the next, so a feed does
+    /// not retry at the probe's pace for as long as that lasts; a
+    /// successful invalidation restores the pace.
+    #[tokio::test(start_paused = true)]
+    async fn early_probes_slow_down_while_invalidations_still_fail() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
+        let marked = || store.invalidate_marked(&gens, &marks, "n", COOLDOWN);
+        faulty.fail.store(true, Ordering::SeqCst);
+        faulty.ping_answers.store(true, Ordering::SeqCst);
+        assert!(marked().await.is_err());
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let from = tokio::time::Instant::now();
+            store.feeds_ready().await;
+            waits.push(from.elapsed());
+            assert!(marked().await.is_err(), "the breaker let the call through");
+        }
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [25, 50, 100, 200, 400]);
+
+        faulty.fail.store(false, Ordering::SeqCst);
+        store.feeds_ready().await;
+        marked().await.expect("the store works again");
+        faulty.fail.store(true, Ordering::SeqCst);
+        assert!(marked().await.is_err());
+        let from = tokio::time::Instant::now();
+        store.feeds_ready().await;
+        assert_eq!(from.elapsed(), FEEDS_PROBE_EVERY, "the pace is restored");
     }
 
     #[tokio::test]

@@ -49,14 +49,15 @@ async fn start(origin: &Origin, store: &str) -> Sidecache {
 }
 
 /// HIT through the primary, kill it, HIT again through the promoted replica.
+/// Returns sidecache, still running on the promoted replica.
 async fn follows_a_failover(
     primary: RedisServer,
-    replica: RedisServer,
-    sentinels: Sentinels,
+    replica: &RedisServer,
+    sentinels: &Sentinels,
     tls: &str,
-) {
+) -> Sidecache {
     let origin = Origin::start().await;
-    let sc = start(&origin, &store(&sentinels, tls)).await;
+    let sc = start(&origin, &store(sentinels, tls)).await;
     eventually(
         "a HIT through the primary",
         Duration::from_secs(10),
@@ -104,6 +105,7 @@ async fn follows_a_failover(
         hit.saturating_sub(promoted) < COOLDOWN + Duration::from_secs(2),
         "promoted after {promoted:?} but first HIT only after {hit:?}"
     );
+    sc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +113,7 @@ async fn follows_a_failover_and_hits_again() {
     let primary = RedisServer::start();
     let replica = RedisServer::start_replica_of(&primary);
     let sentinels = Sentinels::start(3, primary.port(), 1);
-    follows_a_failover(primary, replica, sentinels, "").await;
+    follows_a_failover(primary, &replica, &sentinels, "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,20 +122,26 @@ async fn follows_a_failover_over_tls() {
     let primary = RedisServer::start_tls(&certs, "server", true);
     let replica = RedisServer::start_tls_replica_of(&primary, &certs, "server");
     let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
-    follows_a_failover(primary, replica, sentinels, &tls(&certs, "ca")).await;
+    follows_a_failover(primary, &replica, &sentinels, &tls(&certs, "ca")).await;
 }
 
 /// The primary's and replica's certificates name only [`NAMED`]; the
 /// sentinels announce 127.0.0.1: `store.redis.tls.server_name` is what
-/// both are verified against, before and after the failover.
+/// both are verified against, before and after the failover, by the
+/// store's connections and by the near cache's tracked one, which
+/// follows the switch to the promoted replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_a_failover_with_a_server_name() {
     let certs = Certs::generate();
     let primary = RedisServer::start_tls(&certs, "named", true);
     let replica = RedisServer::start_tls_replica_of(&primary, &certs, "named");
     let sentinels = Sentinels::start_tls(3, primary.port(), 1, &certs);
-    let tls = format!("{}      server_name: {NAMED}\n", tls(&certs, "ca"));
-    follows_a_failover(primary, replica, sentinels, &tls).await;
+    let tls = format!(
+        "{}      server_name: {NAMED}\n    near_cache: {{ enabled: true }}\n",
+        tls(&certs, "ca")
+    );
+    let sc = follows_a_failover(primary, &replica, &sentinels, &tls).await;
+    crate::tls::near_hit_over_tls(&sc).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,7 +59,7 @@ async fn degrades_naming(sc: &Sidecache, origin: &Origin, setting: &str) {
 
 /// The near cache's tracked connection comes up over TLS and answers a
 /// hit of `P` (cached already).
-async fn near_hit_over_tls(sc: &Sidecache) {
+pub(crate) async fn near_hit_over_tls(sc: &Sidecache) {
     eventually(
         "the near cache tracks over TLS",
         Duration::from_secs(10),
