@@ -24,6 +24,7 @@ pub mod names {
     pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
     pub const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
     pub const NODE_BREAKER_OPEN: &str = "sidecache_store_node_breaker_open";
+    pub const FEED_NODE_BREAKER_OPEN: &str = "sidecache_feed_node_breaker_open";
     pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
     pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
     pub const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
@@ -104,8 +105,12 @@ pub struct Metrics {
     pub breaker_open: IntGauge,
     /// `{node}`: Redis Cluster only, 1 while that master's breaker is open.
     pub node_breaker_open: IntGaugeVec,
-    /// The invalidation feeds' own breaker (issue 20).
+    /// The invalidation feeds' own breaker (issue 20); on Redis Cluster,
+    /// how many masters' feed breakers are open.
     pub feed_breaker_open: IntGauge,
+    /// `{node}`: Redis Cluster only, 1 while that master's feed breaker is
+    /// open (invalidations of its keys wait; the others go on).
+    pub feed_node_breaker_open: IntGaugeVec,
     pub store_write_refusals: IntCounterVec,
     pub store_writes_refused: IntGauge,
     /// Invalidations fewer replicas confirmed than `store.redis.replicas_ack`.
@@ -349,7 +354,18 @@ impl Metrics {
                 &registry,
                 IntGauge::new(
                     FEED_BREAKER_OPEN,
-                    "1 while the invalidation feeds' store breaker is open (this instance leaves events to the others).",
+                    "1 while the invalidation feeds' store breaker is open (this instance leaves events to the others); Redis Cluster: how many masters' feed breakers are open.",
+                )
+                .expect("valid metric"),
+            ),
+            feed_node_breaker_open: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        FEED_NODE_BREAKER_OPEN,
+                        "Redis Cluster: 1 while the feeds' breaker of this master is open (invalidations of its keys wait).",
+                    ),
+                    &["node"],
                 )
                 .expect("valid metric"),
             ),

@@ -227,14 +227,13 @@ impl Invalidator {
             .filter_map(|c| c.as_ref().ok()?.floor.clone())
             .collect();
         let feed = marks.is_some();
-        let floors_failed = match floors.is_empty() {
-            true => None,
-            false => self
-                .store
-                .raise_floors(&floors, cfg.gen_ttl, feed)
-                .await
-                .err(),
-        };
+        // One result per floor, in the events' order (a feed's are per
+        // master on a cluster: a dead master fails only its own).
+        let mut floors_raised = self
+            .store
+            .raise_floors(&floors, cfg.gen_ttl, feed)
+            .await
+            .into_iter();
         // Every generation key of every valid event (its object, related
         // objects, tags), each with its event's mark. One store call per
         // chunk: a pipeline of a few hundred small scripts stays well
@@ -255,16 +254,18 @@ impl Invalidator {
         let nonce = nonce();
         let mut stored: Vec<Result<(), StoreError>> = Vec::with_capacity(gen_keys.len());
         for (i, chunk) in gen_keys.chunks(CHUNK).enumerate() {
-            let result = if marked {
+            if marked {
                 let from = i * CHUNK;
                 let chunk_marks = key_marks.get(from..from + chunk.len()).unwrap_or_default();
-                self.store
+                let results = self
+                    .store
                     .invalidate_marked(chunk, chunk_marks, &nonce, cfg.gen_ttl)
-                    .await
+                    .await;
+                stored.extend(results);
             } else {
-                self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await
-            };
-            stored.extend(std::iter::repeat_n(result, chunk.len()));
+                let result = self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await;
+                stored.extend(std::iter::repeat_n(result, chunk.len()));
+            }
         }
         let mut stored = stored.into_iter();
         let mut outcomes = Vec::with_capacity(checked.len());
@@ -278,7 +279,13 @@ impl Invalidator {
                 Ok(v) => v,
             };
             // The event failed if any of its keys (or its floor) did.
-            let mut failed = v.floor.as_ref().and_then(|_| floors_failed.clone());
+            let mut failed = match v.floor {
+                Some(_) => floors_raised
+                    .next()
+                    .unwrap_or(Err(StoreError::Protocol("no floor result".into())))
+                    .err(),
+                None => None,
+            };
             for _ in &v.targets {
                 let result = stored
                     .next()

@@ -50,8 +50,9 @@ pub struct GuardedStore {
     inner: Arc<dyn Store>,
     /// The request path's breaker (one per master on a cluster).
     breakers: Breakers,
-    /// The feeds' breaker: [`GuardedStore::invalidate_marked`] only.
-    feeds: Breaker,
+    /// The feeds' breakers (one per master on a cluster, as `breakers`):
+    /// invalidations, floors and witness beats of the feeds.
+    feeds: Breakers,
     /// `None` for backends that cannot block (the embedded store).
     timeout: Option<Duration>,
     /// `store_errors{op}` handles, resolved once instead of per call.
@@ -80,6 +81,30 @@ enum Breakers {
 enum Guard<'a> {
     One(&'a Breaker),
     Node(Arc<Breaker>),
+}
+
+impl Breakers {
+    /// The breaker guarding calls on `key`.
+    fn guard(&self, key: &[u8]) -> Guard<'_> {
+        match self {
+            Breakers::One(b) => Guard::One(b),
+            Breakers::PerNode(set) => Guard::Node(set.for_key(key)),
+        }
+    }
+
+    /// `keys`' indices grouped by the breaker guarding them: one group on a
+    /// single node, one per master involved on a cluster.
+    fn groups<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<(Guard<'_>, Vec<usize>)> {
+        let mut groups: Vec<(Guard<'_>, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let guard = self.guard(key.as_ref());
+            match groups.iter_mut().find(|(g, _)| g.same(&guard)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((guard, vec![i])),
+            }
+        }
+        groups
+    }
 }
 
 impl std::ops::Deref for Guard<'_> {
@@ -171,18 +196,21 @@ impl GuardedStore {
         metrics: &Metrics,
     ) -> GuardedStore {
         let slot_map = inner.slot_map();
+        let set = |gauges: &prometheus::IntGaugeVec, total: &IntGauge| match &slot_map {
+            Some(map) => Breakers::PerNode(NodeBreakers::new(
+                map.clone(),
+                cooldown,
+                gauges.clone(),
+                total.clone(),
+            )),
+            None => Breakers::One(Breaker::new(cooldown, total.clone())),
+        };
         GuardedStore {
+            breakers: set(&metrics.node_breaker_open, &metrics.breaker_open),
+            // A dead master must not stop the invalidations of the others'
+            // keys either.
+            feeds: set(&metrics.feed_node_breaker_open, &metrics.feed_breaker_open),
             inner,
-            breakers: match slot_map {
-                Some(map) => Breakers::PerNode(NodeBreakers::new(
-                    map,
-                    cooldown,
-                    metrics.node_breaker_open.clone(),
-                    metrics.breaker_open.clone(),
-                )),
-                None => Breakers::One(Breaker::new(cooldown, metrics.breaker_open.clone())),
-            },
-            feeds: Breaker::new(cooldown, metrics.feed_breaker_open.clone()),
             timeout,
             errors: Op::ALL.map(|op| metrics.store_errors.with_label_values(&[op.as_str()])),
             refusals: Op::ALL.map(|op| {
@@ -235,24 +263,7 @@ impl GuardedStore {
     /// The breaker guarding calls on `key` (all keys of one object share a
     /// slot, so any of them names the object's master).
     fn guard(&self, key: &[u8]) -> Guard<'_> {
-        match &self.breakers {
-            Breakers::One(b) => Guard::One(b),
-            Breakers::PerNode(set) => Guard::Node(set.for_key(key)),
-        }
-    }
-
-    /// `keys`' indices grouped by the breaker guarding them: one group on a
-    /// single node, one per master involved on a cluster.
-    fn groups<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<(Guard<'_>, Vec<usize>)> {
-        let mut groups: Vec<(Guard<'_>, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let guard = self.guard(key.as_ref());
-            match groups.iter_mut().find(|(g, _)| g.same(&guard)) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((guard, vec![i])),
-            }
-        }
-        groups
+        self.breakers.guard(key)
     }
 
     /// A multi-key call split by master: each group through its own breaker,
@@ -268,7 +279,7 @@ impl GuardedStore {
         K: AsRef<[u8]> + Sync,
         T: Send,
     {
-        let groups = self.groups(keys);
+        let groups = self.breakers.groups(keys);
         let calls = groups.iter().map(|(guard, members)| {
             let group: Vec<&K> = members.iter().map(|&i| &keys[i]).collect();
             let call = &call;
@@ -292,11 +303,43 @@ impl GuardedStore {
             .collect()
     }
 
+    /// A feed's multi-key call split by master (one group on a single
+    /// node), each group through its feeds' breaker, concurrently: one
+    /// result per key, its group's, so a dead master fails only its own
+    /// keys. `call` gets the group's indices into `keys`.
+    async fn feeds_each<'a, K: AsRef<[u8]>>(
+        &'a self,
+        keys: &[K],
+        call: impl Fn(&'a dyn Store, Vec<usize>) -> BoxFuture<'a, Result<(), StoreError>>,
+    ) -> Vec<Result<(), StoreError>> {
+        let groups = self.feeds.groups(keys);
+        let calls = groups.iter().map(|(guard, members)| {
+            let call = &call;
+            let members = members.clone();
+            self.call_through(guard, Op::Invalidate, move |s| call(s, members))
+        });
+        let mut out = vec![Ok(()); keys.len()];
+        for ((_, members), result) in groups
+            .iter()
+            .zip(futures_util::future::join_all(calls).await)
+        {
+            for &i in members {
+                out[i] = result.clone();
+            }
+        }
+        out
+    }
+
     /// `None` if a feed's store call would be let through now, else when
     /// it will be: until then the feed's store is unavailable to it, and it
-    /// leaves events to instances whose store works.
+    /// leaves events to instances whose store works. On a cluster, only
+    /// while every master's feeds' breaker is open: with one master dead,
+    /// events still flow, and those of its keys fail and are retried.
     pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
-        self.feeds.admits_at()
+        match &self.feeds {
+            Breakers::One(b) => b.admits_at(),
+            Breakers::PerNode(set) => set.all_refuse_until(),
+        }
     }
 
     /// Resolves when a feed's store call would be let through: at the end
@@ -314,7 +357,7 @@ impl GuardedStore {
     /// doubles the next one's wait until an invalidation succeeds, so it
     /// falls back to the cooldown's pace.
     pub async fn feeds_ready(&self) {
-        while let Some(at) = self.feeds.admits_at() {
+        while let Some(at) = self.feeds_ready_at() {
             let doublings = self.early_closes.load(Ordering::Relaxed).min(16);
             let every = FEEDS_PROBE_EVERY.saturating_mul(1 << doublings);
             let next = at.min(tokio::time::Instant::now() + every);
@@ -335,7 +378,10 @@ impl GuardedStore {
             None => ping.await.is_ok(),
         };
         if answered {
-            self.feeds.close_early();
+            match &self.feeds {
+                Breakers::One(b) => b.close_early(),
+                Breakers::PerNode(set) => set.close_all_early(),
+            }
             self.early_closes.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -616,29 +662,36 @@ impl GuardedStore {
         floors: &[(String, i64)],
         gen_ttl: Duration,
         feed: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Vec<Result<(), StoreError>> {
         if floors.is_empty() {
-            return Ok(());
-        }
-        if feed {
-            let call = |s| Store::raise_floors(s, floors, gen_ttl);
-            return self.call_through(&self.feeds, Op::Invalidate, call).await;
+            return Vec::new();
         }
         let keys: Vec<&str> = floors.iter().map(|(k, _)| k.as_str()).collect();
-        self.per_node(Op::Invalidate, &keys, |s, group| {
-            let group: Vec<(String, i64)> = floors
-                .iter()
-                .filter(|(k, _)| group.iter().any(|g| **g == k.as_str()))
-                .cloned()
-                .collect();
-            let n = group.len();
-            Box::pin(async move {
-                s.raise_floors(&group, gen_ttl).await?;
-                Ok(vec![(); n])
+        if feed {
+            return self
+                .feeds_each(&keys, |s, group| {
+                    let group: Vec<(String, i64)> =
+                        group.iter().map(|&i| floors[i].clone()).collect();
+                    Box::pin(async move { s.raise_floors(&group, gen_ttl).await })
+                })
+                .await;
+        }
+        let result = self
+            .per_node(Op::Invalidate, &keys, |s, group| {
+                let group: Vec<(String, i64)> = floors
+                    .iter()
+                    .filter(|(k, _)| group.iter().any(|g| **g == k.as_str()))
+                    .cloned()
+                    .collect();
+                let n = group.len();
+                Box::pin(async move {
+                    s.raise_floors(&group, gen_ttl).await?;
+                    Ok(vec![(); n])
+                })
             })
-        })
-        .await
-        .map(drop)
+            .await
+            .map(drop);
+        vec![result; floors.len()]
     }
 
     pub async fn renew_lease(
@@ -685,19 +738,21 @@ impl GuardedStore {
         marks: &[String],
         nonce: &str,
         gen_ttl: Duration,
-    ) -> Result<(), StoreError> {
-        if gen_keys.is_empty() {
-            return Ok(());
-        }
-        let result = self
-            .call_through(&self.feeds, Op::Invalidate, |s| {
-                s.invalidate_marked(gen_keys, marks, nonce, gen_ttl)
+    ) -> Vec<Result<(), StoreError>> {
+        let results = self
+            .feeds_each(gen_keys, |s, group| {
+                let keys: Vec<String> = group.iter().map(|&i| gen_keys[i].clone()).collect();
+                let marks: Vec<String> = group
+                    .iter()
+                    .filter_map(|&i| marks.get(i).cloned())
+                    .collect();
+                Box::pin(async move { s.invalidate_marked(&keys, &marks, nonce, gen_ttl).await })
             })
             .await;
-        if result.is_ok() {
+        if results.iter().any(Result::is_ok) {
             self.early_closes.store(0, Ordering::Relaxed);
         }
-        result
+        results
     }
 
     /// [`Store::witness`], through the feeds' breaker: it is feed work,
@@ -708,7 +763,12 @@ impl GuardedStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<WitnessSlot, StoreError> {
-        self.call_through(&self.feeds, Op::Witness, |s| s.witness(slots, owner, ttl))
+        let Some(first) = slots.first() else {
+            return Err(StoreError::Protocol("no witness slot".into()));
+        };
+        // The slots share one hash tag: one master's breaker.
+        let guard = self.feeds.guard(first.as_bytes());
+        self.call_through(&guard, Op::Witness, |s| s.witness(slots, owner, ttl))
             .await
     }
 
@@ -959,6 +1019,12 @@ mod tests {
         (faulty, store)
     }
 
+    /// The result of a one-key feed call.
+    fn one(mut results: Vec<Result<(), StoreError>>) -> Result<(), StoreError> {
+        assert_eq!(results.len(), 1);
+        results.remove(0)
+    }
+
     fn errors(metrics: &Metrics, op: &str) -> u64 {
         metrics.store_errors.with_label_values(&[op]).get()
     }
@@ -1046,7 +1112,7 @@ mod tests {
         let metrics = Metrics::new();
         let (faulty, store) = guarded(&metrics);
         let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
-        let marked = || store.invalidate_marked(&gens, &marks, "n", COOLDOWN);
+        let marked = || async { one(store.invalidate_marked(&gens, &marks, "n", COOLDOWN).await) };
         faulty.hang.store(true, Ordering::SeqCst);
         assert!(matches!(
             store.read(&keys()).await,
@@ -1085,10 +1151,7 @@ mod tests {
         let (faulty, store) = guarded(&metrics);
         let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
         faulty.fail.store(true, Ordering::SeqCst);
-        assert!(store
-            .invalidate_marked(&gens, &marks, "n", COOLDOWN)
-            .await
-            .is_err());
+        assert!(store.invalidate_marked(&gens, &marks, "n", COOLDOWN).await[0].is_err());
         let opened = tokio::time::Instant::now();
         assert_eq!(store.feeds_ready_at(), Some(opened + COOLDOWN));
 
@@ -1105,9 +1168,7 @@ mod tests {
         assert!(back.elapsed() <= FEEDS_PROBE_EVERY, "{:?}", back.elapsed());
         assert_eq!(store.feeds_ready_at(), None);
         assert_eq!(metrics.feed_breaker_open.get(), 0);
-        store
-            .invalidate_marked(&gens, &marks, "n", COOLDOWN)
-            .await
+        one(store.invalidate_marked(&gens, &marks, "n", COOLDOWN).await)
             .expect("the feeds' calls go through again");
     }
 
@@ -1120,7 +1181,7 @@ mod tests {
         let metrics = Metrics::new();
         let (faulty, store) = guarded(&metrics);
         let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
-        let marked = || store.invalidate_marked(&gens, &marks, "n", COOLDOWN);
+        let marked = || async { one(store.invalidate_marked(&gens, &marks, "n", COOLDOWN).await) };
         faulty.fail.store(true, Ordering::SeqCst);
         faulty.ping_answers.store(true, Ordering::SeqCst);
         assert!(marked().await.is_err());

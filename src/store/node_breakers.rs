@@ -96,6 +96,31 @@ impl NodeBreakers {
     pub fn any_open(&self) -> bool {
         self.unrouted.is_open() || self.by_node.load().values().any(|b| b.is_open())
     }
+
+    /// `None` while any master's breaker admits calls; else the earliest
+    /// time one will (every master known so far refuses: the store as a
+    /// whole is unavailable). Before any master is known, the `unrouted`
+    /// breaker's answer.
+    pub fn all_refuse_until(&self) -> Option<tokio::time::Instant> {
+        let nodes = self.by_node.load();
+        if nodes.is_empty() {
+            return self.unrouted.admits_at();
+        }
+        let mut earliest = None;
+        for breaker in nodes.values() {
+            let at = breaker.admits_at()?;
+            earliest = Some(earliest.map_or(at, |e: tokio::time::Instant| e.min(at)));
+        }
+        earliest
+    }
+
+    /// [`Breaker::close_early`] on every breaker of the set.
+    pub fn close_all_early(&self) {
+        self.unrouted.close_early();
+        for breaker in self.by_node.load().values() {
+            breaker.close_early();
+        }
+    }
 }
 
 #[cfg(test)]
