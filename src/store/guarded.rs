@@ -68,6 +68,11 @@ pub struct GuardedStore {
     /// Early probes answered since a feed's invalidation last succeeded:
     /// each doubles the wait for the next ([`GuardedStore::feeds_ready`]).
     early_closes: AtomicU32,
+    /// When the last early probe started: the pace is kept across callers,
+    /// and across a caller's `feeds_ready` futures (the outbox worker makes
+    /// a new one each time a NOTIFY wakes it, every few milliseconds while
+    /// writes go on; a pace counted from each call would never probe).
+    probed_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// The request path's breakers: one for the store, or one per Redis
@@ -223,6 +228,7 @@ impl GuardedStore {
             replicas_wait: Duration::ZERO,
             shortfalls: metrics.replica_ack_shortfalls.clone(),
             early_closes: AtomicU32::new(0),
+            probed_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -360,18 +366,31 @@ impl GuardedStore {
         while let Some(at) = self.feeds_ready_at() {
             let doublings = self.early_closes.load(Ordering::Relaxed).min(16);
             let every = FEEDS_PROBE_EVERY.saturating_mul(1 << doublings);
-            let next = at.min(tokio::time::Instant::now() + every);
+            let now = tokio::time::Instant::now();
+            let due = self.last_probe().map_or(now, |t| (t + every).max(now));
+            let next = at.min(due);
             tokio::time::sleep_until(next).await;
-            if next < at {
+            if next < at && self.last_probe().is_none_or(|t| t + every <= next) {
                 self.probe_feeds().await;
             }
         }
+    }
+
+    fn last_probe(&self) -> Option<tokio::time::Instant> {
+        *self
+            .probed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// One early probe of the feeds' breaker: made beside it (the
     /// breaker's own probe still comes at the cooldown's end), it only
     /// closes the breaker when answered.
     async fn probe_feeds(&self) {
+        *self
+            .probed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
         let ping = self.inner.ping();
         let answered = match self.timeout {
             Some(limit) => matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(()))),
@@ -1193,7 +1212,8 @@ mod tests {
             assert!(marked().await.is_err(), "the breaker let the call through");
         }
         let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
-        assert_eq!(ms, [25, 50, 100, 200, 400]);
+        // The first probe at once: none was made within the last 25 ms.
+        assert_eq!(ms, [0, 50, 100, 200, 400]);
 
         faulty.fail.store(false, Ordering::SeqCst);
         store.feeds_ready().await;
@@ -1203,6 +1223,35 @@ mod tests {
         let from = tokio::time::Instant::now();
         store.feeds_ready().await;
         assert_eq!(from.elapsed(), FEEDS_PROBE_EVERY, "the pace is restored");
+    }
+
+    /// The outbox worker drops its `feeds_ready` future whenever a NOTIFY
+    /// wakes it (every few milliseconds while writes go on): the probes
+    /// keep their pace across such futures, and the store's return is
+    /// still seen within one probe period.
+    #[tokio::test(start_paused = true)]
+    async fn probes_keep_their_pace_across_dropped_waits() {
+        let metrics = Metrics::new();
+        let (faulty, store) = guarded(&metrics);
+        let (gens, marks) = (["g".to_owned()], ["s:1-0".to_owned()]);
+        faulty.fail.store(true, Ordering::SeqCst);
+        assert!(one(store.invalidate_marked(&gens, &marks, "n", COOLDOWN).await).is_err());
+        let calls = faulty.calls.load(Ordering::SeqCst);
+        for _ in 0..20 {
+            let wait = tokio::time::timeout(Duration::from_millis(10), store.feeds_ready());
+            assert!(wait.await.is_err(), "resolved while every probe fails");
+        }
+        let probes = faulty.calls.load(Ordering::SeqCst) - calls;
+        assert!(probes >= 6, "{probes} probes in 200 ms of 10 ms waits");
+        faulty.fail.store(false, Ordering::SeqCst);
+        let back = tokio::time::Instant::now();
+        loop {
+            let wait = tokio::time::timeout(Duration::from_millis(10), store.feeds_ready());
+            if wait.await.is_ok() {
+                break;
+            }
+        }
+        assert!(back.elapsed() <= FEEDS_PROBE_EVERY, "{:?}", back.elapsed());
     }
 
     #[tokio::test]
