@@ -278,6 +278,17 @@ async fn a_store_back_before_the_cooldown_ends_is_used_at_once() {
         || async { worker.metrics.feed_breaker_open.get() == 1 },
     )
     .await;
+    // Writes go on: a NOTIFY every 10 ms wakes the worker while it waits
+    // for the store, and each wake-up must not put its probe off.
+    let writer = {
+        let client = pg.client().await;
+        tokio::spawn(async move {
+            for id in 1.. {
+                insert(&client, "noise", id).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
     redis.restart();
     let back = Instant::now();
     insert(&client, "back", 1).await;
@@ -291,6 +302,7 @@ async fn a_store_back_before_the_cooldown_ends_is_used_at_once() {
         },
     )
     .await;
+    writer.abort();
     assert!(back.elapsed() < cooldown / 2, "{:?}", back.elapsed());
     assert_eq!(worker.metrics.feed_breaker_open.get(), 0);
     worker.stop().await;
