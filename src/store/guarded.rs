@@ -89,6 +89,23 @@ enum Guard<'a> {
 }
 
 impl Breakers {
+    /// `None` while a call would be let through somewhere; else when one
+    /// will be. On a cluster, only while every master's breaker refuses.
+    fn refuse_until(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Breakers::One(b) => b.admits_at(),
+            Breakers::PerNode(set) => set.all_refuse_until(),
+        }
+    }
+
+    /// [`Breaker::close_early`] on every breaker of the set.
+    fn close_early(&self) {
+        match self {
+            Breakers::One(b) => b.close_early(),
+            Breakers::PerNode(set) => set.close_all_early(),
+        }
+    }
+
     /// The breaker guarding calls on `key`.
     fn guard(&self, key: &[u8]) -> Guard<'_> {
         match self {
@@ -342,10 +359,7 @@ impl GuardedStore {
     /// while every master's feeds' breaker is open: with one master dead,
     /// events still flow, and those of its keys fail and are retried.
     pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
-        match &self.feeds {
-            Breakers::One(b) => b.admits_at(),
-            Breakers::PerNode(set) => set.all_refuse_until(),
-        }
+        self.feeds.refuse_until()
     }
 
     /// Resolves when a feed's store call would be let through: at the end
@@ -397,10 +411,7 @@ impl GuardedStore {
             None => ping.await.is_ok(),
         };
         if answered {
-            match &self.feeds {
-                Breakers::One(b) => b.close_early(),
-                Breakers::PerNode(set) => set.close_all_early(),
-            }
+            self.feeds.close_early();
             self.early_closes.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -133,8 +133,8 @@ fn split_key(key: &str) -> Option<(&str, &str)> {
     // Bytes, not `str::find`'s char searcher: this runs on every lookup,
     // and both braces are ASCII (so the cut is on a char boundary).
     let b = key.as_bytes();
-    let open = b.iter().position(|&c| c == b'{')?;
-    let close = open + b[open..].iter().position(|&c| c == b'}')?;
+    let open = memchr::memchr(b'{', b)?;
+    let close = open + memchr::memchr(b'}', &b[open..])?;
     Some(key.split_at(close + 1))
 }
 
