@@ -7,14 +7,14 @@
 # layout pins the servers to CPUs 0-1 and wrk to the rest instead, so the
 # scaling is not muddied by wrk, and a third, unpinned layout is added.
 #
-#   LAYOUT_SCENARIOS ["limit passthrough post hit hit_zipf"]  BENCH_SCENARIOS of each run
+#   LAYOUT_SCENARIOS ["limit passthrough post hit limit_zipf hit_zipf"]  BENCH_SCENARIOS of each run
 #   every other BENCH_* setting is passed to bench/run.sh as it is
 set -euo pipefail
 prog=bench-layouts
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export BENCH_SCENARIOS=${LAYOUT_SCENARIOS:-limit passthrough post hit hit_zipf}
+export BENCH_SCENARIOS=${LAYOUT_SCENARIOS:-limit passthrough post hit limit_zipf hit_zipf}
 
 cpus=$(nproc)
 names=(one_core)
@@ -66,12 +66,12 @@ for s in scenarios:
         cells = "".join("%12s" % ("%.0f" % v if v is not None else "-") for v in vals)
         a, b = rps.get((s, system, base)), rps.get((s, system, wide))
         scale = "%.2f" % (b / a) if a and b else "-"
-        print("%-12s %-10s%s%10s" % (s, system if s != "limit" else "nginx 200", cells, scale))
+        print("%-12s %-10s%s%10s" % (s, system if not s.startswith("limit") else "nginx 200", cells, scale))
 print()
 print("sidecache / nginx req/s per layout (limit: / nginx `return 200`)")
-print("%-12s" % "scenario" + "".join("%12s" % n for n in names))
+print("%-12s" % "scenario" + "".join("%24s" % n for n in names))
 for s in scenarios:
-    if s == "limit":
+    if s.startswith("limit"):
         continue
     cells = []
     for n in names:
@@ -79,7 +79,9 @@ for s in scenarios:
         text = "%.2f" % r["rps"] if "rps" in r else "-"
         if "rps_of_limit" in r:
             text += " (%.2f)" % r["rps_of_limit"]
-        cells.append("%12s" % text)
+        if "rps_of_limit_zipf" in r:
+            text += " (Zipf limit %.2f)" % r["rps_of_limit_zipf"]
+        cells.append("%24s" % text)
     print("%-12s" % s + "".join(cells))
 print()
 for n in names:

@@ -363,6 +363,7 @@ fn judge(route: &Route, key: &CacheKey, found: &Inspection, now: u64) -> (Value,
     let snapshot = Snapshot {
         entry: Some(raw.clone()),
         generation: current.clone(),
+        memo: None,
     };
     let (verdict, why) = match check_entry(snapshot, key) {
         Verdict::Corrupt(why, _) => ("MISS", format!("the entry does not belong here ({why}): a GET removes it and fills")),

@@ -14,6 +14,7 @@ use super::entry::Entry;
 use super::range::{self, RangeAnswer, RangeAsk};
 use crate::body::{self, Body};
 use http::header::{self, HeaderMap, HeaderValue};
+use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 
 /// What the client asked beyond the object itself, kept from its request
@@ -87,18 +88,87 @@ impl Shaped {
     }
 }
 
-/// Completes `resp` — the entry's status and headers, no body yet — for
+/// The part of every answer's head built from `entry` that depends on the
+/// entry alone: its stored headers, `Content-Length`, and `Accept-Ranges`
+/// where ranges are served from it; with room for what each answer adds
+/// (`Age`, `X-Cache`).
+pub fn entry_head(entry: &Entry) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(entry.headers.len() + 4);
+    for (name, value) in &entry.headers {
+        h.append(name.clone(), value.clone());
+    }
+    h.insert(header::CONTENT_LENGTH, int_value(entry.body.len() as u64));
+    if whole_200(entry) {
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    }
+    h
+}
+
+/// An entry as the near cache's memo keeps it ([`crate::store::Memo`]):
+/// decoded, and its head built, once per copy; every near hit on the copy
+/// clones the head instead of building one.
+pub struct Prepared {
+    pub entry: Entry,
+    /// [`entry_head`].
+    pub head: HeaderMap,
+}
+
+impl Prepared {
+    pub fn new(entry: Entry) -> Prepared {
+        Prepared {
+            head: entry_head(&entry),
+            entry,
+        }
+    }
+}
+
+/// "0000" to "9999": the small integers of an answer built from an entry
+/// (`Content-Length`, `Age`) become header values of static text, where
+/// `HeaderValue::from(u64)` makes two allocations per value.
+static DIGITS: [[u8; 4]; 10_000] = digits();
+
+const fn digits() -> [[u8; 4]; 10_000] {
+    let mut table = [[0u8; 4]; 10_000];
+    let mut n = 0;
+    while n < 10_000 {
+        table[n] = [digit(n / 1000), digit(n / 100), digit(n / 10), digit(n)];
+        n += 1;
+    }
+    table
+}
+
+const fn digit(n: usize) -> u8 {
+    b'0' + (n % 10) as u8
+}
+
+/// `n` as a header value, without an allocation below 10 000.
+pub(super) fn int_value(n: u64) -> HeaderValue {
+    let skip = match n {
+        0..=9 => 3,
+        10..=99 => 2,
+        100..=999 => 1,
+        1_000..=9_999 => 0,
+        _ => return HeaderValue::from(n),
+    };
+    let digits = Bytes::from_static(&DIGITS[n as usize][skip..]);
+    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// A stored 2xx other than 206: what preconditions apply to.
+fn representation(entry: &Entry) -> bool {
+    !entry.negative && (200..300).contains(&entry.status) && entry.status != 206
+}
+
+/// A stored 200: what ranges are served from (with `Accept-Ranges`).
+fn whole_200(entry: &Entry) -> bool {
+    representation(entry) && entry.status == 200
+}
+
+/// Completes `resp` — the entry's status and [`entry_head`], no body yet — for
 /// this client: 412, 304, 206, 416, or the full answer (no body for HEAD).
 pub fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
-    let representation =
-        !entry.negative && (200..300).contains(&entry.status) && entry.status != 206;
-    let whole_200 = representation && entry.status == 200;
-    if whole_200 {
-        resp.headers_mut()
-            .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    }
-    let conditional = representation && !ask.conditions.is_empty();
-    let ranged = whole_200 && !ask.range.is_empty();
+    let conditional = representation(entry) && !ask.conditions.is_empty();
+    let ranged = whole_200(entry) && !ask.range.is_empty();
     if conditional || ranged {
         let validators = Validators::of(&entry.headers);
         if conditional {
@@ -169,6 +239,27 @@ mod tests {
     use bytes::Bytes;
     use http_body_util::BodyExt;
 
+    #[test]
+    fn int_values_are_the_decimal_text() {
+        for n in [
+            0,
+            7,
+            9,
+            10,
+            42,
+            99,
+            100,
+            999,
+            1_000,
+            1_024,
+            9_999,
+            10_000,
+            u64::MAX,
+        ] {
+            assert_eq!(int_value(n).as_bytes(), n.to_string().as_bytes(), "{n}");
+        }
+    }
+
     fn entry(status: u16, negative: bool) -> Entry {
         Entry {
             status,
@@ -200,11 +291,7 @@ mod tests {
     fn head_of(e: &Entry) -> Response<Body> {
         let mut resp = Response::new(body::empty());
         *resp.status_mut() = StatusCode::from_u16(e.status).expect("status");
-        for (n, v) in &e.headers {
-            resp.headers_mut().append(n.clone(), v.clone());
-        }
-        resp.headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
+        *resp.headers_mut() = entry_head(e);
         resp
     }
 

@@ -9,11 +9,13 @@
 //! that is no longer current (issue 13). A corrupt entry is removed with a
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
+use super::answer::Prepared;
 use super::entry::Entry;
 use crate::keys::CacheKey;
 use crate::metrics::Metrics;
 use crate::store::{GuardedStore, Snapshot, StoreError};
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// The verdict of stage 3 on one snapshot.
 #[derive(Debug, PartialEq, Eq)]
@@ -35,15 +37,26 @@ pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
         Ok(e) => e,
         Err(e) => return Verdict::Corrupt(e.0, raw),
     };
+    match current(&entry, snapshot.generation.as_ref(), key) {
+        Err(why) => Verdict::Corrupt(why, raw),
+        Ok(true) => Verdict::Hit(entry),
+        Ok(false) => Verdict::Miss(snapshot.generation),
+    }
+}
+
+/// Stage 3's test of a decoded entry: it must name `key`'s identity and
+/// variant (else it is corrupt), and it is a hit only under the generation
+/// read with it. A missing generation (evicted, restarted) can only mean a
+/// miss: the entry cannot be proven current.
+fn current(
+    entry: &Entry,
+    generation: Option<&Bytes>,
+    key: &CacheKey,
+) -> Result<bool, &'static str> {
     if entry.identity != key.identity || entry.variant != key.variant {
-        return Verdict::Corrupt("identity or variant mismatch", raw);
+        return Err("identity or variant mismatch");
     }
-    // A missing generation (evicted, restarted) can only mean a miss: the
-    // entry cannot be proven current.
-    match snapshot.generation {
-        Some(g) if g == entry.generation => Verdict::Hit(entry),
-        other => Verdict::Miss(other),
-    }
+    Ok(generation == Some(&entry.generation))
 }
 
 /// What stages 2+3 found for a key.
@@ -105,20 +118,28 @@ pub enum Near {
 /// Stages 2+3 from the near cache alone, without waiting: the entry if it
 /// is a fresh hit (current generation, every stamped tag current), exactly
 /// as [`lookup`] would find it. Otherwise what was found, for
-/// [`lookup_from`].
-pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Entry, Near> {
+/// [`lookup_from`]. The entry is decoded (and its head built) once per
+/// near-cache copy, in its [`crate::store::Memo`], and shared by every
+/// hit on it; each hit still makes every check.
+pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, Near> {
     let snapshot = store.read_near(&key.keys).ok_or(Near::Nothing)?;
-    match check_entry(snapshot, key) {
+    let prepared = match (&snapshot.memo, &snapshot.entry) {
+        (Some(memo), Some(raw)) => memo.get_or_make(|| Entry::decode(raw).ok().map(Prepared::new)),
+        _ => None,
+    };
+    if let Some(p) = prepared {
+        let e = &p.entry;
         // Tags the near cache does not hold (or that moved) take the
         // async path, which asks the store.
-        Verdict::Hit(e)
-            if (e.tags.is_empty() || store.tags_current_near(&e.tags) == Some(true))
-                && !e.expired(super::publish::now_ms()) =>
+        if current(e, snapshot.generation.as_ref(), key) == Ok(true)
+            && (e.tags.is_empty() || store.tags_current_near(&e.tags) == Some(true))
+            && !e.expired(super::publish::now_ms())
         {
-            Ok(e)
+            return Ok(p);
         }
-        other => Err(Near::Held(Box::new(other))),
     }
+    // Not a fresh hit: judged the long way, for `lookup_from` (rare).
+    Err(Near::Held(Box::new(check_entry(snapshot, key))))
 }
 
 /// [`lookup`], going on from what the near cache said.
@@ -208,6 +229,7 @@ mod tests {
         Snapshot {
             entry: e,
             generation: g.map(Bytes::from_static),
+            memo: None,
         }
     }
 

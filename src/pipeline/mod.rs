@@ -61,7 +61,7 @@ use entry::Entry;
 use fill::{Fetched, FillPermits, FillRequest, Inflight};
 use flight::{Answer, FlightKey, Flights};
 use futures_util::FutureExt;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use lease::{LeaseGuard, LeaseOutcome};
@@ -177,10 +177,11 @@ impl Pipeline {
         let ns = &cfg.store.namespace;
         let key = keys::cache_key(ns, route, params, query, &[], headers);
         match lookup::near_hit(store, &key) {
-            Ok(entry) => {
-                let status = hit_status(&entry);
+            Ok(prepared) => {
+                let entry = &prepared.entry;
+                let status = hit_status(entry);
                 let ask = ClientAsk::from_request(req.method(), headers);
-                let resp = respond(route, &entry, status, &ask);
+                let resp = respond_with(route, entry, prepared.head.clone(), status, &ask);
                 Ok((status, self.finish(route, status, resp)))
             }
             Err(near) => Err(Some(Box::new(Early { key, near }))),
@@ -957,16 +958,22 @@ fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) ->
 /// A client response from an entry; hits carry `Age`. Stage 10 shapes it
 /// for the client's preconditions and range, and adds the body.
 fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -> Response<Body> {
+    respond_with(route, entry, answer::entry_head(entry), status, ask)
+}
+
+/// [`respond`] from the entry's head built beforehand ([`answer::entry_head`]).
+fn respond_with(
+    route: &Route,
+    entry: &Entry,
+    head: HeaderMap,
+    status: CacheStatus,
+    ask: &ClientAsk,
+) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() =
         http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    *resp.headers_mut() = head;
     let h = resp.headers_mut();
-    // Content-Length, Age, Accept-Ranges, X-Cache: no regrowth on the way.
-    h.reserve(entry.headers.len() + 4);
-    for (name, value) in &entry.headers {
-        h.append(name.clone(), value.clone());
-    }
-    h.insert(header::CONTENT_LENGTH, int_value(entry.body.len() as u64));
     // A stale answer's Age counts from the original fetch as well; a
     // fresh fill's answer carries the origin's own Age, if it sent one.
     let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
@@ -977,43 +984,12 @@ fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -
             CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
         )
     {
-        h.insert(header::AGE, int_value(age));
+        h.insert(header::AGE, answer::int_value(age));
     }
     client_cc::apply(route, entry, h);
     answer::shape(resp, entry, ask)
 }
 
-/// "0000" to "9999": the small integers of an answer built from an entry
-/// (`Content-Length`, `Age`) become header values of static text, where
-/// `HeaderValue::from(u64)` makes two allocations per value.
-static DIGITS: [[u8; 4]; 10_000] = digits();
-
-const fn digits() -> [[u8; 4]; 10_000] {
-    let mut table = [[0u8; 4]; 10_000];
-    let mut n = 0;
-    while n < 10_000 {
-        table[n] = [digit(n / 1000), digit(n / 100), digit(n / 10), digit(n)];
-        n += 1;
-    }
-    table
-}
-
-const fn digit(n: usize) -> u8 {
-    b'0' + (n % 10) as u8
-}
-
-/// `n` as a header value, without an allocation below 10 000.
-fn int_value(n: u64) -> HeaderValue {
-    let skip = match n {
-        0..=9 => 3,
-        10..=99 => 2,
-        100..=999 => 1,
-        1_000..=9_999 => 0,
-        _ => return HeaderValue::from(n),
-    };
-    let digits = Bytes::from_static(&DIGITS[n as usize][skip..]);
-    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
-}
 
 /// A flight's answer as this client's response; `None` for a one-client
 /// answer when this request did not start the flight. A one-client answer
@@ -1043,30 +1019,4 @@ fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
     }
     let (parts, _) = resp.into_parts();
     Response::from_parts(parts, body::empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn int_values_are_the_decimal_text() {
-        for n in [
-            0,
-            7,
-            9,
-            10,
-            42,
-            99,
-            100,
-            999,
-            1_000,
-            1_024,
-            9_999,
-            10_000,
-            u64::MAX,
-        ] {
-            assert_eq!(int_value(n).as_bytes(), n.to_string().as_bytes(), "{n}");
-        }
-    }
 }

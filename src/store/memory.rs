@@ -191,6 +191,7 @@ impl Store for MemoryStore {
             Ok(Snapshot {
                 entry: inner.get(&keys.entry, now).cloned(),
                 generation: inner.get(&keys.generation, now).cloned(),
+                memo: None,
             })
         })
     }

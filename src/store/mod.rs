@@ -49,7 +49,9 @@ pub mod slot_map;
 use crate::keys::ObjectKeys;
 use bytes::Bytes;
 use std::future::Future;
+use std::any::Any;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -93,12 +95,60 @@ pub struct Inspection {
     pub lease: Option<(Bytes, Option<Duration>)>,
 }
 
-/// What one `read` round trip returned.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What one `read` round trip returned. Two snapshots are equal when
+/// their entry and generation are: a memo never changes what they say.
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub entry: Option<Bytes>,
     pub generation: Option<Bytes>,
+    /// From the near cache: the slot kept with `entry`'s bytes for what a
+    /// reader derives from them (see [`Memo`]).
+    pub memo: Option<Memo>,
 }
+
+/// A value a reader derives from an entry's bytes (the pipeline's decoded
+/// entry), made on first use and kept by the near cache beside the bytes
+/// for as long as it keeps them, so a hit does not decode the same bytes
+/// again. Opaque to the store.
+#[derive(Clone, Default)]
+pub struct Memo(Arc<OnceLock<Arc<dyn Any + Send + Sync>>>);
+
+impl Memo {
+    /// The value made from the bytes, `make`-ing it on first use; `None`
+    /// when `make` gives none (nothing is kept: corrupt bytes are removed
+    /// from the store, and with them from the near cache) or the slot
+    /// holds another type.
+    pub fn get_or_make<T: Any + Send + Sync>(
+        &self,
+        make: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
+        if let Some(v) = self.0.get() {
+            return Arc::clone(v).downcast::<T>().ok();
+        }
+        let made = Arc::new(make()?);
+        // Two readers may both make it; the first one set is kept.
+        let _ = self.0.set(made.clone());
+        Some(made)
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Memo(made)"
+        } else {
+            "Memo(empty)"
+        })
+    }
+}
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Snapshot) -> bool {
+        self.entry == other.entry && self.generation == other.generation
+    }
+}
+
+impl Eq for Snapshot {}
 
 /// What `take_lease` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -448,6 +498,19 @@ pub struct WitnessSlot {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_memo_keeps_what_was_made_and_nothing_that_failed() {
+        let memo = Memo::default();
+        assert_eq!(memo.get_or_make(|| None::<u32>), None);
+        let a = memo.get_or_make(|| Some(7u32)).expect("made");
+        let b = memo.get_or_make(|| Some(8u32)).expect("kept");
+        assert!(Arc::ptr_eq(&a, &b));
+        // Another type is not the value kept.
+        assert_eq!(memo.get_or_make(|| Some("x")), None);
+        // Clones share the slot (the near cache hands out clones).
+        assert_eq!(memo.clone().get_or_make(|| Some(9u32)).as_deref(), Some(&7));
+    }
+
     use super::*;
 
     #[test]

@@ -40,7 +40,7 @@
 //!   generation and freshness checks to what it answers.
 
 use super::slot_map::SlotMap;
-use super::Snapshot;
+use super::{Memo, Snapshot};
 use crate::config::NearCacheConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
@@ -60,6 +60,9 @@ use tokio::sync::Notify;
 const BUCKETS: usize = 64;
 /// Bookkeeping bytes per object, on top of keys and values.
 const OBJECT_OVERHEAD: u64 = 96;
+/// What a variant's memo is counted as (the decoded entry's struct and
+/// header list; its body and header values are slices of the raw bytes).
+const MEMO_WEIGHT: u64 = 512;
 /// Tag generations held (each well under 200 bytes).
 const MAX_TAGS_HELD: usize = 65_536;
 
@@ -68,8 +71,9 @@ struct Object {
     generation: Bytes,
     /// The tracked connection it was read over.
     conn: u64,
-    /// (entry key suffix after the object's `}`, raw entry).
-    variants: Vec<(Box<str>, Bytes)>,
+    /// (entry key suffix after the object's `}`, raw entry, what the
+    /// pipeline derived from it).
+    variants: Vec<(Box<str>, Bytes, Memo)>,
     expires: Instant,
     weight: u64,
 }
@@ -196,10 +200,11 @@ impl NearCache {
         if Instant::now() >= obj.expires {
             return None;
         }
-        let (_, entry) = obj.variants.iter().find(|(s, _)| &**s == suffix)?;
+        let (_, entry, memo) = obj.variants.iter().find(|(s, ..)| &**s == suffix)?;
         Some(Snapshot {
             entry: Some(entry.clone()),
             generation: Some(obj.generation.clone()),
+            memo: Some(memo.clone()),
         })
     }
 
@@ -296,23 +301,23 @@ impl NearCache {
         }
         let now = Instant::now();
         // Keep the other variants read under the same generation.
-        let mut variants: Vec<(Box<str>, Bytes)> = match self.objects.get(object) {
+        let mut variants: Vec<(Box<str>, Bytes, Memo)> = match self.objects.get(object) {
             Some(old) if old.generation == *generation && old.conn == conn && now < old.expires => {
                 old.variants
                     .iter()
-                    .filter(|(s, _)| &**s != suffix)
+                    .filter(|(s, ..)| &**s != suffix)
                     .cloned()
                     .collect()
             }
             _ => Vec::new(),
         };
-        variants.push((suffix.into(), entry.clone()));
+        variants.push((suffix.into(), entry.clone(), Memo::default()));
         let weight = OBJECT_OVERHEAD
             + object.len() as u64
             + generation.len() as u64
             + variants
                 .iter()
-                .map(|(s, e)| (s.len() + e.len()) as u64 + 32)
+                .map(|(s, e, _)| (s.len() + e.len()) as u64 + 32 + MEMO_WEIGHT)
                 .sum::<u64>();
         let obj = Object {
             generation: generation.clone(),
@@ -471,6 +476,7 @@ mod tests {
         Snapshot {
             entry: Some(Bytes::from_static(entry.as_bytes())),
             generation: Some(Bytes::from_static(generation.as_bytes())),
+            memo: None,
         }
     }
 
@@ -534,6 +540,34 @@ mod tests {
     }
 
     #[test]
+    fn a_held_entry_is_decoded_once_and_a_new_one_starts_afresh() {
+        let c = cache(Duration::from_secs(60));
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        c.offer(&k, c.epoch(&k), 1, &snap("E", "g1"));
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let decode = |s: Snapshot| {
+            s.memo.and_then(|m| {
+                m.get_or_make(|| {
+                    made.fetch_add(1, Ordering::Relaxed);
+                    s.entry
+                })
+            })
+        };
+        let first = decode(c.get(&k).expect("held"));
+        let second = decode(c.get(&k).expect("held"));
+        let (Some(first), Some(second)) = (first, second) else {
+            panic!("nothing made");
+        };
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(made.load(Ordering::Relaxed), 1);
+        // New bytes (here a new generation) never see the old value.
+        c.offer(&k, c.epoch(&k), 1, &snap("E2", "g2"));
+        let third = decode(c.get(&k).expect("held")).expect("made");
+        assert_eq!(&*third, &Bytes::from_static(b"E2"));
+        assert_eq!(made.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
     fn misses_flush_and_age_are_not_kept() {
         let c = cache(Duration::from_secs(60));
         let k = object_keys("sc:", "app:acme:1", "v1");
@@ -544,6 +578,7 @@ mod tests {
             &Snapshot {
                 entry: None,
                 generation: Some(Bytes::from_static(b"g1")),
+                memo: None,
             },
         );
         assert_eq!(c.get(&k), None);

@@ -1022,6 +1022,7 @@ async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snaps
     Ok(Snapshot {
         entry: entry.map(Bytes::from),
         generation: generation.map(Bytes::from),
+        memo: None,
     })
 }
 
