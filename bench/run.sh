@@ -741,7 +741,7 @@ targets=$(
             if (("passthrough", "rps") in r) check(sprintf("passthrough req/s >= %.2fx nginx", fwd), r["passthrough", "rps"] >= fwd, r["passthrough", "rps"])
             if (("hit", "rps_of_limit") in r) check("hit req/s >= 0.9x nginx return 200", r["hit", "rps_of_limit"] >= 0.9, r["hit", "rps_of_limit"])
             # Against the limit measured with the same request generator
-            # when there is one (wrk's Lua costs CPU on both sides).
+            # when there is one (the Lua generator costs wrk CPU on both sides).
             zl = (("hit_zipf", "rps_of_limit_zipf") in r) ? "rps_of_limit_zipf" : "rps_of_limit"
             if (("hit_zipf", zl) in r) check(sprintf("hit_zipf req/s >= 0.9x nginx return 200%s", zl == "rps_of_limit" ? "" : " (Zipf)"),
                                              r["hit_zipf", zl] >= 0.9, r["hit_zipf", zl])

@@ -32,9 +32,17 @@
 //!   reads go to the shared connection until it is up. On a Cluster the
 //!   other masters' objects stay; a slot map change (failover, resharding)
 //!   and a Sentinel primary switch drop everything.
-//! - **`max_age`** bounds how long an entry is served without asking Redis,
-//!   which bounds staleness if pushes stop arriving without the connection
-//!   noticing (a silent network partition).
+//! - **`max_age`** bounds how long an entry is served without Redis
+//!   confirming it, which bounds staleness if pushes stop arriving without
+//!   the connection noticing (a silent network partition). A read confirms
+//!   what it returned; so does every heartbeat answered on the connection
+//!   the object was read over, for everything read over it: its `PING` was
+//!   sent after the confirmed time, and Redis writes a key's push to that
+//!   connection before any later reply, which the reader applies before it
+//!   hands the reply out. So an object is served while it was read, or its
+//!   connection answered a heartbeat sent, less than `max_age` ago; the
+//!   tracked connections are pinged every `max_age / 4` for that (a
+//!   long-tail object need not be read again every `max_age`).
 //! - **Stale answers** (grace, stale-if-error) need nothing here: the
 //!   object is held with its generation, and the pipeline applies the same
 //!   generation and freshness checks to what it answers.
@@ -70,7 +78,7 @@ const MAX_TAGS_HELD: usize = 65_536;
 struct Object {
     generation: Bytes,
     /// The tracked connection it was read over.
-    conn: u64,
+    link: Arc<Link>,
     /// (entry key suffix after the object's `}`, raw entry, what the
     /// pipeline derived from it).
     variants: Vec<(Box<str>, Bytes, Memo)>,
@@ -87,9 +95,28 @@ impl quick_cache::Weighter<Box<str>, Arc<Object>> for ByBytes {
     }
 }
 
+/// A tracked connection's identity and the last time it proved that no
+/// push is missing (what objects read over it refer to).
+pub struct Link {
+    pub id: u64,
+    /// Nanoseconds from the cache's `base` to the sending of the last
+    /// heartbeat the connection answered; 0: none yet.
+    confirmed: AtomicU64,
+}
+
+impl Link {
+    pub fn new(id: u64) -> Arc<Link> {
+        Arc::new(Link {
+            id,
+            confirmed: AtomicU64::new(0),
+        })
+    }
+}
+
 /// A connection reads go over while tracking is on.
 pub struct Tracked {
     pub id: u64,
+    pub link: Arc<Link>,
     /// `host:port` of the node (Cluster: as in `CLUSTER SLOTS`).
     pub node: Arc<str>,
     pub conn: MultiplexedConnection,
@@ -112,12 +139,14 @@ pub struct NearCache {
     /// objects' tag lists) -> (value, read at, connection), for the hit
     /// check of tagged entries; kept coherent exactly like objects (same
     /// epochs, dropped by the key's push).
-    tags: quick_cache::sync::Cache<Bytes, (Bytes, Instant, u64)>,
+    tags: quick_cache::sync::Cache<Bytes, (Bytes, Instant, Arc<Link>)>,
     epochs: [AtomicU64; BUCKETS],
     /// Serialises "check epoch, insert" against "bump epoch, remove".
     write: Mutex<()>,
     hasher: RandomState,
     max_age: Duration,
+    /// What [`Link::confirmed`] counts from.
+    base: Instant,
     /// Cluster: which master a key's reads go to. `None`: the one node.
     route: Option<Arc<SlotMap>>,
     /// The tracked connections up now (one per node; a handful).
@@ -159,6 +188,7 @@ impl NearCache {
             write: Mutex::new(()),
             hasher: RandomState::new(),
             max_age: cfg.max_age,
+            base: Instant::now(),
             route,
             tracked: ArcSwap::default(),
             next_id: AtomicU64::new(1),
@@ -171,6 +201,26 @@ impl NearCache {
                 tracking: metrics.near_cache_tracking.clone(),
             },
         }
+    }
+
+    /// Whether `link` answered a heartbeat sent less than `max_age` before
+    /// `now` (see the module doc).
+    fn confirmed(&self, link: &Link, now: Instant) -> bool {
+        let at = link.confirmed.load(Ordering::Acquire);
+        at != 0 && self.base + Duration::from_nanos(at) + self.max_age > now
+    }
+
+    /// `link` answered a heartbeat sent at `sent`.
+    pub(super) fn confirm(&self, link: &Link, sent: Instant) {
+        let at = sent.saturating_duration_since(self.base).as_nanos();
+        let at = u64::try_from(at).unwrap_or(u64::MAX).max(1);
+        link.confirmed.fetch_max(at, Ordering::AcqRel);
+    }
+
+    /// How often the tracked connections are pinged: often enough that an
+    /// answered heartbeat keeps confirming what was read over them.
+    pub(super) fn confirm_every(&self) -> Duration {
+        self.max_age / 4
     }
 
     fn bucket(&self, object: &str) -> &AtomicU64 {
@@ -197,7 +247,8 @@ impl NearCache {
     pub fn peek(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         let (object, suffix) = split_key(&keys.entry)?;
         let obj = self.objects.get(object)?;
-        if Instant::now() >= obj.expires {
+        let now = Instant::now();
+        if now >= obj.expires && !self.confirmed(&obj.link, now) {
             return None;
         }
         let (_, entry, memo) = obj.variants.iter().find(|(s, ..)| &**s == suffix)?;
@@ -214,8 +265,8 @@ impl NearCache {
         let now = Instant::now();
         keys.iter()
             .map(|k| {
-                let (value, read_at, _) = self.tags.get(k.as_bytes())?;
-                (now < read_at + self.max_age).then_some(Some(value))
+                let (value, read_at, link) = self.tags.get(k.as_bytes())?;
+                (now < read_at + self.max_age || self.confirmed(&link, now)).then_some(Some(value))
             })
             .collect()
     }
@@ -226,8 +277,8 @@ impl NearCache {
     pub fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         let now = Instant::now();
         for (key, generation) in stamped {
-            let (value, read_at, _) = self.tags.get(key.as_ref())?;
-            if now >= read_at + self.max_age {
+            let (value, read_at, link) = self.tags.get(key.as_ref())?;
+            if now >= read_at + self.max_age && !self.confirmed(&link, now) {
                 return None;
             }
             if value != *generation {
@@ -249,7 +300,7 @@ impl NearCache {
     /// Keeps a tag generation a read over tracked connection `conn`
     /// returned, unless anything invalidated its bucket since `epoch` was
     /// noted.
-    pub fn offer_tag(&self, key: &str, epoch: u64, conn: u64, value: &Bytes) {
+    pub fn offer_tag(&self, key: &str, epoch: u64, link: &Arc<Link>, value: &Bytes) {
         let Some((object, _)) = split_key(key) else {
             return;
         };
@@ -258,7 +309,7 @@ impl NearCache {
             return;
         }
         let key = Bytes::copy_from_slice(key.as_bytes());
-        self.tags.insert(key, (value.clone(), Instant::now(), conn));
+        self.tags.insert(key, (value.clone(), Instant::now(), link.clone()));
     }
 
     /// The tracked connection a read of `key` goes over, if it is up: the
@@ -288,7 +339,7 @@ impl NearCache {
     /// anything invalidated the object's bucket since `epoch` was noted.
     /// Only complete hits are kept (entry and generation present); the
     /// pipeline still judges them.
-    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, conn: u64, snapshot: &Snapshot) {
+    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, link: &Arc<Link>, snapshot: &Snapshot) {
         let (Some(entry), Some(generation)) = (&snapshot.entry, &snapshot.generation) else {
             return;
         };
@@ -302,7 +353,11 @@ impl NearCache {
         let now = Instant::now();
         // Keep the other variants read under the same generation.
         let mut variants: Vec<(Box<str>, Bytes, Memo)> = match self.objects.get(object) {
-            Some(old) if old.generation == *generation && old.conn == conn && now < old.expires => {
+            Some(old)
+                if old.generation == *generation
+                    && old.link.id == link.id
+                    && (now < old.expires || self.confirmed(&old.link, now)) =>
+            {
                 old.variants
                     .iter()
                     .filter(|(s, ..)| &**s != suffix)
@@ -321,7 +376,7 @@ impl NearCache {
                 .sum::<u64>();
         let obj = Object {
             generation: generation.clone(),
-            conn,
+            link: link.clone(),
             variants,
             expires: now + self.max_age,
             weight,
@@ -377,6 +432,7 @@ impl NearCache {
         }
         let tracked = Arc::new(Tracked {
             id,
+            link: Link::new(id),
             node,
             conn,
             lost: Notify::new(),
@@ -427,8 +483,8 @@ impl NearCache {
             epoch.fetch_add(1, Ordering::AcqRel);
         }
         let ids: Vec<u64> = dropped.iter().map(|t| t.id).collect();
-        self.objects.retain(|_, o| !ids.contains(&o.conn));
-        self.tags.retain(|_, (_, _, conn)| !ids.contains(conn));
+        self.objects.retain(|_, o| !ids.contains(&o.link.id));
+        self.tags.retain(|_, (_, _, link)| !ids.contains(&link.id));
         self.metrics.flushes.inc();
         for t in &dropped {
             t.lost.notify_one();
@@ -472,6 +528,45 @@ mod tests {
         )
     }
 
+    /// The link of tracked connection 1.
+    fn link() -> Arc<Link> {
+        Link::new(1)
+    }
+
+    #[test]
+    fn an_answered_heartbeat_keeps_objects_past_max_age() {
+        let max_age = Duration::from_millis(300);
+        let c = cache(max_age);
+        let k = object_keys("sc:", "app:acme:1", "v1");
+        let l = link();
+        c.offer(&k, c.epoch(&k), &l, &snap("E", "g1"));
+        std::thread::sleep(max_age + Duration::from_millis(50));
+        // Read too long ago, and nothing confirmed it since.
+        assert_eq!(c.get(&k), None);
+        // Another connection's heartbeat says nothing about it.
+        c.confirm(&Link::new(2), Instant::now());
+        assert_eq!(c.get(&k), None);
+        // Its own connection's does (retried: one try could be preempted
+        // for max_age between the two calls).
+        assert!((0..10).any(|_| {
+            c.confirm(&l, Instant::now());
+            c.get(&k).is_some()
+        }));
+        // And only for max_age after the heartbeat was sent.
+        std::thread::sleep(max_age + Duration::from_millis(50));
+        assert_eq!(c.get(&k), None);
+        // A push still drops it at once.
+        c.confirm(&l, Instant::now());
+        c.on_push(
+            1,
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Array(vec![Value::BulkString(k.entry.clone().into_bytes())])],
+            },
+        );
+        assert_eq!(c.get(&k), None);
+    }
+
     fn snap(entry: &'static str, generation: &'static str) -> Snapshot {
         Snapshot {
             entry: Some(Bytes::from_static(entry.as_bytes())),
@@ -494,7 +589,7 @@ mod tests {
         let k = object_keys("sc:", "app:acme:1", "v1");
         assert_eq!(c.get(&k), None);
         let e = c.epoch(&k);
-        c.offer(&k, e, 1, &snap("E", "g1"));
+        c.offer(&k, e, &link(), &snap("E", "g1"));
         assert_eq!(c.get(&k), Some(snap("E", "g1")));
         // A push for the generation key drops the entry too.
         c.on_push(
@@ -516,11 +611,11 @@ mod tests {
         let e = c.epoch(&k);
         // The push for the key arrives between the reply and the insert.
         c.forget(k.entry.as_bytes());
-        c.offer(&k, e, 1, &snap("OLD", "g1"));
+        c.offer(&k, e, &link(), &snap("OLD", "g1"));
         assert_eq!(c.get(&k), None);
         // A read noted after the push is kept.
         let e = c.epoch(&k);
-        c.offer(&k, e, 1, &snap("NEW", "g2"));
+        c.offer(&k, e, &link(), &snap("NEW", "g2"));
         assert_eq!(c.get(&k), Some(snap("NEW", "g2")));
     }
 
@@ -529,12 +624,12 @@ mod tests {
         let c = cache(Duration::from_secs(60));
         let a = object_keys("sc:", "app:acme:1", "a");
         let b = object_keys("sc:", "app:acme:1", "b");
-        c.offer(&a, c.epoch(&a), 1, &snap("A", "g1"));
-        c.offer(&b, c.epoch(&b), 1, &snap("B", "g1"));
+        c.offer(&a, c.epoch(&a), &link(), &snap("A", "g1"));
+        c.offer(&b, c.epoch(&b), &link(), &snap("B", "g1"));
         assert_eq!(c.get(&a), Some(snap("A", "g1")));
         assert_eq!(c.get(&b), Some(snap("B", "g1")));
         // A newer generation replaces the object: `a` is no longer held.
-        c.offer(&b, c.epoch(&b), 1, &snap("B2", "g2"));
+        c.offer(&b, c.epoch(&b), &link(), &snap("B2", "g2"));
         assert_eq!(c.get(&a), None);
         assert_eq!(c.get(&b), Some(snap("B2", "g2")));
     }
@@ -543,7 +638,7 @@ mod tests {
     fn a_held_entry_is_decoded_once_and_a_new_one_starts_afresh() {
         let c = cache(Duration::from_secs(60));
         let k = object_keys("sc:", "app:acme:1", "v1");
-        c.offer(&k, c.epoch(&k), 1, &snap("E", "g1"));
+        c.offer(&k, c.epoch(&k), &link(), &snap("E", "g1"));
         let made = std::sync::atomic::AtomicUsize::new(0);
         let decode = |s: Snapshot| {
             s.memo.and_then(|m| {
@@ -561,7 +656,7 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(made.load(Ordering::Relaxed), 1);
         // New bytes (here a new generation) never see the old value.
-        c.offer(&k, c.epoch(&k), 1, &snap("E2", "g2"));
+        c.offer(&k, c.epoch(&k), &link(), &snap("E2", "g2"));
         let third = decode(c.get(&k).expect("held")).expect("made");
         assert_eq!(&*third, &Bytes::from_static(b"E2"));
         assert_eq!(made.load(Ordering::Relaxed), 2);
@@ -574,7 +669,7 @@ mod tests {
         c.offer(
             &k,
             c.epoch(&k),
-            1,
+            &link(),
             &Snapshot {
                 entry: None,
                 generation: Some(Bytes::from_static(b"g1")),
@@ -582,7 +677,7 @@ mod tests {
             },
         );
         assert_eq!(c.get(&k), None);
-        c.offer(&k, c.epoch(&k), 1, &snap("E", "g1"));
+        c.offer(&k, c.epoch(&k), &link(), &snap("E", "g1"));
         c.on_push(
             1,
             PushInfo {
@@ -593,7 +688,7 @@ mod tests {
         assert_eq!(c.get(&k), None);
 
         let young = cache(Duration::from_millis(1));
-        young.offer(&k, young.epoch(&k), 1, &snap("E", "g1"));
+        young.offer(&k, young.epoch(&k), &link(), &snap("E", "g1"));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(young.get(&k), None);
     }
@@ -603,7 +698,7 @@ mod tests {
         let c = cache(Duration::from_secs(60));
         let k = object_keys("sc:", "app:acme:1", "v1");
         let e = c.epoch(&k);
-        c.offer(&k, e, 1, &snap("E", "g1"));
+        c.offer(&k, e, &link(), &snap("E", "g1"));
         // No connection installed: a Disconnection from connection 7 is stale.
         c.on_push(
             7,
@@ -616,7 +711,7 @@ mod tests {
         c.flush();
         assert_eq!(c.get(&k), None);
         // A read in flight across the flush is refused.
-        c.offer(&k, e, 1, &snap("E", "g1"));
+        c.offer(&k, e, &link(), &snap("E", "g1"));
         assert_eq!(c.get(&k), None);
     }
 
@@ -632,7 +727,7 @@ mod tests {
         };
         assert_eq!(c.tags_current(&stamped("g1")), None, "not held: ask Redis");
         let e = c.key_epoch(key);
-        c.offer_tag(key, e, 1, &Bytes::from_static(b"g1"));
+        c.offer_tag(key, e, &link(), &Bytes::from_static(b"g1"));
         assert_eq!(c.tags_current(&stamped("g1")), Some(true));
         assert_eq!(c.tags_current(&stamped("g0")), Some(false));
         assert_eq!(c.tags(&[key]), Some(vec![Some(Bytes::from_static(b"g1"))]));
@@ -640,13 +735,13 @@ mod tests {
         let e = c.key_epoch(key);
         c.forget(key.as_bytes());
         assert_eq!(c.tags_current(&stamped("g1")), None);
-        c.offer_tag(key, e, 1, &Bytes::from_static(b"g1"));
+        c.offer_tag(key, e, &link(), &Bytes::from_static(b"g1"));
         assert_eq!(
             c.tags_current(&stamped("g1")),
             None,
             "overtaken by its push"
         );
-        c.offer_tag(key, c.key_epoch(key), 1, &Bytes::from_static(b"g2"));
+        c.offer_tag(key, c.key_epoch(key), &link(), &Bytes::from_static(b"g2"));
         assert_eq!(c.tags_current(&stamped("g1")), Some(false));
         c.flush();
         assert_eq!(c.tags(&[key]), None);

@@ -27,7 +27,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo, RedisResult};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::task::{AbortHandle, JoinSet};
 
 /// A tracked connection's client, with the resolver of
@@ -224,6 +224,7 @@ pub async fn keep_tracked(
                     if let Some(tracked) = installed {
                         tracing::info!(%node, "near cache: tracked connection up");
                         was_up = Some(true);
+                        let every = every.min(near.confirm_every());
                         supervise(&near, &tracked, every, timeout).await;
                         tracing::warn!(%node, "near cache: tracked connection lost, its objects dropped");
                     }
@@ -296,6 +297,7 @@ async fn supervise(near: &NearCache, tracked: &Tracked, every: Duration, timeout
             _ = tokio::time::sleep(every) => {}
         }
         // A dropped connection (Sentinel switch) ends a hanging ping too.
+        let sent = Instant::now();
         tokio::select! {
             _ = tracked.lost.notified() => return,
             alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)) => {
@@ -303,6 +305,7 @@ async fn supervise(near: &NearCache, tracked: &Tracked, every: Duration, timeout
                     near.lost(tracked.id);
                     return;
                 }
+                near.confirm(&tracked.link, sent);
             }
         }
     }

@@ -406,7 +406,7 @@ impl RedisStore {
             if let Some(tracked) = near.tracked_for(key) {
                 if let Ok(value) = get_one(&mut tracked.conn.clone(), key).await {
                     if let Some(value) = &value {
-                        near.offer_tag(key, epoch, tracked.id, value);
+                        near.offer_tag(key, epoch, &tracked.link, value);
                     }
                     return Ok(value);
                 }
@@ -619,7 +619,7 @@ impl Store for RedisStore {
                 if let Some(tracked) = near.tracked_for(&keys.entry) {
                     match mget(&mut tracked.conn.clone(), keys).await {
                         Ok(snapshot) => {
-                            near.offer(keys, epoch, tracked.id, &snapshot);
+                            near.offer(keys, epoch, &tracked.link, &snapshot);
                             return Ok(snapshot);
                         }
                         // Cluster: the slot moved or is moving (`MOVED`,
@@ -817,7 +817,7 @@ impl Store for RedisStore {
                     let values = mget_values(&mut tracked.conn.clone(), tag_keys).await?;
                     for ((key, epoch), value) in tag_keys.iter().zip(epochs).zip(&values) {
                         if let Some(value) = value {
-                            near.offer_tag(key, epoch, tracked.id, value);
+                            near.offer_tag(key, epoch, &tracked.link, value);
                         }
                     }
                     return Ok(values);

@@ -281,6 +281,60 @@ async fn near_cache_serves_hits_and_follows_another_instances_invalidation() {
     assert_eq!(origin.hits(P), 2);
 }
 
+/// An object stays in the near cache past `max_age` for as long as its
+/// tracked connection answers heartbeats (each proves no push is missing),
+/// and is no longer served from memory once they stop (Redis stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_cache_objects_outlive_max_age_while_heartbeats_are_answered() {
+    const MAX_AGE: Duration = Duration::from_secs(1);
+    let redis = RedisServer::start();
+    let origin = Origin::start().await;
+    let store = format!(
+        "store:\n  redis:\n    url: \"{}\"\n    near_cache: {{ max_age: 1s }}\n",
+        redis.url()
+    );
+    let a = builder(&redis, &origin, "").store(&store).start().await;
+    eventually("A's tracked connection", Duration::from_secs(5), || async {
+        a.metric_sum("sidecache_near_cache_tracking", &[]).await == 1.0
+    })
+    .await;
+    let near = |outcome: &'static str| {
+        let a = &a;
+        async move {
+            a.metric_sum("sidecache_near_cache_total", &[("outcome", outcome)])
+                .await
+        }
+    };
+    assert_eq!(x_cache(&client::get(&a.url(P)).await), "MISS");
+    eventually(
+        "a first hit from memory",
+        Duration::from_secs(5),
+        || async {
+            assert_eq!(x_cache(&client::get(&a.url(P)).await), "HIT");
+            near("hit").await >= 1.0
+        },
+    )
+    .await;
+    // Well past max_age since the object was read: still from memory.
+    tokio::time::sleep(MAX_AGE * 5 / 2).await;
+    let (hits, misses) = (near("hit").await, near("miss").await);
+    for _ in 0..3 {
+        assert_eq!(x_cache(&client::get(&a.url(P)).await), "HIT");
+    }
+    assert_eq!(near("hit").await - hits, 3.0, "hits from memory");
+    assert_eq!(near("miss").await, misses, "no read went to Redis");
+
+    // Redis stops answering: nothing confirms the object any more.
+    redis.stop();
+    tokio::time::sleep(MAX_AGE + Duration::from_millis(300)).await;
+    let hits = near("hit").await;
+    let r = client::get(&a.url(P)).await;
+    redis.resume();
+    assert_ne!(x_cache(&r), "HIT", "served from memory after max_age unconfirmed");
+    assert_eq!(near("hit").await, hits);
+    assert_eq!(origin.hits(P), 2, "the degraded read went to the origin");
+}
+
 /// Issue 20, point 4: how long after another writer replaced the
 /// generation does an instance still answer from its near cache (the push
 /// is in flight)? Eight readers hammer one object on A; 100 times, the
