@@ -69,7 +69,7 @@ for s in scenarios:
         print("%-12s %-10s%s%10s" % (s, system if not s.startswith("limit") else "nginx 200", cells, scale))
 print()
 print("sidecache / nginx req/s per layout (limit: / nginx `return 200`)")
-print("%-12s" % "scenario" + "".join("%24s" % n for n in names))
+print("%-12s" % "scenario" + "".join("%32s" % n for n in names))
 for s in scenarios:
     if s.startswith("limit"):
         continue
@@ -81,7 +81,7 @@ for s in scenarios:
             text += " (%.2f)" % r["rps_of_limit"]
         if "rps_of_limit_zipf" in r:
             text += " (Zipf limit %.2f)" % r["rps_of_limit_zipf"]
-        cells.append("%24s" % text)
+        cells.append("%32s" % text)
     print("%-12s" % s + "".join(cells))
 print()
 for n in names:

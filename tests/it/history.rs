@@ -14,7 +14,10 @@
 //!   apply the rows.
 //! - **stream**: writers `PUT` on the upstream, then append the event to
 //!   the Redis Stream themselves (the test is the relay; retried while
-//!   Redis is down, as a relay would).
+//!   Redis is down, as a relay would). A change counts from the later of
+//!   its commit and its event's append (the entry ID's time): sidecache
+//!   cannot know of it before, and while Redis is down the relay cannot
+//!   append.
 //! - **write-through**: writers `PUT` through instance 0, which invalidates
 //!   before it answers. The nemeses target instances 1 and 2 only: a
 //!   write-through invalidation happens in the process that forwarded the
@@ -577,13 +580,18 @@ impl Writer {
             Some((200, _, Some(v))) => Some(v),
             _ => None,
         };
-        if let (Some(v), Feed::Stream) = (version, self.feed) {
-            append_event(&mut self.redis, object, v).await;
-        }
+        let appended = match (version, self.feed) {
+            (Some(v), Feed::Stream) => Some(append_event(&mut self.redis, object, v).await),
+            _ => None,
+        };
         let committed = match version {
             Some(v) => self.pg.commit_time(object, v).await,
             None => None,
         };
+        // Stream feed: sidecache can learn of a change only once its event
+        // is in the stream, so that is when the change counts from if the
+        // relay (this test) could append it only later (Redis was down).
+        let committed = committed.map(|c| c.max(appended.unwrap_or(c)));
         Write {
             phase,
             object,
@@ -596,8 +604,10 @@ impl Writer {
 }
 
 /// The relay's job for the stream feed: append the committed change's
-/// event, retrying while Redis is down (bounded).
-async fn append_event(redis: &mut RedisConn, object: u64, version: i64) {
+/// event, retrying while Redis is down (bounded). Returns when it was
+/// appended (microseconds since the epoch): the time in its entry ID,
+/// Redis's clock in milliseconds, rounded down.
+async fn append_event(redis: &mut RedisConn, object: u64, version: i64) -> i64 {
     let params = format!(r#"{{"tenant":"acme","id":{object}}}"#);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -610,8 +620,9 @@ async fn append_event(redis: &mut RedisConn, object: u64, version: i64) {
             .arg(&params)
             .arg("revision")
             .arg(version);
-        if redis.query::<String>(&cmd).await.is_some() {
-            return;
+        if let Some(id) = redis.query::<String>(&cmd).await {
+            let ms = id.split('-').next().and_then(|ms| ms.parse::<i64>().ok());
+            return ms.expect("a stream entry ID is <ms>-<seq>") * 1000;
         }
         assert!(
             Instant::now() < deadline,
