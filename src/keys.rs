@@ -17,12 +17,40 @@ use std::fmt::Write;
 /// The keys of one object variant (SPEC §5.2), all in one hash slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectKeys {
+    /// The three keys one after another: one allocation per read, not
+    /// three (every cache read builds them; a hit uses only the first).
+    buf: String,
+    entry_end: usize,
+    generation_end: usize,
+}
+
+impl ObjectKeys {
+    pub fn from_parts(entry: &str, generation: &str, lease: &str) -> ObjectKeys {
+        let mut buf = String::with_capacity(entry.len() + generation.len() + lease.len());
+        buf.push_str(entry);
+        buf.push_str(generation);
+        buf.push_str(lease);
+        ObjectKeys {
+            buf,
+            entry_end: entry.len(),
+            generation_end: entry.len() + generation.len(),
+        }
+    }
+
     /// `<ns>o:{<route>:<params>}:e:v2:<variant>`
-    pub entry: String,
+    pub fn entry(&self) -> &str {
+        &self.buf[..self.entry_end]
+    }
+
     /// `<ns>o:{<route>:<params>}:g`
-    pub generation: String,
+    pub fn generation(&self) -> &str {
+        &self.buf[self.entry_end..self.generation_end]
+    }
+
     /// `<ns>o:{<route>:<params>}:l:<variant>`
-    pub lease: String,
+    pub fn lease(&self) -> &str {
+        &self.buf[self.generation_end..]
+    }
 }
 
 /// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
@@ -167,22 +195,21 @@ pub fn tag_generation_key(namespace: &str, tag: &str) -> String {
 pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {
     // Concatenation instead of `format!`: this runs on every cache read and
     // the formatting machinery cost more than the rest of the key (callgrind).
-    let key = |suffix: &str, variant: &str| {
-        let mut k = String::with_capacity(
-            namespace.len() + identity.len() + suffix.len() + variant.len() + 5,
-        );
-        k.push_str(namespace);
-        k.push_str("o:{");
-        k.push_str(identity);
-        k.push_str("}:");
-        k.push_str(suffix);
-        k.push_str(variant);
-        k
-    };
+    let prefix = namespace.len() + identity.len() + 5;
+    let (entry_len, generation_len) = (prefix + 5 + variant.len(), prefix + 1);
+    let mut buf = String::with_capacity(entry_len + generation_len + prefix + 2 + variant.len());
+    for (suffix, variant) in [("e:v2:", variant), ("g", ""), ("l:", variant)] {
+        buf.push_str(namespace);
+        buf.push_str("o:{");
+        buf.push_str(identity);
+        buf.push_str("}:");
+        buf.push_str(suffix);
+        buf.push_str(variant);
+    }
     ObjectKeys {
-        entry: key("e:v2:", variant),
-        generation: key("g", ""),
-        lease: key("l:", variant),
+        buf,
+        entry_end: entry_len,
+        generation_end: entry_len + generation_len,
     }
 }
 
@@ -326,9 +353,18 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = object_keys("sc:", "app:acme:42", "v");
-        assert_eq!(k.entry, "sc:o:{app:acme:42}:e:v2:v");
-        assert_eq!(k.generation, "sc:o:{app:acme:42}:g");
-        assert_eq!(k.lease, "sc:o:{app:acme:42}:l:v");
+        assert_eq!(k.entry(), "sc:o:{app:acme:42}:e:v2:v");
+        assert_eq!(k.generation(), "sc:o:{app:acme:42}:g");
+        assert_eq!(k.lease(), "sc:o:{app:acme:42}:l:v");
+        assert_eq!(
+            k,
+            ObjectKeys::from_parts(k.entry(), k.generation(), k.lease())
+        );
+        let k = object_keys("", "a", "");
+        assert_eq!(
+            (k.entry(), k.generation(), k.lease()),
+            ("o:{a}:e:v2:", "o:{a}:g", "o:{a}:l:")
+        );
     }
 
     #[test]

@@ -215,9 +215,9 @@ pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
             .collect(),
     );
     out["keys"] = json!({
-        "entry": key.keys.entry,
-        "generation": key.keys.generation,
-        "lease": key.keys.lease,
+        "entry": key.keys.entry(),
+        "generation": key.keys.generation(),
+        "lease": key.keys.lease(),
     });
     let bypass = bypass_reason(&route, &headers, subject.query());
     out["bypass"] = json!(bypass);

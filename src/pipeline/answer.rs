@@ -13,8 +13,8 @@ use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
 use super::range::{self, RangeAnswer, RangeAsk};
 use crate::body::{self, Body};
-use http::header::{self, HeaderMap, HeaderValue};
 use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 
 /// What the client asked beyond the object itself, kept from its request

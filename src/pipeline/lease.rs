@@ -143,11 +143,11 @@ async fn attempt(
             .lease_superseded
             .with_label_values(&[&route.name])
             .inc();
-        tracing::debug!(route = %route.name, key = %key.keys.lease, "lease of an older generation's fill superseded");
+        tracing::debug!(route = %route.name, key = %key.keys.lease(), "lease of an older generation's fill superseded");
     }
     Ok(Some(LeaseGuard {
         store: Arc::clone(store),
-        lease_key: key.keys.lease.clone(),
+        lease_key: key.keys.lease().to_owned(),
         owner: value,
         ticket,
         route: route.name.clone(),
@@ -359,7 +359,7 @@ mod tests {
             "held for the current generation"
         );
         store
-            .invalidate(&key.keys.generation, "inv", GEN_TTL)
+            .invalidate(key.keys.generation(), "inv", GEN_TTL)
             .await
             .unwrap();
         let new = try_once()

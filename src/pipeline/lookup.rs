@@ -176,10 +176,10 @@ async fn resolve(
         Verdict::Miss(generation) => Ok(Found::Miss(generation)),
         Verdict::Corrupt(why, raw) => {
             metrics.corrupt.with_label_values(&[route]).inc();
-            tracing::warn!(key = %key.keys.entry, reason = why, "corrupt cache entry removed");
+            tracing::warn!(key = %key.keys.entry(), reason = why, "corrupt cache entry removed");
             // Failure to delete is harmless: the entry is never served and
             // the next publish overwrites it.
-            let _ = store.delete_if_equals(&key.keys.entry, &raw).await;
+            let _ = store.delete_if_equals(key.keys.entry(), &raw).await;
             // Rare: the request then takes a ticket for its generation.
             Ok(Found::Miss(None))
         }

@@ -444,7 +444,7 @@ impl Pipeline {
             (None, None) => fill_generation(&fill).await,
         };
         degraded |= generation.is_none();
-        let entry_key = fill.key.keys.entry.clone();
+        let entry_key = fill.key.keys.entry().to_owned();
         let flight_key = match generation {
             Some(generation) => FlightKey::Fill {
                 entry: entry_key,
@@ -515,7 +515,7 @@ impl Pipeline {
     /// instances at most one runs per object. Nobody awaits it.
     fn start_refresh(&self, fill: &Arc<Fill>, generation: bytes::Bytes) {
         let task_fill = Arc::clone(fill);
-        let key = stale::refresh_flight_key(&fill.key.keys.entry, generation);
+        let key = stale::refresh_flight_key(fill.key.keys.entry(), generation);
         let _running = self.flights.join(key, move || {
             async move { stale::refresh(&task_fill).await }.boxed()
         });
@@ -568,7 +568,7 @@ async fn fill_generation(fill: &Fill) -> Option<bytes::Bytes> {
     let ticket = fill
         .shared
         .store
-        .ticket(&fill.key.keys.generation, &nonce(), fill.cfg.gen_ttl)
+        .ticket(fill.key.keys.generation(), &nonce(), fill.cfg.gen_ttl)
         .await;
     if let Err(e) = &ticket {
         tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
@@ -696,7 +696,7 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
                 // answer is not cached. Worth an operator's attention.
                 tracing::warn!(
                     route = %route.name,
-                    key = %fill.key.keys.entry,
+                    key = %fill.key.keys.entry(),
                     fill_ms = started.elapsed().as_millis() as u64,
                     lease_ms = route.lease.as_millis() as u64,
                     "publish rejected: lease lost during the fill"
@@ -704,21 +704,21 @@ async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
                 FillOutcome::LeaseLost
             }
             Ok(PublishOutcome::GenerationChanged) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: generation changed during the fill");
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: generation changed during the fill");
                 FillOutcome::Rejected
             }
             Ok(PublishOutcome::TagChanged) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry, "publish rejected: a tag was invalidated during the fill");
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: a tag was invalidated during the fill");
                 count_publish(fill, FillOutcome::Rejected);
                 return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
             }
             Ok(PublishOutcome::BelowFloor) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry, version = ?checks.version, "publish refused: answer older than the object's floor");
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), version = ?checks.version, "publish refused: answer older than the object's floor");
                 FillOutcome::BelowFloor
             }
             // The answer is still good: return it, never fetch again.
             Err(e) => {
-                tracing::debug!(key = %fill.key.keys.entry, error = %e, "publish failed");
+                tracing::debug!(key = %fill.key.keys.entry(), error = %e, "publish failed");
                 FillOutcome::WriteFailure
             }
         };
@@ -779,16 +779,16 @@ fn entry_keys<'f>(fill: &'f Fill, entry: &Entry) -> std::borrow::Cow<'f, keys::O
         return std::borrow::Cow::Borrowed(own);
     }
     let ns = &fill.cfg.store.namespace;
-    std::borrow::Cow::Owned(keys::ObjectKeys {
-        entry: keys::object_keys(
-            ns,
-            &fill.key.identity,
-            &String::from_utf8_lossy(&entry.variant),
-        )
-        .entry,
-        generation: own.generation.clone(),
-        lease: own.lease.clone(),
-    })
+    let theirs = keys::object_keys(
+        ns,
+        &fill.key.identity,
+        &String::from_utf8_lossy(&entry.variant),
+    );
+    std::borrow::Cow::Owned(keys::ObjectKeys::from_parts(
+        theirs.entry(),
+        own.generation(),
+        own.lease(),
+    ))
 }
 
 /// Stores the names an answer varies on for its object, so the next fill
@@ -989,7 +989,6 @@ fn respond_with(
     client_cc::apply(route, entry, h);
     answer::shape(resp, entry, ask)
 }
-
 
 /// A flight's answer as this client's response; `None` for a one-client
 /// answer when this request did not start the flight. A one-client answer

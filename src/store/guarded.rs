@@ -494,7 +494,7 @@ impl GuardedStore {
         if let Some(snapshot) = self.inner.read_near(keys) {
             return Ok(snapshot);
         }
-        self.call(Op::Read, &keys.generation, |s| s.read(keys))
+        self.call(Op::Read, keys.generation(), |s| s.read(keys))
             .await
     }
 
@@ -512,7 +512,7 @@ impl GuardedStore {
     /// [`Self::read`] after [`Self::read_near`] found nothing: not counted
     /// as a second near-cache lookup.
     pub async fn read_far(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
-        self.call(Op::Read, &keys.generation, |s| s.read(keys))
+        self.call(Op::Read, keys.generation(), |s| s.read(keys))
             .await
     }
 
@@ -524,7 +524,7 @@ impl GuardedStore {
 
     /// Everything stored for one variant, with TTLs (`/admin/lookup`).
     pub async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
-        self.call(Op::Inspect, &keys.generation, |s| s.inspect(keys))
+        self.call(Op::Inspect, keys.generation(), |s| s.inspect(keys))
             .await
     }
 
@@ -541,7 +541,7 @@ impl GuardedStore {
         ttl: Duration,
         gen_ttl: Duration,
     ) -> Result<LeaseReply, StoreError> {
-        self.call(Op::TakeLease, &keys.lease, |s| {
+        self.call(Op::TakeLease, keys.lease(), |s| {
             s.take_lease(keys, owner, nonce, ttl, gen_ttl)
         })
         .await
@@ -565,7 +565,7 @@ impl GuardedStore {
         entry: Bytes,
         ttl: Duration,
     ) -> Result<PublishOutcome, StoreError> {
-        self.call(Op::Publish, &keys.entry, |s| {
+        self.call(Op::Publish, keys.entry(), |s| {
             s.publish(keys, owner, ticket, entry, ttl)
         })
         .await
@@ -599,12 +599,12 @@ impl GuardedStore {
                 tags: Vec::new(),
             };
             return self
-                .call(Op::Publish, &keys.entry, |s| {
+                .call(Op::Publish, keys.entry(), |s| {
                     s.publish_checked(keys, owner, ticket, entry, ttl, &rest)
                 })
                 .await;
         }
-        self.call(Op::Publish, &keys.entry, |s| {
+        self.call(Op::Publish, keys.entry(), |s| {
             s.publish_checked(keys, owner, ticket, entry, ttl, checks)
         })
         .await
@@ -1067,7 +1067,7 @@ mod tests {
         let take = |owner: &'static str| store.take_lease(&k, owner, "n", COOLDOWN, COOLDOWN);
         assert!(matches!(take("a").await, Ok(LeaseReply::Won { .. })));
         assert_eq!(take("b").await.unwrap(), LeaseReply::Held);
-        assert!(!store.unlock(&k.lease, "b").await.unwrap());
+        assert!(!store.unlock(k.lease(), "b").await.unwrap());
         assert!(!store.breaker_is_open());
         assert_eq!(errors(&metrics, "take_lease"), 0);
     }
@@ -1279,10 +1279,6 @@ mod tests {
     }
 
     fn keys() -> ObjectKeys {
-        ObjectKeys {
-            entry: "e".into(),
-            generation: "g".into(),
-            lease: "l".into(),
-        }
+        ObjectKeys::from_parts("e", "g", "l")
     }
 }

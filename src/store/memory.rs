@@ -126,10 +126,10 @@ impl Inner {
         let now = Instant::now();
         // A missing generation counts as changed: it was lost and any
         // recreation would be a value this ticket never saw (ABA).
-        if self.get(&keys.generation, now).map(Bytes::as_ref) != Some(ticket) {
+        if self.get(keys.generation(), now).map(Bytes::as_ref) != Some(ticket) {
             return PublishOutcome::GenerationChanged;
         }
-        if self.get(&keys.lease, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+        if self.get(keys.lease(), now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
             return PublishOutcome::LeaseLost;
         }
         if let Some(floor_key) = &checks.floor_key {
@@ -144,7 +144,7 @@ impl Inner {
                 return PublishOutcome::TagChanged;
             }
         }
-        self.set(&keys.entry, entry, ttl, now);
+        self.set(keys.entry(), entry, ttl, now);
         PublishOutcome::Published
     }
 
@@ -189,8 +189,8 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut inner = self.lock();
             Ok(Snapshot {
-                entry: inner.get(&keys.entry, now).cloned(),
-                generation: inner.get(&keys.generation, now).cloned(),
+                entry: inner.get(keys.entry(), now).cloned(),
+                generation: inner.get(keys.generation(), now).cloned(),
                 memo: None,
             })
         })
@@ -204,9 +204,9 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut inner = self.lock();
             Ok(Inspection {
-                entry: inner.get_with_ttl(&keys.entry, now),
-                generation: inner.get_with_ttl(&keys.generation, now),
-                lease: inner.get_with_ttl(&keys.lease, now),
+                entry: inner.get_with_ttl(keys.entry(), now),
+                generation: inner.get_with_ttl(keys.generation(), now),
+                lease: inner.get_with_ttl(keys.lease(), now),
             })
         })
     }
@@ -222,8 +222,8 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let now = Instant::now();
             let mut inner = self.lock();
-            let ticket = inner.ticket(&keys.generation, nonce, gen_ttl, now);
-            let superseded = match inner.get(&keys.lease, now) {
+            let ticket = inner.ticket(keys.generation(), nonce, gen_ttl, now);
+            let superseded = match inner.get(keys.lease(), now) {
                 None => false,
                 Some(held) if lease_ticket(held) == Some(ticket.as_ref()) => {
                     return Ok(LeaseReply::Held);
@@ -232,7 +232,7 @@ impl Store for MemoryStore {
             };
             let reply = LeaseReply::won(owner, ticket, superseded);
             if let LeaseReply::Won { value, .. } = &reply {
-                inner.set(&keys.lease, Bytes::from(value.clone()), ttl, now);
+                inner.set(keys.lease(), Bytes::from(value.clone()), ttl, now);
             }
             Ok(reply)
         })

@@ -48,8 +48,8 @@ pub mod slot_map;
 
 use crate::keys::ObjectKeys;
 use bytes::Bytes;
-use std::future::Future;
 use std::any::Any;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

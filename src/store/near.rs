@@ -245,7 +245,7 @@ impl NearCache {
 
     /// [`Self::get`] without counting (for a second look in the same read).
     pub fn peek(&self, keys: &ObjectKeys) -> Option<Snapshot> {
-        let (object, suffix) = split_key(&keys.entry)?;
+        let (object, suffix) = split_key(keys.entry())?;
         let obj = self.objects.get(object)?;
         let now = Instant::now();
         if now >= obj.expires && !self.confirmed(&obj.link, now) {
@@ -309,7 +309,8 @@ impl NearCache {
             return;
         }
         let key = Bytes::copy_from_slice(key.as_bytes());
-        self.tags.insert(key, (value.clone(), Instant::now(), link.clone()));
+        self.tags
+            .insert(key, (value.clone(), Instant::now(), link.clone()));
     }
 
     /// The tracked connection a read of `key` goes over, if it is up: the
@@ -332,7 +333,7 @@ impl NearCache {
 
     /// The epoch to note before sending a read of `keys`.
     pub fn epoch(&self, keys: &ObjectKeys) -> u64 {
-        self.key_epoch(&keys.entry)
+        self.key_epoch(keys.entry())
     }
 
     /// Keeps what a read over tracked connection `conn` returned, unless
@@ -343,7 +344,7 @@ impl NearCache {
         let (Some(entry), Some(generation)) = (&snapshot.entry, &snapshot.generation) else {
             return;
         };
-        let Some((object, suffix)) = split_key(&keys.entry) else {
+        let Some((object, suffix)) = split_key(keys.entry()) else {
             return;
         };
         let _guard = self.lock();
@@ -561,7 +562,9 @@ mod tests {
             1,
             PushInfo {
                 kind: PushKind::Invalidate,
-                data: vec![Value::Array(vec![Value::BulkString(k.entry.clone().into_bytes())])],
+                data: vec![Value::Array(vec![Value::BulkString(
+                    k.entry().as_bytes().to_vec(),
+                )])],
             },
         );
         assert_eq!(c.get(&k), None);
@@ -578,8 +581,11 @@ mod tests {
     #[test]
     fn split_key_cuts_after_the_object() {
         let k = object_keys("sc:", "app:acme:1", "v1");
-        assert_eq!(split_key(&k.entry), Some(("sc:o:{app:acme:1}", ":e:v2:v1")));
-        assert_eq!(split_key(&k.generation), Some(("sc:o:{app:acme:1}", ":g")));
+        assert_eq!(
+            split_key(k.entry()),
+            Some(("sc:o:{app:acme:1}", ":e:v2:v1"))
+        );
+        assert_eq!(split_key(k.generation()), Some(("sc:o:{app:acme:1}", ":g")));
         assert_eq!(split_key("no-braces"), None);
     }
 
@@ -597,7 +603,7 @@ mod tests {
             PushInfo {
                 kind: PushKind::Invalidate,
                 data: vec![Value::Array(vec![Value::BulkString(
-                    k.generation.clone().into_bytes(),
+                    k.generation().as_bytes().to_vec(),
                 )])],
             },
         );
@@ -610,7 +616,7 @@ mod tests {
         let k = object_keys("sc:", "app:acme:1", "v1");
         let e = c.epoch(&k);
         // The push for the key arrives between the reply and the insert.
-        c.forget(k.entry.as_bytes());
+        c.forget(k.entry().as_bytes());
         c.offer(&k, e, &link(), &snap("OLD", "g1"));
         assert_eq!(c.get(&k), None);
         // A read noted after the push is kept.

@@ -584,9 +584,9 @@ impl Store for RedisStore {
                 i64,
             );
             let (e, e_ttl, g, g_ttl, l, l_ttl): Reply = scripts::INSPECT
-                .key(&keys.entry)
-                .key(&keys.generation)
-                .key(&keys.lease)
+                .key(keys.entry())
+                .key(keys.generation())
+                .key(keys.lease())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
@@ -616,7 +616,7 @@ impl Store for RedisStore {
                 // Epoch first: a connection lost after this point bumps it,
                 // so nothing read over that connection can be kept.
                 let epoch = near.epoch(keys);
-                if let Some(tracked) = near.tracked_for(&keys.entry) {
+                if let Some(tracked) = near.tracked_for(keys.entry()) {
                     match mget(&mut tracked.conn.clone(), keys).await {
                         Ok(snapshot) => {
                             near.offer(keys, epoch, &tracked.link, &snapshot);
@@ -647,8 +647,8 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn.current();
             let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
-                .key(&keys.lease)
-                .key(&keys.generation)
+                .key(keys.lease())
+                .key(keys.generation())
                 .arg(owner)
                 .arg(nonce)
                 .arg(px(ttl))
@@ -693,9 +693,9 @@ impl Store for RedisStore {
             if checks.is_none() {
                 // The common case: the shorter script.
                 let code: i64 = scripts::PUBLISH
-                    .key(&keys.lease)
-                    .key(&keys.generation)
-                    .key(&keys.entry)
+                    .key(keys.lease())
+                    .key(keys.generation())
+                    .key(keys.entry())
                     .arg(owner)
                     .arg(ticket)
                     .arg(entry.as_ref())
@@ -703,7 +703,7 @@ impl Store for RedisStore {
                     .invoke_async(&mut conn)
                     .await
                     .map_err(map_error)?;
-                self.forget(&keys.entry);
+                self.forget(keys.entry());
                 return match code {
                     1 => Ok(PublishOutcome::Published),
                     0 => Ok(PublishOutcome::LeaseLost),
@@ -727,11 +727,11 @@ impl Store for RedisStore {
                     return Ok(PublishOutcome::TagChanged);
                 }
             }
-            let mut call = scripts::PUBLISH_CHECKED.key(&keys.lease);
-            call.key(&keys.generation)
-                .key(&keys.entry)
+            let mut call = scripts::PUBLISH_CHECKED.key(keys.lease());
+            call.key(keys.generation())
+                .key(keys.entry())
                 // Any key of the object's slot when there is no floor.
-                .key(checks.floor_key.as_deref().unwrap_or(&keys.generation))
+                .key(checks.floor_key.as_deref().unwrap_or(keys.generation()))
                 .arg(owner)
                 .arg(ticket)
                 .arg(entry.as_ref())
@@ -744,7 +744,7 @@ impl Store for RedisStore {
                 }
             }
             let code: i64 = call.invoke_async(&mut conn).await.map_err(map_error)?;
-            self.forget(&keys.entry);
+            self.forget(keys.entry());
             match code {
                 1 => Ok(PublishOutcome::Published),
                 0 => Ok(PublishOutcome::LeaseLost),
@@ -1014,8 +1014,8 @@ impl Store for RedisStore {
 /// Entry and generation of one object in one round trip.
 async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
     let (entry, generation): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("MGET")
-        .arg(&keys.entry)
-        .arg(&keys.generation)
+        .arg(keys.entry())
+        .arg(keys.generation())
         .query_async(conn)
         .await
         .map_err(map_error)?;
@@ -1145,11 +1145,7 @@ mod tests {
             replicas_ack: None,
         };
         let store = RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).unwrap();
-        let keys = ObjectKeys {
-            entry: "e".into(),
-            generation: "g".into(),
-            lease: "l".into(),
-        };
+        let keys = ObjectKeys::from_parts("e", "g", "l");
         let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(Duration::from_secs(5), store.read(&keys)).await;
         assert!(matches!(result, Ok(Err(_))), "{result:?}");

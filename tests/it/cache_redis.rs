@@ -330,7 +330,11 @@ async fn near_cache_objects_outlive_max_age_while_heartbeats_are_answered() {
     let hits = near("hit").await;
     let r = client::get(&a.url(P)).await;
     redis.resume();
-    assert_ne!(x_cache(&r), "HIT", "served from memory after max_age unconfirmed");
+    assert_ne!(
+        x_cache(&r),
+        "HIT",
+        "served from memory after max_age unconfirmed"
+    );
     assert_eq!(near("hit").await, hits);
     assert_eq!(origin.hits(P), 2, "the degraded read went to the origin");
 }

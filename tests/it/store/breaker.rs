@@ -56,7 +56,7 @@ async fn killed_server_fails_fast_and_recovers_after_restart() {
     let metrics = Metrics::new();
     let store = guarded(&server, &metrics);
     let k = keys("kill");
-    store.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    store.ticket(k.generation(), "n", GEN_TTL).await.unwrap();
 
     server.kill();
     let started = Instant::now();
@@ -98,7 +98,7 @@ async fn killed_server_fails_fast_and_recovers_after_restart() {
     assert_eq!(metrics.breaker_open.get(), 0);
     // Data is gone with the restart: a ticket is simply created again.
     assert!(!store
-        .ticket(&k.generation, "n2", GEN_TTL)
+        .ticket(k.generation(), "n2", GEN_TTL)
         .await
         .unwrap()
         .is_empty());
@@ -113,7 +113,7 @@ async fn paused_server_times_out_opens_breaker_and_one_probe_closes_it() {
     let metrics = Metrics::new();
     let store = Arc::new(guarded(&server, &metrics));
     let k = keys("pause");
-    store.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    store.ticket(k.generation(), "n", GEN_TTL).await.unwrap();
 
     let pause = Duration::from_millis(2000);
     server.pause(pause.as_millis() as u64);

@@ -10,31 +10,37 @@ use std::time::Duration;
 
 pub async fn ticket_is_never_absent_and_stable_until_invalidate(s: &dyn Store) {
     let k = keys("t");
-    let first = s.ticket(&k.generation, "n1", GEN_TTL).await.unwrap();
+    let first = s.ticket(k.generation(), "n1", GEN_TTL).await.unwrap();
     assert!(!first.is_empty());
     // A second reader with another nonce gets the same generation.
-    assert_eq!(s.ticket(&k.generation, "n2", GEN_TTL).await.unwrap(), first);
+    assert_eq!(
+        s.ticket(k.generation(), "n2", GEN_TTL).await.unwrap(),
+        first
+    );
     assert_eq!(s.read(&k).await.unwrap().generation, Some(first.clone()));
 
-    let after = s.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap();
+    let after = s.invalidate(k.generation(), "n3", GEN_TTL).await.unwrap();
     assert_ne!(after, first);
-    assert_eq!(s.ticket(&k.generation, "n4", GEN_TTL).await.unwrap(), after);
+    assert_eq!(
+        s.ticket(k.generation(), "n4", GEN_TTL).await.unwrap(),
+        after
+    );
 }
 
 pub async fn invalidate_always_gives_a_new_distinct_value(s: &dyn Store) {
     let k = keys("inv");
     let mut seen = std::collections::HashSet::new();
-    seen.insert(s.ticket(&k.generation, "t", GEN_TTL).await.unwrap());
+    seen.insert(s.ticket(k.generation(), "t", GEN_TTL).await.unwrap());
     // Distinct nonces within one microsecond: the nonce keeps them apart.
     for i in 0..50 {
         let nonce = format!("n{i}");
-        let g = s.invalidate(&k.generation, &nonce, GEN_TTL).await.unwrap();
+        let g = s.invalidate(k.generation(), &nonce, GEN_TTL).await.unwrap();
         assert!(seen.insert(g.clone()), "repeated generation {g:?}");
     }
     // Even a reused nonce never yields the value it replaces.
-    let mut previous = s.invalidate(&k.generation, "same", GEN_TTL).await.unwrap();
+    let mut previous = s.invalidate(k.generation(), "same", GEN_TTL).await.unwrap();
     for _ in 0..50 {
-        let g = s.invalidate(&k.generation, "same", GEN_TTL).await.unwrap();
+        let g = s.invalidate(k.generation(), "same", GEN_TTL).await.unwrap();
         assert_ne!(g, previous);
         previous = g;
     }
@@ -42,8 +48,8 @@ pub async fn invalidate_always_gives_a_new_distinct_value(s: &dyn Store) {
 
 pub async fn invalidate_of_a_missing_generation_creates_it(s: &dyn Store) {
     let k = keys("inv-missing");
-    let g = s.invalidate(&k.generation, "n", GEN_TTL).await.unwrap();
-    assert_eq!(s.ticket(&k.generation, "other", GEN_TTL).await.unwrap(), g);
+    let g = s.invalidate(k.generation(), "n", GEN_TTL).await.unwrap();
+    assert_eq!(s.ticket(k.generation(), "other", GEN_TTL).await.unwrap(), g);
 }
 
 pub async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
@@ -53,7 +59,7 @@ pub async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
         let k = keys(id);
         let (owner, ticket) = lease(s, &k, "owner", LEASE).await.expect("free");
         for i in 0..invalidations {
-            s.invalidate(&k.generation, &format!("e{i}"), GEN_TTL)
+            s.invalidate(k.generation(), &format!("e{i}"), GEN_TTL)
                 .await
                 .unwrap();
         }
@@ -78,20 +84,23 @@ pub async fn invalidations_are_idempotent_and_commute(s: &dyn Store) {
 pub async fn generation_expires_after_gen_ttl_and_is_recreated_fresh(s: &dyn Store) {
     let k = keys("gen-ttl");
     let first = s
-        .ticket(&k.generation, "a", Duration::from_millis(100))
+        .ticket(k.generation(), "a", Duration::from_millis(100))
         .await
         .unwrap();
     eventually("generation expires", || async {
         s.read(&k).await.unwrap().generation.is_none()
     })
     .await;
-    let second = s.ticket(&k.generation, "b", GEN_TTL).await.unwrap();
+    let second = s.ticket(k.generation(), "b", GEN_TTL).await.unwrap();
     assert_ne!(first, second);
 }
 
 pub async fn invalidate_many_replaces_every_generation_in_one_call(s: &dyn Store) {
     let ids: Vec<String> = (0..50).map(|i| format!("many{i}")).collect();
-    let gen_keys: Vec<String> = ids.iter().map(|id| keys(id).generation).collect();
+    let gen_keys: Vec<String> = ids
+        .iter()
+        .map(|id| keys(id).generation().to_owned())
+        .collect();
     // Half the objects have a generation already, half have none.
     let mut before = Vec::new();
     for k in &gen_keys[..25] {
@@ -128,7 +137,7 @@ pub async fn invalidate_many_replaces_every_generation_in_one_call(s: &dyn Store
 pub async fn invalidate_marked_replaces_once_per_event(s: &dyn Store) {
     let k = keys("marked");
     async fn apply(s: &dyn Store, k: &ObjectKeys, mark: &str) -> Bytes {
-        let gen_keys = [k.generation.clone()];
+        let gen_keys = [k.generation().to_owned()];
         s.invalidate_marked(&gen_keys, &[mark.to_owned()], "n", GEN_TTL)
             .await
             .unwrap();
@@ -157,7 +166,7 @@ pub async fn invalidate_marked_replaces_once_per_event(s: &dyn Store) {
     assert_eq!(outcome, PublishOutcome::Published);
     // Several keys in one call, each with its own mark.
     let many: Vec<String> = (0..3)
-        .map(|i| super::keys(&format!("marked{i}")).generation)
+        .map(|i| super::keys(&format!("marked{i}")).generation().to_owned())
         .collect();
     let marks: Vec<String> = (0..3).map(|i| format!("s:5-{i}")).collect();
     s.invalidate_marked(&many, &marks, "n", GEN_TTL)

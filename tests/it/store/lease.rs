@@ -26,7 +26,7 @@ pub async fn lease_is_set_if_absent(s: &dyn Store) {
 pub async fn lease_of_an_older_generation_is_superseded(s: &dyn Store) {
     let k = keys("supersede");
     let (old, old_ticket) = lease(s, &k, "old", LEASE).await.expect("free");
-    s.invalidate(&k.generation, "w", GEN_TTL).await.unwrap();
+    s.invalidate(k.generation(), "w", GEN_TTL).await.unwrap();
     let LeaseReply::Won {
         value: new,
         ticket,
@@ -38,13 +38,13 @@ pub async fn lease_of_an_older_generation_is_superseded(s: &dyn Store) {
     assert!(superseded);
     assert_ne!(ticket, old_ticket);
     assert_eq!(s.read(&k).await.unwrap().generation.as_ref(), Some(&ticket));
-    assert!(!s.renew_lease(&k.lease, &old, LEASE).await.unwrap());
+    assert!(!s.renew_lease(k.lease(), &old, LEASE).await.unwrap());
     let outcome = s
         .publish(&k, &old, &old_ticket, binary_entry(1), ENTRY_TTL)
         .await
         .unwrap();
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
-    assert!(!s.unlock(&k.lease, &old).await.unwrap());
+    assert!(!s.unlock(k.lease(), &old).await.unwrap());
     assert!(
         lease(s, &k, "third", LEASE).await.is_none(),
         "the new fill is current: waited for"
@@ -55,7 +55,7 @@ pub async fn lease_of_an_older_generation_is_superseded(s: &dyn Store) {
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
     // A lost generation: the recreated one is new, the holder superseded.
-    assert!(s.delete_if_equals(&k.generation, &ticket).await.unwrap());
+    assert!(s.delete_if_equals(k.generation(), &ticket).await.unwrap());
     let (_, recreated) = lease(s, &k, "after-loss", LEASE)
         .await
         .expect("the fill of a lost generation is superseded");
@@ -80,17 +80,17 @@ pub async fn concurrent_lease_attempts_have_exactly_one_winner(s: &dyn Store) {
 pub async fn unlock_only_deletes_own_lease(s: &dyn Store) {
     let k = keys("unlock");
     assert!(
-        !s.unlock(&k.lease, "nobody").await.unwrap(),
+        !s.unlock(k.lease(), "nobody").await.unwrap(),
         "missing lease"
     );
     let (a, _) = lease(s, &k, "a", LEASE).await.expect("free");
     assert!(
-        !s.unlock(&k.lease, "a").await.unwrap(),
+        !s.unlock(k.lease(), "a").await.unwrap(),
         "the owner token alone is not the value"
     );
     assert!(lease(s, &k, "b", LEASE).await.is_none(), "a still holds it");
-    assert!(s.unlock(&k.lease, &a).await.unwrap());
-    assert!(!s.unlock(&k.lease, &a).await.unwrap(), "already released");
+    assert!(s.unlock(k.lease(), &a).await.unwrap());
+    assert!(!s.unlock(k.lease(), &a).await.unwrap(), "already released");
     assert!(lease(s, &k, "b", LEASE).await.is_some());
 }
 
@@ -98,21 +98,21 @@ pub async fn renew_lease_extends_only_the_owners_live_lease(s: &dyn Store) {
     let k = keys("renew");
     let short = Duration::from_millis(300);
     assert!(
-        !s.renew_lease(&k.lease, "a", LEASE).await.unwrap(),
+        !s.renew_lease(k.lease(), "a", LEASE).await.unwrap(),
         "renewing creates nothing"
     );
     let (a, _) = lease(s, &k, "a", short).await.expect("free");
     assert!(
-        !s.renew_lease(&k.lease, "b", LEASE).await.unwrap(),
+        !s.renew_lease(k.lease(), "b", LEASE).await.unwrap(),
         "not b's"
     );
-    assert!(s.renew_lease(&k.lease, &a, LEASE).await.unwrap());
+    assert!(s.renew_lease(k.lease(), &a, LEASE).await.unwrap());
     // Well past the first TTL the renewed lease is still held.
     tokio::time::sleep(short * 2).await;
     assert!(lease(s, &k, "b", short).await.is_none());
-    assert!(s.unlock(&k.lease, &a).await.unwrap());
+    assert!(s.unlock(k.lease(), &a).await.unwrap());
     assert!(
-        !s.renew_lease(&k.lease, &a, LEASE).await.unwrap(),
+        !s.renew_lease(k.lease(), &a, LEASE).await.unwrap(),
         "a released lease is not revived"
     );
     // An expired lease cannot be renewed, and a late renewal leaves the
@@ -122,6 +122,6 @@ pub async fn renew_lease_extends_only_the_owners_live_lease(s: &dyn Store) {
         lease(s, &k, "c", LEASE).await.is_some()
     })
     .await;
-    assert!(!s.renew_lease(&k.lease, &b, short).await.unwrap());
+    assert!(!s.renew_lease(k.lease(), &b, short).await.unwrap());
     assert!(lease(s, &k, "d", LEASE).await.is_none(), "c still holds it");
 }

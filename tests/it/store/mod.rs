@@ -43,11 +43,11 @@ const EVENTUALLY: Duration = Duration::from_secs(5);
 /// The keys of object `id`, shaped like `keys::object_keys` builds them (one hash
 /// slot per object).
 fn keys(id: &str) -> ObjectKeys {
-    ObjectKeys {
-        entry: format!("sc:o:{{app:{id}}}:e:v2:var"),
-        generation: format!("sc:o:{{app:{id}}}:g"),
-        lease: format!("sc:o:{{app:{id}}}:l:var"),
-    }
+    ObjectKeys::from_parts(
+        &format!("sc:o:{{app:{id}}}:e:v2:var"),
+        &format!("sc:o:{{app:{id}}}:g"),
+        &format!("sc:o:{{app:{id}}}:l:var"),
+    )
 }
 
 /// Polls `check` every 10 ms until it holds; fails after `EVENTUALLY`. Not

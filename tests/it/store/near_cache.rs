@@ -19,7 +19,7 @@ pub(super) async fn publish_through(s: &dyn Store, k: &ObjectKeys, entry: Bytes)
     let (o, ticket) = lease(s, k, "o", LEASE).await.expect("free");
     let outcome = s.publish(k, &o, &ticket, entry, ENTRY_TTL).await.unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
-    s.unlock(&k.lease, &o).await.unwrap();
+    s.unlock(k.lease(), &o).await.unwrap();
     ticket
 }
 
@@ -42,7 +42,7 @@ async fn near_cache_drops_what_another_instance_changes() {
     assert!(hits >= 1);
 
     // B invalidates: A's copy goes away, A then reads the new generation.
-    let g2 = b.invalidate(&k.generation, "n2", GEN_TTL).await.unwrap();
+    let g2 = b.invalidate(k.generation(), "n2", GEN_TTL).await.unwrap();
     eventually("A drops the object after B's invalidation", || async {
         a.read_near(&k).is_none()
     })
@@ -144,7 +144,7 @@ async fn near_cache_is_emptied_when_its_connection_dies() {
         a.read_near(&k).is_some(),
         "kept again over the new connection"
     );
-    let g2 = b.invalidate(&k.generation, "n2", GEN_TTL).await.unwrap();
+    let g2 = b.invalidate(k.generation(), "n2", GEN_TTL).await.unwrap();
     eventually("invalidations arrive over the new connection", || async {
         a.read_near(&k).is_none()
     })
@@ -208,7 +208,7 @@ async fn near_cache_converges_under_concurrent_writes() {
         .collect();
     let mut last = Bytes::new();
     for i in 0..300u32 {
-        b.invalidate(&k.generation, &format!("n{i}"), GEN_TTL)
+        b.invalidate(k.generation(), &format!("n{i}"), GEN_TTL)
             .await
             .unwrap();
         last = Bytes::from(format!("version {i}"));

@@ -63,7 +63,7 @@ fn one_per_master(cluster: &RedisCluster, prefix: &str) -> Vec<ObjectKeys> {
     let mut found: Vec<Option<ObjectKeys>> = vec![None; cluster.nodes.len()];
     for i in 0.. {
         let k = keys(&format!("{prefix}-{i}"));
-        let port = cluster.owner(&k.generation).port();
+        let port = cluster.owner(k.generation()).port();
         let at = cluster.nodes.iter().position(|n| n.port() == port);
         if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
             slot.get_or_insert(k);
@@ -113,7 +113,7 @@ async fn every_master_pushes_what_another_instance_changes() {
         assert_eq!(a.read_near(k), Some(read), "A keeps what it read");
     }
     for k in &objects {
-        let g2 = b.invalidate(&k.generation, "n2", GEN_TTL).await.unwrap();
+        let g2 = b.invalidate(k.generation(), "n2", GEN_TTL).await.unwrap();
         eventually("A drops the object after B's invalidation", || async {
             a.read_near(k).is_none()
         })
@@ -135,7 +135,7 @@ async fn every_master_pushes_what_another_instance_changes() {
     // Tag generations, one on each master.
     let tag_keys: Vec<String> = objects
         .iter()
-        .map(|k| k.generation.replacen(":o:", ":t:", 1))
+        .map(|k| k.generation().replacen(":o:", ":t:", 1))
         .collect();
     let tickets = b.tag_tickets(&tag_keys, "n", GEN_TTL).await.unwrap();
     let refs: Vec<&str> = tag_keys.iter().map(String::as_str).collect();
@@ -217,19 +217,22 @@ async fn a_moved_slot_leaves_no_stale_near_hit() {
     assert_eq!(a.read(&k).await.unwrap().generation, Some(g1.clone()));
     assert!(a.read_near(&k).is_some());
 
-    let slot = match cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &k.generation]) {
+    let slot = match cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k.generation()]) {
         Ok(::redis::Value::Int(n)) => n.to_string(),
         other => panic!("KEYSLOT: {other:?}"),
     };
     cluster.move_slot(&slot, &cluster.nodes[0], &cluster.nodes[1]);
-    assert_eq!(cluster.owner(&k.generation).port(), cluster.nodes[1].port());
+    assert_eq!(
+        cluster.owner(k.generation()).port(),
+        cluster.nodes[1].port()
+    );
     eventually("the moved keys' push drops the object", || async {
         a.read_near(&k).is_none()
     })
     .await;
 
     for nonce in ["n2", "n3"] {
-        let g = b.invalidate(&k.generation, nonce, GEN_TTL).await.unwrap();
+        let g = b.invalidate(k.generation(), nonce, GEN_TTL).await.unwrap();
         assert_eq!(a.read(&k).await.unwrap().generation, Some(g));
         assert_eq!(
             a.read_near(&k),
@@ -241,13 +244,13 @@ async fn a_moved_slot_leaves_no_stale_near_hit() {
     // C follows the new slot map: it reads the object over the new
     // owner's tracked connection, keeps it, and the new owner's push for
     // B's next invalidation drops it.
-    let g = b.invalidate(&k.generation, "n4", GEN_TTL).await.unwrap();
+    let g = b.invalidate(k.generation(), "n4", GEN_TTL).await.unwrap();
     eventually("C keeps the object read from its new owner", || async {
         c.read(&k).await.unwrap();
         c.read_near(&k).and_then(|s| s.generation) == Some(g.clone())
     })
     .await;
-    let g = b.invalidate(&k.generation, "n5", GEN_TTL).await.unwrap();
+    let g = b.invalidate(k.generation(), "n5", GEN_TTL).await.unwrap();
     eventually("the new owner's push drops it", || async {
         c.read_near(&k).is_none()
     })

@@ -73,14 +73,14 @@ async fn a_primary_switch_drops_what_was_read_from_the_old_primary() {
     .await;
     let k = keys("near-sentinel");
     eventually("B follows the primary", || async {
-        b.ticket(&k.generation, "n0", GEN_TTL).await.is_ok()
+        b.ticket(k.generation(), "n0", GEN_TTL).await.is_ok()
     })
     .await;
     let g1 = publish_through(&b, &k, binary_entry(1)).await;
     assert_eq!(a.read(&k).await.unwrap().generation, Some(g1.clone()));
     assert!(a.read_near(&k).is_some());
     within("the generation is replicated", Duration::from_secs(10), || {
-        matches!(replica.cli(&["GET", &k.generation]), Ok(::redis::Value::BulkString(g)) if g == g1)
+        matches!(replica.cli(&["GET", k.generation()]), Ok(::redis::Value::BulkString(g)) if g == g1)
     })
     .await;
 
@@ -93,7 +93,7 @@ async fn a_primary_switch_drops_what_was_read_from_the_old_primary() {
     .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let g2 = loop {
-        match b.invalidate(&k.generation, "n2", GEN_TTL).await {
+        match b.invalidate(k.generation(), "n2", GEN_TTL).await {
             Ok(g) => break g,
             Err(e) => assert!(Instant::now() < deadline, "B cannot write: {e}"),
         }
@@ -114,7 +114,7 @@ async fn a_primary_switch_drops_what_was_read_from_the_old_primary() {
     )
     .await;
     assert_eq!(metrics.near_cache_tracking.get(), 1);
-    let g3 = b.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap();
+    let g3 = b.invalidate(k.generation(), "n3", GEN_TTL).await.unwrap();
     eventually("the new primary's push drops it", || async {
         a.read_near(&k).is_none()
     })

@@ -14,7 +14,7 @@ pub async fn read_of_missing_keys(s: &dyn Store) {
 
 pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
     let k = keys("pub");
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    let ticket = s.ticket(k.generation(), "n", GEN_TTL).await.unwrap();
     let entry = binary_entry(7);
 
     // No lease at all.
@@ -32,7 +32,7 @@ pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
         .unwrap();
     assert_eq!(outcome, PublishOutcome::LeaseLost);
     // Our lease, a ticket we never got.
-    assert!(s.unlock(&k.lease, &other).await.unwrap());
+    assert!(s.unlock(k.lease(), &other).await.unwrap());
     let (me, _) = lease(s, &k, "me", LEASE).await.expect("free");
     let outcome = s
         .publish(&k, &me, b"1.000000-forged", entry.clone(), ENTRY_TTL)
@@ -58,7 +58,7 @@ pub async fn publish_needs_lease_owner_and_matching_ticket(s: &dyn Store) {
 pub async fn publish_rejected_after_invalidate_stale_backfill(s: &dyn Store) {
     let k = keys("stale");
     let (filler, ticket) = lease(s, &k, "filler", LEASE).await.expect("free");
-    s.invalidate(&k.generation, "writer", GEN_TTL)
+    s.invalidate(k.generation(), "writer", GEN_TTL)
         .await
         .unwrap();
     let outcome = s
@@ -76,7 +76,7 @@ pub async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn St
     let (filler, ticket) = lease(s, &k, "filler", LEASE).await.expect("free");
 
     // Lost: a missing generation counts as changed.
-    assert!(s.delete_if_equals(&k.generation, &ticket).await.unwrap());
+    assert!(s.delete_if_equals(k.generation(), &ticket).await.unwrap());
     let outcome = s
         .publish(&k, &filler, &ticket, binary_entry(1), ENTRY_TTL)
         .await
@@ -84,7 +84,7 @@ pub async fn publish_rejected_after_generation_lost_and_recreated_aba(s: &dyn St
     assert_eq!(outcome, PublishOutcome::GenerationChanged);
 
     // Recreated by another reader's ticket: a fresh value, not the old one.
-    let recreated = s.ticket(&k.generation, "other", GEN_TTL).await.unwrap();
+    let recreated = s.ticket(k.generation(), "other", GEN_TTL).await.unwrap();
     assert_ne!(recreated, ticket);
     let outcome = s
         .publish(&k, &filler, &ticket, binary_entry(1), ENTRY_TTL)
@@ -115,7 +115,7 @@ pub async fn publish_rejected_when_lease_expired_and_taken(s: &dyn Store) {
         .unwrap();
     assert_eq!(outcome, PublishOutcome::LeaseLost);
     // The slow filler's unlock must not release the new owner's lease.
-    assert!(!s.unlock(&k.lease, &slow).await.unwrap());
+    assert!(!s.unlock(k.lease(), &slow).await.unwrap());
     let outcome = s
         .publish(&k, &fast, &ticket, binary_entry(2), ENTRY_TTL)
         .await
@@ -134,14 +134,14 @@ pub async fn delete_if_equals_only_deletes_the_value_seen(s: &dyn Store) {
     assert_eq!(outcome, PublishOutcome::Published);
 
     assert!(!s
-        .delete_if_equals(&k.entry, b"something else")
+        .delete_if_equals(k.entry(), b"something else")
         .await
         .unwrap());
     assert_eq!(s.read(&k).await.unwrap().entry, Some(corrupt.clone()));
-    assert!(s.delete_if_equals(&k.entry, &corrupt).await.unwrap());
+    assert!(s.delete_if_equals(k.entry(), &corrupt).await.unwrap());
     assert_eq!(s.read(&k).await.unwrap().entry, None);
     assert!(
-        !s.delete_if_equals(&k.entry, &corrupt).await.unwrap(),
+        !s.delete_if_equals(k.entry(), &corrupt).await.unwrap(),
         "missing key"
     );
 }

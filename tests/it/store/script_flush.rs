@@ -12,14 +12,14 @@ async fn scripts_survive_script_flush() {
     let server = RedisServer::start();
     let s = redis_store(&server);
     let k = keys("flush");
-    let ticket = s.ticket(&k.generation, "n", GEN_TTL).await.unwrap();
+    let ticket = s.ticket(k.generation(), "n", GEN_TTL).await.unwrap();
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     let (o, lease_ticket) = lease(&s, &k, "o", LEASE).await.expect("free");
     assert_eq!(lease_ticket, ticket);
 
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     assert_eq!(
-        s.ticket(&k.generation, "n2", GEN_TTL).await.unwrap(),
+        s.ticket(k.generation(), "n2", GEN_TTL).await.unwrap(),
         ticket
     );
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
@@ -29,15 +29,15 @@ async fn scripts_survive_script_flush() {
         .unwrap();
     assert_eq!(outcome, PublishOutcome::Published);
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
-    assert!(s.unlock(&k.lease, &o).await.unwrap());
+    assert!(s.unlock(k.lease(), &o).await.unwrap());
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     assert!(s
-        .delete_if_equals(&k.entry, &binary_entry(1))
+        .delete_if_equals(k.entry(), &binary_entry(1))
         .await
         .unwrap());
     server.cli(&["SCRIPT", "FLUSH"]).unwrap();
     assert_ne!(
-        s.invalidate(&k.generation, "n3", GEN_TTL).await.unwrap(),
+        s.invalidate(k.generation(), "n3", GEN_TTL).await.unwrap(),
         ticket
     );
 }
@@ -49,7 +49,7 @@ async fn invalidate_many_survives_script_flush() {
     let server = RedisServer::start();
     let s = redis_store(&server);
     let gen_keys: Vec<String> = (0..10)
-        .map(|i| keys(&format!("mf{i}")).generation)
+        .map(|i| keys(&format!("mf{i}")).generation().to_owned())
         .collect();
     let mut before = Vec::new();
     for k in &gen_keys {
