@@ -36,6 +36,7 @@ use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -302,22 +303,18 @@ impl GuardedStore {
         K: AsRef<[u8]> + Sync,
         T: Send,
     {
-        let groups = self.breakers.groups(keys);
-        let calls = groups.iter().map(|(guard, members)| {
-            let group: Vec<&K> = members.iter().map(|&i| &keys[i]).collect();
-            let call = &call;
-            self.call_through(guard, op, move |s| call(s, group))
-        });
+        let groups = self
+            .each_group(&self.breakers, op, keys, |s, members| {
+                call(s, members.iter().map(|&i| &keys[i]).collect())
+            })
+            .await;
         let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
-        for ((_, members), result) in groups
-            .iter()
-            .zip(futures_util::future::join_all(calls).await)
-        {
+        for (members, result) in groups {
             let values = result?;
             if values.len() != members.len() {
                 return Err(StoreError::Protocol("one value per key expected".into()));
             }
-            for (&i, value) in members.iter().zip(values) {
+            for (i, value) in members.into_iter().zip(values) {
                 out[i] = Some(value);
             }
         }
@@ -329,28 +326,45 @@ impl GuardedStore {
     /// A feed's multi-key call split by master (one group on a single
     /// node), each group through its feeds' breaker, concurrently: one
     /// result per key, its group's, so a dead master fails only its own
-    /// keys. `call` gets the group's indices into `keys`.
+    /// keys. `call` gets the group's indices into `keys` (see [`pick`]).
     async fn feeds_each<'a, K: AsRef<[u8]>>(
         &'a self,
         keys: &[K],
-        call: impl Fn(&'a dyn Store, Vec<usize>) -> BoxFuture<'a, Result<(), StoreError>>,
+        call: impl Fn(&'a dyn Store, &[usize]) -> BoxFuture<'a, Result<(), StoreError>>,
     ) -> Vec<Result<(), StoreError>> {
-        let groups = self.feeds.groups(keys);
-        let calls = groups.iter().map(|(guard, members)| {
-            let call = &call;
-            let members = members.clone();
-            self.call_through(guard, Op::Invalidate, move |s| call(s, members))
-        });
         let mut out = vec![Ok(()); keys.len()];
-        for ((_, members), result) in groups
-            .iter()
-            .zip(futures_util::future::join_all(calls).await)
+        for (members, result) in self
+            .each_group(&self.feeds, Op::Invalidate, keys, call)
+            .await
         {
-            for &i in members {
+            for i in members {
                 out[i] = result.clone();
             }
         }
         out
+    }
+
+    /// `keys`' indices grouped by the breaker of `set` guarding them, and
+    /// each group's result: `call` runs once per group, with the group's
+    /// indices (ascending), through its breaker, all groups concurrently.
+    async fn each_group<'a, K: AsRef<[u8]>, T>(
+        &'a self,
+        set: &Breakers,
+        op: Op,
+        keys: &[K],
+        call: impl Fn(&'a dyn Store, &[usize]) -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> Vec<(Vec<usize>, Result<T, StoreError>)> {
+        let groups = set.groups(keys);
+        let calls = groups.iter().map(|(guard, members)| {
+            let call = &call;
+            self.call_through(guard, op, move |s| call(s, members))
+        });
+        let results = futures_util::future::join_all(calls).await;
+        groups
+            .into_iter()
+            .map(|(_, members)| members)
+            .zip(results)
+            .collect()
     }
 
     /// `None` if a feed's store call would be let through now, else when
@@ -700,8 +714,7 @@ impl GuardedStore {
         if feed {
             return self
                 .feeds_each(&keys, |s, group| {
-                    let group: Vec<(String, i64)> =
-                        group.iter().map(|&i| floors[i].clone()).collect();
+                    let group = pick(floors, group);
                     Box::pin(async move { s.raise_floors(&group, gen_ttl).await })
                 })
                 .await;
@@ -771,11 +784,7 @@ impl GuardedStore {
     ) -> Vec<Result<(), StoreError>> {
         let results = self
             .feeds_each(gen_keys, |s, group| {
-                let keys: Vec<String> = group.iter().map(|&i| gen_keys[i].clone()).collect();
-                let marks: Vec<String> = group
-                    .iter()
-                    .filter_map(|&i| marks.get(i).cloned())
-                    .collect();
+                let (keys, marks) = (pick(gen_keys, group), pick(marks, group));
                 Box::pin(async move { s.invalidate_marked(&keys, &marks, nonce, gen_ttl).await })
             })
             .await;
@@ -823,6 +832,20 @@ impl GuardedStore {
         .await
         .map(drop)
     }
+}
+
+/// `items` at `group`'s indices (those past its end skipped); `items`
+/// itself, not copied, when the group is all of them, as on a single node.
+fn pick<'s, T: Clone>(items: &'s [T], group: &[usize]) -> Cow<'s, [T]> {
+    if group.iter().copied().eq(0..items.len()) {
+        return Cow::Borrowed(items);
+    }
+    Cow::Owned(
+        group
+            .iter()
+            .filter_map(|&i| items.get(i).cloned())
+            .collect(),
+    )
 }
 
 /// Builds the configured backend wrapped in a `GuardedStore`. Must not fail
@@ -1057,6 +1080,16 @@ mod tests {
 
     fn errors(metrics: &Metrics, op: &str) -> u64 {
         metrics.store_errors.with_label_values(&[op]).get()
+    }
+
+    #[test]
+    fn pick_passes_a_whole_batch_through_and_copies_a_group() {
+        let items = ["a", "b", "c"];
+        assert!(matches!(pick(&items, &[0, 1, 2]), Cow::Borrowed(_)));
+        assert!(matches!(pick(&items, &[1, 2]), Cow::Owned(ref v) if v[..] == ["b", "c"]));
+        // Marks shorter than the keys: copied as before, not passed through.
+        assert!(matches!(pick(&items[..2], &[0, 1, 2]), Cow::Owned(ref v) if v[..] == ["a", "b"]));
+        assert!(pick(&[] as &[&str], &[0]).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
