@@ -739,6 +739,11 @@ targets=$(
             # Issue 17: forwarding at nginx speed, >= 1.0x unpinned, >= 0.95x pinned.
             fwd = pinned ? 0.95 : 1.0
             if (("passthrough", "rps") in r) check(sprintf("passthrough req/s >= %.2fx nginx", fwd), r["passthrough", "rps"] >= fwd, r["passthrough", "rps"])
+            # Issue 17: latency too: forwarding p99 within 1.2x nginx, hit p99 at most that of nginx proxy_cache.
+            if (("passthrough", "p99") in r) check("passthrough p99 <= 1.2x nginx", r["passthrough", "p99"] <= 1.2, r["passthrough", "p99"])
+            if (("post", "p99") in r) check("post p99 <= 1.2x nginx", r["post", "p99"] <= 1.2, r["post", "p99"])
+            if (("hit", "p99") in r) check("hit p99 <= 1.0x nginx", r["hit", "p99"] <= 1.0, r["hit", "p99"])
+            if (("hit_zipf", "p99") in r) check("hit_zipf p99 <= 1.0x nginx", r["hit_zipf", "p99"] <= 1.0, r["hit_zipf", "p99"])
             if (("hit", "rps_of_limit") in r) check("hit req/s >= 0.9x nginx return 200", r["hit", "rps_of_limit"] >= 0.9, r["hit", "rps_of_limit"])
             # Against the limit measured with the same request generator
             # when there is one (the Lua generator costs wrk CPU on both sides).
