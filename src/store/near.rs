@@ -115,7 +115,6 @@ impl Link {
 
 /// A connection reads go over while tracking is on.
 pub struct Tracked {
-    pub id: u64,
     pub link: Arc<Link>,
     /// `host:port` of the node (Cluster: as in `CLUSTER SLOTS`).
     pub node: Arc<str>,
@@ -432,7 +431,6 @@ impl NearCache {
             return None;
         }
         let tracked = Arc::new(Tracked {
-            id,
             link: Link::new(id),
             node,
             conn,
@@ -455,7 +453,7 @@ impl NearCache {
     /// using it and drop what was read over it. A no-op for a connection
     /// that was already replaced.
     pub fn lost(&self, id: u64) {
-        self.drop_where(|t| t.id == id);
+        self.drop_where(|t| t.link.id == id);
     }
 
     /// Drops the connection of `node` (Cluster: no longer a master).
@@ -483,7 +481,7 @@ impl NearCache {
         for epoch in &self.epochs {
             epoch.fetch_add(1, Ordering::AcqRel);
         }
-        let ids: Vec<u64> = dropped.iter().map(|t| t.id).collect();
+        let ids: Vec<u64> = dropped.iter().map(|t| t.link.id).collect();
         self.objects.retain(|_, o| !ids.contains(&o.link.id));
         self.tags.retain(|_, (_, _, link)| !ids.contains(&link.id));
         self.metrics.flushes.inc();

@@ -302,7 +302,7 @@ async fn supervise(near: &NearCache, tracked: &Tracked, every: Duration, timeout
             _ = tracked.lost.notified() => return,
             alive = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)) => {
                 if !matches!(alive, Ok(Ok(()))) {
-                    near.lost(tracked.id);
+                    near.lost(tracked.link.id);
                     return;
                 }
                 near.confirm(&tracked.link, sent);
