@@ -40,6 +40,7 @@ use bytes::Bytes;
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::TcpSettings;
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
@@ -111,7 +112,20 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            // `invoke_async` would answer NOSCRIPT with `SCRIPT LOAD` on
+            // every master (failing while one is down): `EVAL` on the
+            // key's own master instead (see `scripts`).
+            Conn::Cluster(c) => Box::pin(async move {
+                match c.req_packed_command(cmd).await {
+                    Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        match scripts::eval_of(cmd) {
+                            Some(eval) => c.req_packed_command(&eval).await,
+                            None => Err(e),
+                        }
+                    }
+                    other => other,
+                }
+            }),
             Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
     }
@@ -1098,11 +1112,18 @@ async fn invalidate_pipelined(
     }
     let values: Vec<Value> = match pipe.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script
-                .prepare_invoke()
-                .load_async(conn)
-                .await
-                .map_err(map_error)?;
+            match conn {
+                // redis-rs would load it on every master (failing while
+                // one is down): only on the master the batch goes to.
+                Conn::Cluster(c) => load_on_master_of(c, script, &pipe).await?,
+                _ => {
+                    script
+                        .prepare_invoke()
+                        .load_async(conn)
+                        .await
+                        .map_err(map_error)?;
+                }
+            }
             pipe.query_async(conn).await
         }
         other => other,
@@ -1121,6 +1142,36 @@ async fn invalidate_pipelined(
         }
     }
     Ok(values)
+}
+
+/// `SCRIPT LOAD` of `script` on the master of `pipe`'s first key (where
+/// the cluster client sends the whole batch).
+async fn load_on_master_of(
+    conn: &mut ClusterConnection,
+    script: &Script,
+    pipe: &Pipeline,
+) -> Result<(), StoreError> {
+    let key = pipe
+        .cmd_iter()
+        .next()
+        .and_then(|cmd| cmd.args_iter().nth(3))
+        .and_then(|arg| match arg {
+            redis::Arg::Simple(key) => Some(key.to_vec()),
+            _ => None,
+        })
+        .ok_or_else(|| StoreError::Protocol("a script batch without a key".into()))?;
+    let source = scripts::source_of(script)
+        .ok_or_else(|| StoreError::Protocol("a script not in lua/".into()))?;
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(source);
+    let route = Route::new(slot_of(&key), SlotAddr::Master);
+    conn.route_command(
+        load,
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+    )
+    .await
+    .map_err(map_error)?;
+    Ok(())
 }
 
 #[cfg(test)]

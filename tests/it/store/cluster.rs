@@ -173,3 +173,64 @@ async fn a_dead_master_degrades_only_its_own_slots() {
     assert_eq!(node_gauge(&dead), 0);
     assert_eq!(metrics.breaker_open.get(), 0);
 }
+
+/// A master whose script cache is empty (restarted, or a promoted replica)
+/// runs the scripts while another master is down: `NOSCRIPT` is answered
+/// with `EVAL` on that master, not with redis-rs's `SCRIPT LOAD` on every
+/// master, which fails while one is down. A single call and the pipelined
+/// batch both.
+#[tokio::test]
+async fn scripts_reload_on_their_own_master_while_another_is_down() {
+    let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let metrics = Metrics::new();
+    let timeout = Duration::from_secs(2);
+    let store = GuardedStore::new(
+        Arc::new(cluster_store(&cluster, timeout)),
+        Some(timeout),
+        COOLDOWN,
+        &metrics,
+    );
+    let objects: Vec<ObjectKeys> = (0..30).map(|i| keys(&format!("noscript-{i}"))).collect();
+    eventually("the slot table is known", || async {
+        objects
+            .iter()
+            .all(|k| store.node_of(k.generation()).is_some())
+    })
+    .await;
+    let flushed = format!("127.0.0.1:{}", cluster.nodes[1].port());
+    let mine: Vec<&ObjectKeys> = objects
+        .iter()
+        .filter(|k| store.node_of(k.generation()).as_deref() == Some(flushed.as_str()))
+        .collect();
+    assert!(!mine.is_empty(), "no object on the flushed master");
+    let mut before = Vec::new();
+    for k in &mine {
+        before.push(
+            store
+                .ticket(k.generation(), "n", GEN_TTL)
+                .await
+                .expect("ticket"),
+        );
+    }
+    cluster.nodes[1].cli(&["SCRIPT", "FLUSH"]).expect("flush");
+    cluster.nodes[0].kill();
+
+    let again = store
+        .ticket(mine[0].generation(), "n2", GEN_TTL)
+        .await
+        .expect("a script after SCRIPT FLUSH, with another master down");
+    assert_eq!(again, before[0]);
+    cluster.nodes[1].cli(&["SCRIPT", "FLUSH"]).expect("flush");
+    let gen_keys: Vec<String> = mine.iter().map(|k| k.generation().to_owned()).collect();
+    store
+        .invalidate_many(&gen_keys, "m", GEN_TTL)
+        .await
+        .expect("the batch after SCRIPT FLUSH, with another master down");
+    for (k, old) in mine.iter().zip(&before) {
+        let now = store
+            .ticket(k.generation(), "n3", GEN_TTL)
+            .await
+            .expect("ticket");
+        assert_ne!(&now, old, "{} not invalidated", k.generation());
+    }
+}
