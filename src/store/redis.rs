@@ -115,16 +115,17 @@ impl ConnectionLike for Conn {
             // `invoke_async` would answer NOSCRIPT with `SCRIPT LOAD` on
             // every master (failing while one is down): `EVAL` on the
             // key's own master instead (see `scripts`).
+            // (A server's error comes back as a value here.)
             Conn::Cluster(c) => Box::pin(async move {
-                match c.req_packed_command(cmd).await {
-                    Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                        match scripts::eval_of(cmd) {
-                            Some(eval) => c.req_packed_command(&eval).await,
-                            None => Err(e),
+                let reply = c.req_packed_command(cmd).await?;
+                if let Value::ServerError(e) = &reply {
+                    if e.kind() == Some(redis::ServerErrorKind::NoScript) {
+                        if let Some(eval) = scripts::eval_of(cmd) {
+                            return c.req_packed_command(&eval).await;
                         }
                     }
-                    other => other,
                 }
+                Ok(reply)
             }),
             Conn::Sentinel(_) => Box::pin(async { Err(no_primary_yet()) }),
         }
