@@ -6,8 +6,9 @@
 //! never saw the script), loads it and retries once. The SHA-1 is computed
 //! once per process when the static is first touched. On a Cluster,
 //! redis-rs sends that `SCRIPT LOAD` to every master, so it fails while any
-//! master is down; there the store answers `NOSCRIPT` with `EVAL` of the
-//! source instead ([`eval_of`]), on the key's own master.
+//! master hangs; there the store answers `NOSCRIPT` with `EVAL` of the
+//! source instead ([`eval_of`]), on the key's own master, and loads a
+//! pipelined batch's script on the batch's master only ([`source_of`]).
 //!
 //! KEYS, ARGV and return values are documented in each file's header.
 
