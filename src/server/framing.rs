@@ -130,6 +130,12 @@ impl FramingState {
     }
 }
 
+/// The error inside the `TimedOut` of a read whose request head was not
+/// complete within the head timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent no whole request head within the header timeout")]
+pub struct HeadTimedOut;
+
 /// The error inside the `TimedOut` of a write blocked for `send_timeout`,
 /// so the server can tell it from other I/O errors.
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +184,20 @@ pub struct FramingGuard<IO> {
     /// while it runs for the current stall.
     stall: Option<Pin<Box<Sleep>>>,
     stalled: bool,
+    /// A request head must be whole this long after the connection starts
+    /// waiting for it (None: no bound here).
+    head_timeout: Option<Duration>,
+    /// When it started waiting for the current head (all earlier requests
+    /// answered, no head complete yet).
+    head_since: Option<Instant>,
+    /// The head timer: one per connection, polled once after each reset
+    /// and reset only when it fires early (its deadline is that of an
+    /// earlier head), so a request costs no timer work.
+    head_timer: Option<Pin<Box<Sleep>>>,
+    /// Stopped following on bytes it could not frame (not an upgrade):
+    /// nothing here bounds the next head, so the connection ends (EOF)
+    /// once every request it carried is answered.
+    lost: bool,
 }
 
 impl<IO> FramingGuard<IO> {
@@ -198,6 +218,10 @@ impl<IO> FramingGuard<IO> {
             send_timeout: None,
             stall: None,
             stalled: false,
+            head_timeout: None,
+            head_since: None,
+            head_timer: None,
+            lost: false,
         };
         (guard, state)
     }
@@ -211,6 +235,64 @@ impl<IO> FramingGuard<IO> {
     /// `bytes` are read before the socket's (they were taken from it).
     pub fn replay(&mut self, bytes: Vec<u8>) {
         self.replay = bytes;
+    }
+
+    /// From now on a request head must be whole `after` after the
+    /// connection starts waiting for it, or the read fails with
+    /// `TimedOut` ([`HeadTimedOut`]). hyper's own header timer would do
+    /// the same, but it makes a new timer for every head (~1 600
+    /// instructions a request, bench/README).
+    pub fn head_timeout(&mut self, after: Duration) {
+        self.head_timeout = Some(after);
+        self.head_since = None;
+    }
+
+    /// Notes when the connection starts waiting for a head, and forgets it
+    /// once the head is complete.
+    fn note_head(&mut self) {
+        // A lost connection counts as waiting, answering or not: its timer
+        // ends it once it is answered (`poll_head`), if no read does first.
+        let waiting = self.lost
+            || (matches!(self.phase, Phase::Head(_))
+                && self.state.finished.load(Ordering::Relaxed) == self.heads);
+        match (waiting, self.head_since.is_some()) {
+            (true, false) => self.head_since = Some(Instant::now()),
+            (false, true) => self.head_since = None,
+            _ => {}
+        }
+    }
+
+    /// The socket has nothing to read: `TimedOut` if the head being waited
+    /// for is overdue (a lost connection instead ends, or is looked at
+    /// again a head timeout later while it still answers). Otherwise makes
+    /// sure the head timer will wake the task by the deadline.
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (Some(after), Some(since)) = (self.head_timeout, self.head_since) else {
+            return Poll::Pending;
+        };
+        let mut deadline = since + after;
+        let timer = match &mut self.head_timer {
+            Some(timer) if !timer.is_elapsed() => return Poll::Pending,
+            Some(timer) => timer,
+            None => self
+                .head_timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            if !self.lost {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, HeadTimedOut)));
+            }
+            if self.state.finished.load(Ordering::Relaxed) == self.heads {
+                return Poll::Ready(Ok(()));
+            }
+            self.head_since = Some(now);
+            deadline = now + after;
+        }
+        timer.as_mut().reset(deadline);
+        // Registers the waker (the task's own: valid until it fires).
+        let _ = timer.as_mut().poll(cx);
+        Poll::Pending
     }
 
     /// A write or flush blocked for `after` fails with `TimedOut`.
@@ -287,7 +369,13 @@ impl<IO> FramingGuard<IO> {
         let Some(after) = self.park_after else {
             return Poll::Pending;
         };
-        if !self.is_idle() {
+        // Only the last answer may still be outstanding (its body not yet
+        // dropped): the timer runs then too, because nothing wakes this
+        // task when that answer finishes; when it fires, idleness is
+        // checked again.
+        let quiet =
+            matches!(&self.phase, Phase::Head(partial) if partial.is_empty()) && !self.dirty;
+        if !quiet {
             // hyper also reads while a request is in flight, to notice a
             // client that went away: never EOF there.
             self.armed = false;
@@ -311,9 +399,23 @@ impl<IO> FramingGuard<IO> {
             return Poll::Pending;
         }
         self.armed = false;
+        if !self.is_idle() {
+            // An answer was still going out: idle from now on, at most.
+            if let Some(timer) = &mut self.idle {
+                timer.as_mut().reset(Instant::now() + after);
+                self.armed = timer.as_mut().poll(cx).is_pending();
+            }
+            return Poll::Pending;
+        }
         self.idle = None;
         self.parked = true;
         Poll::Ready(Ok(()))
+    }
+
+    /// Stops following bytes it cannot frame (see [`Self::lost`]).
+    fn lose(&mut self) {
+        self.phase = Phase::Off;
+        self.lost = true;
     }
 
     fn feed(&mut self, mut bytes: &[u8]) {
@@ -346,7 +448,7 @@ impl<IO> FramingGuard<IO> {
                                 take - extra
                             }
                             None if buf.len() > max => {
-                                self.phase = Phase::Off;
+                                self.lose();
                                 return;
                             }
                             None => take,
@@ -365,10 +467,11 @@ impl<IO> FramingGuard<IO> {
                     Some(nl) => {
                         line.extend_from_slice(&bytes[..nl]);
                         self.phase = chunk_size(line);
+                        self.lost |= matches!(self.phase, Phase::Off);
                         nl + 1
                     }
                     None if line.len() > 4096 => {
-                        self.phase = Phase::Off;
+                        self.lose();
                         return;
                     }
                     None => {
@@ -397,7 +500,7 @@ impl<IO> FramingGuard<IO> {
                     None => {
                         line.extend_from_slice(bytes);
                         if line.len() > self.max_head {
-                            self.phase = Phase::Off;
+                            self.lose();
                             return;
                         }
                         bytes.len()
@@ -413,6 +516,7 @@ impl<IO> FramingGuard<IO> {
         let index = self.heads;
         self.heads += 1;
         if std::str::from_utf8(head).is_err() {
+            self.lost = true;
             return Phase::Off;
         }
         // Bytes, not `str::lines`/`split_once`: this runs over every request
@@ -448,7 +552,10 @@ impl<IO> FramingGuard<IO> {
                 Some(b'c') if named(b"content-length") => {
                     match value(b"content-length").parse::<u64>() {
                         Ok(n) => length = Some(n),
-                        Err(_) => return Phase::Off,
+                        Err(_) => {
+                            self.lost = true;
+                            return Phase::Off;
+                        }
                     }
                 }
                 Some(b't') if named(b"transfer-encoding") => {
@@ -469,7 +576,10 @@ impl<IO> FramingGuard<IO> {
         }
         match (has_te, chunked, length) {
             (true, true, _) => Phase::ChunkSize(Vec::new()),
-            (true, false, _) => Phase::Off,
+            (true, false, _) => {
+                self.lost = true;
+                Phase::Off
+            }
             (false, _, Some(n)) if n > 0 => Phase::Fixed(n),
             _ => Phase::Head(Vec::new()),
         }
@@ -517,6 +627,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
+        if this.lost && this.state.finished.load(Ordering::Relaxed) == this.heads {
+            // Every request it carried is answered: end it (see `lost`).
+            return Poll::Ready(Ok(()));
+        }
         let res = if this.replay.is_empty() {
             Pin::new(&mut this.io).poll_read(cx, buf)
         } else {
@@ -531,9 +645,16 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
                 if !matches!(this.phase, Phase::Off) {
                     this.feed(&buf.filled()[before..]);
                 }
+                this.note_head();
                 res
             }
-            Poll::Pending => this.poll_park(cx),
+            Poll::Pending => {
+                this.note_head();
+                if let Poll::Ready(end) = this.poll_head(cx) {
+                    return Poll::Ready(end);
+                }
+                this.poll_park(cx)
+            }
             Poll::Ready(Err(_)) => res,
         }
     }

@@ -34,7 +34,7 @@ use crate::proxy::forward::forward;
 use crate::proxy::headers::{check_framing, check_host};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use framing::{FramingGuard, FramingState, SendTimedOut};
+use framing::{FramingGuard, FramingState, HeadTimedOut, SendTimedOut};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
@@ -241,7 +241,7 @@ async fn serve_h2<S>(
         served = draining.serve(conn.as_mut(), |conn| conn.graceful_shutdown()) => {
             if let Err(e) = served {
                 debug!(%peer, error = %e, "client connection ended with an error");
-                if send_timed_out(&e) {
+                if caused_by::<SendTimedOut>(&e) {
                     count_client_error(metrics, client_error::SEND_TIMEOUT);
                 }
             }
@@ -337,7 +337,10 @@ where
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        // Off (hyper's default is 30 s once a timer is set): the framing
+        // guard keeps the head deadline (`FramingGuard::head_timeout`),
+        // without hyper's new timer for every head.
+        .header_read_timeout(None)
         // Both: hyper's read buffer stops growing at the limit (its default
         // is ~400 KB, per connection, for as long as a head is unfinished),
         // and a head over it is answered 431 and the connection closed.
@@ -345,6 +348,8 @@ where
         .max_buf_size(max_header_bytes.max(8 * 1024))
         .max_header_size(max_header_bytes)
         .keep_alive(true);
+    let mut io = io;
+    io.head_timeout(header_timeout);
     let mut conn = builder
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades();
@@ -353,11 +358,11 @@ where
         .await;
     if let Err(e) = served {
         debug!(%peer, error = %e, "client connection ended with an error");
-        let kind = if e.is_timeout() {
+        let kind = if e.is_timeout() || caused_by::<HeadTimedOut>(&e) {
             Some(client_error::HEADER_TIMEOUT)
         } else if e.is_parse_too_large() {
             Some(client_error::HEADER_TOO_LARGE)
-        } else if send_timed_out(&e) {
+        } else if caused_by::<SendTimedOut>(&e) {
             Some(client_error::SEND_TIMEOUT)
         } else {
             None
@@ -375,16 +380,16 @@ where
     (guard.take_parked() && parts.read_buf.is_empty()).then_some((guard, parts.service))
 }
 
-/// Whether a connection ended because the framing guard's send timeout
-/// fired.
-fn send_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether a connection ended because of the framing guard's error `T`
+/// (its send or head timeout).
+fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
         // An `io::Error`'s `source` skips the error it wraps: look inside.
         let inner = err
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref());
-        if err.is::<SendTimedOut>() || inner.is_some_and(|inner| inner.is::<SendTimedOut>()) {
+        if err.is::<T>() || inner.is_some_and(|inner| inner.is::<T>()) {
             return true;
         }
         cur = err.source();

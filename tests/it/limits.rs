@@ -601,3 +601,65 @@ async fn header_timeout_covers_the_preface_sniff() {
     )
     .await;
 }
+
+/// Reads until a whole response head has arrived (or 5 s pass).
+async fn read_head(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            other => panic!("no whole answer head: {other:?}, got {got:?}"),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// `header_timeout` bounds every head of a keep-alive connection, not only
+/// the first (the framing guard keeps the deadline, not hyper): after an
+/// answer, a head begun and never finished ends the connection. And a
+/// connection the guard can no longer follow (a head that is not UTF-8,
+/// which hyper accepts) is closed once its answer is out, so no later head
+/// on it goes unbounded.
+#[tokio::test]
+async fn header_timeout_bounds_every_head_of_a_connection() {
+    let origin = Origin::start().await;
+    let sc = start_with_limits(&origin, "limits:\n  header_timeout: 1s\n").await;
+
+    let mut slow = connect(sc.addr()).await;
+    slow.write_all(b"GET /echo/a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("first request");
+    assert!(read_head(&mut slow).await.starts_with("HTTP/1.1 200"));
+    slow.write_all(b"GET /echo/b HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("half a second head");
+    let started = Instant::now();
+    let closed = closed_within(&mut slow, started, Duration::from_secs(5)).await;
+    let Some((_, after)) = closed else {
+        panic!("an unfinished second head kept its connection for 5 s");
+    };
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_millis(2500),
+        "closed {after:?} after the second head began"
+    );
+    metric_reaches(
+        &sc,
+        "sidecache_client_errors_total{kind=\"header_timeout\"}",
+        1.0,
+    )
+    .await;
+
+    let mut lost = connect(sc.addr()).await;
+    lost.write_all(b"GET /echo/c HTTP/1.1\r\nHost: x\r\nX-Bin: \xff\xfe\r\n\r\n")
+        .await
+        .expect("a head that is not UTF-8");
+    let started = Instant::now();
+    let closed = closed_within(&mut lost, started, Duration::from_secs(5)).await;
+    let Some((answer, _)) = closed else {
+        panic!("a connection the guard cannot follow stayed open for 5 s");
+    };
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
