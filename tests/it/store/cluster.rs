@@ -24,6 +24,30 @@ fn cluster_store(cluster: &RedisCluster, command_timeout: Duration) -> RedisStor
     RedisStore::connect(&cfg, Duration::from_secs(1), &Metrics::new()).expect("cluster store")
 }
 
+/// A guarded store on `cluster`, once it knows the master of every key in
+/// `routed`. Its call timeout is generous: a killed master refuses
+/// connections at once, so only a live master's call could take long, on a
+/// loaded machine.
+async fn guarded_cluster_store<'k>(
+    cluster: &RedisCluster,
+    metrics: &Metrics,
+    routed: impl Iterator<Item = &'k str>,
+) -> GuardedStore {
+    let timeout = Duration::from_secs(2);
+    let store = GuardedStore::new(
+        Arc::new(cluster_store(cluster, timeout)),
+        Some(timeout),
+        COOLDOWN,
+        metrics,
+    );
+    let routed: Vec<&str> = routed.collect();
+    eventually("the slot table is known", || async {
+        routed.iter().all(|k| store.node_of(k).is_some())
+    })
+    .await;
+    store
+}
+
 /// The whole suite on a 3-master cluster (MGET and the scripts only work if
 /// each object's keys share a slot), again after the script caches of all
 /// nodes are flushed, and a paused cluster answers within the command
@@ -68,25 +92,13 @@ async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
 async fn a_dead_master_degrades_only_its_own_slots() {
     let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
     let metrics = Metrics::new();
-    // Generous: a killed master refuses connections at once, so only a
-    // live master's call could take long, on a loaded machine.
-    let timeout = Duration::from_secs(2);
-    let store = GuardedStore::new(
-        Arc::new(cluster_store(&cluster, timeout)),
-        Some(timeout),
-        COOLDOWN,
-        &metrics,
-    );
     let objects: Vec<ObjectKeys> = (0..30).map(|i| keys(&format!("spread-{i}"))).collect();
     let tags: Vec<String> = (0..30).map(|i| format!("sc:t:{{tag-{i}}}:g")).collect();
-    eventually("the slot table is known", || async {
-        objects
-            .iter()
-            .map(|k| k.generation())
-            .chain(tags.iter().map(String::as_str))
-            .all(|k| store.node_of(k).is_some())
-    })
-    .await;
+    let routed = objects
+        .iter()
+        .map(|k| k.generation())
+        .chain(tags.iter().map(String::as_str));
+    let store = guarded_cluster_store(&cluster, &metrics, routed).await;
     for k in &objects {
         let LeaseReply::Won { value, ticket, .. } = store
             .take_lease(k, "owner", "n", LEASE, GEN_TTL)
@@ -185,20 +197,9 @@ async fn a_dead_master_degrades_only_its_own_slots() {
 async fn scripts_reload_on_their_own_master_while_another_hangs() {
     let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
     let metrics = Metrics::new();
-    let timeout = Duration::from_secs(2);
-    let store = GuardedStore::new(
-        Arc::new(cluster_store(&cluster, timeout)),
-        Some(timeout),
-        COOLDOWN,
-        &metrics,
-    );
     let objects: Vec<ObjectKeys> = (0..30).map(|i| keys(&format!("noscript-{i}"))).collect();
-    eventually("the slot table is known", || async {
-        objects
-            .iter()
-            .all(|k| store.node_of(k.generation()).is_some())
-    })
-    .await;
+    let routed = objects.iter().map(|k| k.generation());
+    let store = guarded_cluster_store(&cluster, &metrics, routed).await;
     let flushed = format!("127.0.0.1:{}", cluster.nodes[1].port());
     let mine: Vec<&ObjectKeys> = objects
         .iter()
