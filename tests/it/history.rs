@@ -396,9 +396,14 @@ async fn run_phase(env: &mut Env, index: usize, case: Case) {
         }
         Case::PostgresRestart => {
             at(500).await;
+            let down = now_us();
             note("postgres kill -9");
             tokio::task::block_in_place(|| env.pg.restart());
+            let back = now_us();
             note("postgres up");
+            if env.feed == Feed::Outbox {
+                record(&env.history, |h| h.feed_down.push((down, back)));
+            }
         }
         Case::DelGenerations => {
             let mut redis = RedisConn::new(env.redis.url());
@@ -645,16 +650,31 @@ impl Pg {
     }
 
     /// When the transaction that created `version` of `object` committed
-    /// (microseconds since the epoch); `None` if it cannot be read now.
+    /// (microseconds since the epoch); `None` if that row is gone (a later
+    /// write replaced it). Retried while Postgres restarts: a write in
+    /// flight at the kill can commit after it, and its time then decides
+    /// whether the change counts from Postgres's return.
     async fn commit_time(&mut self, object: u64, version: i64) -> Option<i64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.try_commit_time(object, version).await {
+                Ok(time) => return time,
+                Err(()) if Instant::now() >= deadline => return None,
+                Err(()) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    /// One attempt; `Err` when Postgres cannot be asked now.
+    async fn try_commit_time(&mut self, object: u64, version: i64) -> Result<Option<i64>, ()> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
             let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
                 .await
-                .ok()?;
+                .map_err(drop)?;
             tokio::spawn(connection);
             self.client = Some(client);
         }
-        let client = self.client.as_ref()?;
+        let client = self.client.as_ref().ok_or(())?;
         let row = client
             .query_opt(
                 "SELECT (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::bigint \
@@ -663,10 +683,10 @@ impl Pg {
             )
             .await;
         match row {
-            Ok(row) => row.and_then(|r| r.get::<_, Option<i64>>(0)),
+            Ok(row) => Ok(row.and_then(|r| r.get::<_, Option<i64>>(0))),
             Err(_) => {
                 self.client = None;
-                None
+                Err(())
             }
         }
     }

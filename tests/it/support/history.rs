@@ -27,6 +27,12 @@
 //!   must have been invalidated before. Commit → invalidation latency is
 //!   measured to the first such generation, for writes whose commit
 //!   timestamp is known.
+//!
+//! A change committed while the feed's source was down (the outbox feed
+//! while Postgres restarts: a backend can commit after its postmaster was
+//! killed) counts from when the source was back, as the stream feed's
+//! change counts from its event's append: sidecache cannot learn of it
+//! earlier.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -93,6 +99,19 @@ pub struct History {
     pub wipes: Vec<i64>,
     /// What the nemesis did when (shown in timelines).
     pub notes: Vec<(i64, String)>,
+    /// (down, back): when the feed could not see new changes because its
+    /// source was down.
+    pub feed_down: Vec<(i64, i64)>,
+}
+
+impl History {
+    /// When sidecache could first learn of a change committed at `at`.
+    fn visible_from(&self, at: i64) -> i64 {
+        self.feed_down
+            .iter()
+            .find(|&&(down, back)| (down..=back).contains(&at))
+            .map_or(at, |&(_, back)| back)
+    }
 }
 
 /// The creation time embedded in a generation value (`lua/ticket.lua`,
@@ -179,7 +198,7 @@ pub fn check(h: &History, phases: usize) -> Vec<PhaseReport> {
             Some(Cover::Wipe) => p.wiped += 1,
             Some(Cover::Generation(at)) => {
                 if let Some(c) = w.committed {
-                    p.latencies_us.push(at - c);
+                    p.latencies_us.push(at - h.visible_from(c));
                 }
             }
         }
@@ -197,7 +216,7 @@ fn commit_bounds(h: &History) -> HashMap<u64, Vec<(i64, i64)>> {
             evidence
                 .entry(w.object)
                 .or_default()
-                .push((v, w.commit_by()));
+                .push((v, h.visible_from(w.commit_by())));
         }
     }
     for r in &h.reads {
@@ -508,6 +527,34 @@ mod tests {
         let r = one(&h);
         assert!(r.not_invalidated.is_empty());
         assert_eq!(r.latencies_us, vec![2 * MS]);
+    }
+
+    #[test]
+    fn a_change_committed_while_the_feed_was_down_counts_from_its_return() {
+        // Committed at 1010 while the source was down (1000–2000): reads of
+        // version 1 until 2050 are not stale, one at 2060 is, and the
+        // latency counts from 2000.
+        let h = History {
+            writes: vec![write(990, 1010, 1020, 2)],
+            reads: vec![
+                read(0, 1500, 1501, 1),
+                read(1, 2050, 2051, 1),
+                read(2, 2060, 2061, 1),
+            ],
+            generations: vec![generation(2030)],
+            feed_down: vec![(1000 * MS, 2000 * MS)],
+            ..History::default()
+        };
+        let r = one(&h);
+        assert_eq!(r.stale.len(), 1, "{:?}", r.stale);
+        assert_eq!(r.stale[0].age_us, 60 * MS);
+        assert_eq!(r.latencies_us, vec![30 * MS]);
+        // Without the outage every one of those reads is stale.
+        let h = History {
+            feed_down: Vec::new(),
+            ..h
+        };
+        assert_eq!(one(&h).stale.len(), 3);
     }
 
     #[test]
