@@ -171,6 +171,8 @@ pub struct FramingGuard<IO> {
     /// for the current idle period.
     idle: Option<Pin<Box<Sleep>>>,
     armed: bool,
+    /// When the current idle period began (valid while `armed`).
+    idle_since: Instant,
     /// The EOF hyper saw came from parking: the socket is open, and
     /// `poll_shutdown` must leave it open.
     parked: bool,
@@ -212,6 +214,7 @@ impl<IO> FramingGuard<IO> {
             dirty: false,
             idle: None,
             armed: false,
+            idle_since: Instant::now(),
             parked: false,
             max_head: MAX_HEAD,
             replay: Vec::new(),
@@ -382,27 +385,39 @@ impl<IO> FramingGuard<IO> {
             return Poll::Pending;
         }
         if !self.armed {
-            // First idle read of this idle period. Resetting to a later
-            // deadline does not touch tokio's timer wheel.
-            let deadline = Instant::now() + after;
+            // First idle read of this idle period. Like the head timer, the
+            // idle timer is reset only when it fires early (its deadline is
+            // an earlier period's, so never later than this one's): a
+            // request costs a clock read, not a reset and a poll.
+            self.idle_since = Instant::now();
+            self.armed = true;
+            let deadline = self.idle_since + after;
             match &mut self.idle {
+                Some(timer) if !timer.is_elapsed() => return Poll::Pending,
                 Some(timer) => timer.as_mut().reset(deadline),
                 None => self.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
             }
-            self.armed = true;
         }
-        let fired = match &mut self.idle {
-            Some(timer) => timer.as_mut().poll(cx).is_ready(),
-            None => false,
+        let Some(timer) = &mut self.idle else {
+            return Poll::Pending;
         };
-        if !fired {
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let now = Instant::now();
+        let due = self.idle_since + after;
+        if now < due {
+            timer.as_mut().reset(due);
+            // Registers the waker (the task's own: valid until it fires).
+            let _ = timer.as_mut().poll(cx);
             return Poll::Pending;
         }
         self.armed = false;
         if !self.is_idle() {
             // An answer was still going out: idle from now on, at most.
+            self.idle_since = now;
             if let Some(timer) = &mut self.idle {
-                timer.as_mut().reset(Instant::now() + after);
+                timer.as_mut().reset(now + after);
                 self.armed = timer.as_mut().poll(cx).is_pending();
             }
             return Poll::Pending;
@@ -709,6 +724,42 @@ mod tests {
             g.feed(c);
         }
         (state, g.heads)
+    }
+
+    /// The idle timer is reset only when it fires early: a connection
+    /// idle since its second answer parks `after` from then, not at the
+    /// first idle period's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn parks_a_whole_idle_period_after_the_last_answer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const AFTER: Duration = Duration::from_millis(200);
+        let (mut client, io) = tokio::io::duplex(4096);
+        let (mut guard, state) = FramingGuard::new(io);
+        guard.park_when_idle(AFTER);
+        // hyper's part: read heads, answer each at once, stop at EOF.
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = guard.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    return (Instant::now(), guard.take_parked());
+                }
+                state.response_finished();
+            }
+        });
+        let start = Instant::now();
+        let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        client.write_all(head).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        client.write_all(head).await.expect("write");
+        let (ended, parked) = server.await.expect("server");
+        assert!(parked, "EOF from parking, not from the client");
+        let idle_for = ended - start;
+        assert!(
+            idle_for >= Duration::from_millis(150) + AFTER,
+            "parked {idle_for:?} after the first request"
+        );
+        assert!(idle_for < Duration::from_millis(400), "{idle_for:?}");
     }
 
     #[test]
