@@ -314,7 +314,7 @@ pub async fn fetch(
 
     let deadline = tokio::time::Instant::now() + cfg.upstream.timeout;
     let started = Instant::now();
-    let resp = client.send(req, cfg.upstream.timeout).await;
+    let (resp, _) = client.send(req, cfg.upstream.timeout).await;
     let elapsed = started.elapsed().as_secs_f64();
     metrics
         .upstream_duration

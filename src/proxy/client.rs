@@ -103,24 +103,28 @@ impl UpstreamClient {
     /// URI may be origin-form (`/path?q`) or absolute (from [`Self::uri_for`]
     /// or an HTTP/2 client); the upstream always gets origin-form, and the
     /// upstream's authority as `Host` if `req` has none. The body is not
-    /// covered by `timeout`: it streams.
+    /// covered by `timeout`: it streams. Also returns how long the response
+    /// head took (one clock for the caller's metrics, the access log's
+    /// upstream time and the pool's idle check).
     pub async fn send(
         &self,
         mut req: Request<Body>,
         timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> (Result<Response<UpstreamBody>, UpstreamError>, Duration) {
         origin_form(req.uri_mut());
         if !req.headers().contains_key(header::HOST) {
             req.headers_mut()
                 .insert(header::HOST, self.pool.host_header.clone());
         }
         let started = Instant::now();
-        let result = match tokio::time::timeout(timeout, self.pool.clone().send(req)).await {
+        let sent = self.pool.clone().send(req, started);
+        let result = match tokio::time::timeout(timeout, sent).await {
             Err(_) => Err(UpstreamError::Timeout),
             Ok(result) => result,
         };
-        super::timing::record(started.elapsed());
-        result
+        let took = started.elapsed();
+        super::timing::record(took);
+        (result, took)
     }
 }
 
@@ -128,9 +132,10 @@ impl Pool {
     async fn send(
         self: Arc<Pool>,
         mut req: Request<Body>,
+        now: Instant,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         loop {
-            let (mut conn, reused) = match self.checkout() {
+            let (mut conn, reused) = match self.checkout(now) {
                 Some(conn) => (conn, true),
                 None => {
                     // Boxed, in its own statement: connecting is rare, and
@@ -168,10 +173,10 @@ impl Pool {
     }
 
     /// The most recently returned idle connection that is still open.
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    fn checkout(&self, now: Instant) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() > POOL_IDLE {
+            if now.saturating_duration_since(since) > POOL_IDLE {
                 // The newest is stale, so all are.
                 idle.clear();
                 return None;

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{debug, warn};
 
 /// Route label for everything forwarded outside a cache route.
@@ -75,12 +75,11 @@ pub async fn forward(
     let body = http_body_util::BodyExt::map_err(body, ClientBodyError);
     let upstream_req = Request::from_parts(parts, boxed(body));
 
-    let started = Instant::now();
-    let result = client.send(upstream_req, timeout).await;
+    let (result, took) = client.send(upstream_req, timeout).await;
     metrics
         .forward
         .duration(metrics)
-        .observe(started.elapsed().as_secs_f64());
+        .observe(took.as_secs_f64());
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) => return upstream_failed(metrics, e, http1),
