@@ -15,7 +15,7 @@
 #
 #   SYSCALLS_DURATION [5]    seconds per measurement
 #   SYSCALLS_CONNECTIONS [32]  wrk connections (one wrk thread)
-#   SYSCALLS_PATHS ["passthrough hit"]
+#   SYSCALLS_PATHS ["passthrough hit post"]  (post: a 1 KiB POST to /sink)
 #   BENCH_SIDECACHE_RUNTIME  sidecache's server.runtime (multi_thread | per_core)
 #   SIDECACHE_BIN, UPSTREAM_BIN, BENCH_SKIP_BUILD as in bench/run.sh
 set -euo pipefail
@@ -28,10 +28,12 @@ root=$(pwd)
 
 duration=${SYSCALLS_DURATION:-5}
 connections=${SYSCALLS_CONNECTIONS:-32}
-read -r -a paths <<<"${SYSCALLS_PATHS:-passthrough hit}"
+read -r -a paths <<<"${SYSCALLS_PATHS:-passthrough hit post}"
 sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 upstream_bin=${UPSTREAM_BIN:-$root/target/release/examples/upstream}
-declare -A path_of=([passthrough]='/api/tenants/acme/apps?limit=1' [hit]='/api/tenants/acme/apps/1')
+declare -A path_of=([passthrough]='/api/tenants/acme/apps?limit=1' [hit]='/api/tenants/acme/apps/1' [post]=/sink)
+# post: a 1 KiB POST (bench/post.lua), forwarded by both proxies.
+declare -A script_of=([post]=$root/bench/post.lua)
 
 for tool in wrk curl strace nginx redis-server redis-cli; do
     command -v "$tool" >/dev/null || die "$tool not found (apt-get install wrk nginx-light strace redis-server)"
@@ -99,14 +101,20 @@ switches() {
 for path in "${paths[@]}"; do
     for system in nginx sidecache; do
         url="http://127.0.0.1:${port_of[$system]}${path_of[$path]}"
-        curl -fsS -o /dev/null "$url"
-        curl -fsS -o /dev/null "$url" # the second read of `hit` is a hit
+        script=()
+        if [[ -n ${script_of[$path]:-} ]]; then
+            script=(-s "${script_of[$path]}")
+            curl -fsS -o /dev/null --data-binary x "$url"
+        else
+            curl -fsS -o /dev/null "$url"
+            curl -fsS -o /dev/null "$url" # the second read of `hit` is a hit
+        fi
         pids=$(pids_of "$system")
         # Context switches from a run without strace (ptrace stops are
         # switches of their own), syscalls from a second run under strace.
         read -r v0 n0 < <(switches "$pids")
         read -r u0 s0 < <(cpu "$pids")
-        wrk -t1 -c"$connections" -d"${duration}s" "$url" >"$work/wrk.txt"
+        wrk -t1 -c"$connections" -d"${duration}s" "${script[@]}" "$url" >"$work/wrk.txt"
         read -r v1 n1 < <(switches "$pids")
         read -r u1 s1 < <(cpu "$pids")
         plain=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
@@ -114,7 +122,7 @@ for path in "${paths[@]}"; do
         strace -c -f -o "$work/strace.txt" -p "$pids" 2>/dev/null &
         tracer=$!
         sleep 0.5 # strace attaches; nothing is measured before wrk starts
-        wrk -t1 -c"$connections" -d"${duration}s" "$url" >"$work/wrk.txt"
+        wrk -t1 -c"$connections" -d"${duration}s" "${script[@]}" "$url" >"$work/wrk.txt"
         kill -INT "$tracer"
         wait "$tracer" || true
         requests=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
