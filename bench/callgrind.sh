@@ -27,6 +27,10 @@
 #   CALLGRIND_OUT              keep the callgrind output here (default: temp dir)
 #   CALLGRIND_EXTRA            more top-level YAML for sidecache's config, e.g.
 #                              'access_log: { enabled: true, format: json }'
+#   CALLGRIND_SYSTEM [sidecache]  or nginx: the same requests through nginx with
+#                              bench/nginx.conf.tmpl (one process, master_process
+#                              off; the cached route is proxy_cache, the rest
+#                              proxy_pass), the baseline for the counts above
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -137,11 +141,30 @@ fill: { max_body: 16MiB }
 YAML
 wait_http "http://127.0.0.1:$origin_port/healthz"
 out=${CALLGRIND_OUT:-$work/callgrind.out}
-SIDECACHE_LOG=warn taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$sidecache_bin" run --config "$work/config/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
-vg=$!
-pids+=("$vg")
-wait_http "http://127.0.0.1:$admin_port/readyz"
+if [[ ${CALLGRIND_SYSTEM:-sidecache} == nginx ]]; then
+    command -v nginx >/dev/null || { echo "callgrind: needs nginx (apt-get install nginx-light)" >&2; exit 1; }
+    mkdir -p "$work/nginx"
+    user_line=''
+    [[ $EUID -eq 0 ]] && user_line="user $(id -un) $(id -gn);"
+    { echo "master_process off;"
+      sed -e "s|@USER_LINE@|$user_line|" -e "s|@WORKERS@|1|" -e "s|@DIR@|$work/nginx|g" \
+          -e "s|@PORT@|$proxy_port|" -e "s|@ORIGIN_PORT@|$origin_port|" \
+          -e "s|@SLOW_ORIGIN_PORT@|$origin_port|" -e "s|@STAMPEDE_PORT@|$(port)|" \
+          -e "s|@NOFILE@|1024|" -e "s|@WORKER_CONNECTIONS@|512|" -e "s|@LIMIT_BODY@|x|" \
+          bench/nginx.conf.tmpl; } >"$work/nginx/nginx.conf"
+    taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
+        nginx -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" >"$work/nginx.log" 2>&1 &
+    vg=$!
+    pids+=("$vg")
+    store=nginx
+    wait_http "http://127.0.0.1:$proxy_port/healthz"
+else
+    SIDECACHE_LOG=warn taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" \
+        "$sidecache_bin" run --config "$work/config/sidecache.yaml" >"$work/sidecache.log" 2>&1 &
+    vg=$!
+    pids+=("$vg")
+    wait_http "http://127.0.0.1:$admin_port/readyz"
+fi
 
 send() {
     python3 - "$proxy_port" "$path" "$1" "$method" "$body_bytes" "$extra_header" "$want_status" <<'PY'
