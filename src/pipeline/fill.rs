@@ -313,13 +313,11 @@ pub async fn fetch(
     *req.headers_mut() = fill.headers.clone();
 
     let deadline = tokio::time::Instant::now() + cfg.upstream.timeout;
-    let started = Instant::now();
-    let (resp, _) = client.send(req, cfg.upstream.timeout).await;
-    let elapsed = started.elapsed().as_secs_f64();
+    let (resp, took) = client.send(req, cfg.upstream.timeout).await;
     metrics
         .upstream_duration
         .with_label_values(&[&route.name])
-        .observe(elapsed);
+        .observe(took.as_secs_f64());
     let resp = match resp {
         Ok(r) => r,
         Err(e) => {

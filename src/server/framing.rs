@@ -405,26 +405,26 @@ impl<IO> FramingGuard<IO> {
             return Poll::Pending;
         }
         let now = Instant::now();
-        let due = self.idle_since + after;
-        if now < due {
+        let mut due = self.idle_since + after;
+        if now >= due {
+            if self.is_idle() {
+                self.armed = false;
+                self.idle = None;
+                self.parked = true;
+                return Poll::Ready(Ok(()));
+            }
+            // An answer was still going out: idle from now on, at most.
+            self.idle_since = now;
+            due = now + after;
+        }
+        // Fired early (its deadline was an earlier period's), or idle only
+        // from now: wait on to the period's end.
+        if let Some(timer) = &mut self.idle {
             timer.as_mut().reset(due);
             // Registers the waker (the task's own: valid until it fires).
             let _ = timer.as_mut().poll(cx);
-            return Poll::Pending;
         }
-        self.armed = false;
-        if !self.is_idle() {
-            // An answer was still going out: idle from now on, at most.
-            self.idle_since = now;
-            if let Some(timer) = &mut self.idle {
-                timer.as_mut().reset(now + after);
-                self.armed = timer.as_mut().poll(cx).is_pending();
-            }
-            return Poll::Pending;
-        }
-        self.idle = None;
-        self.parked = true;
-        Poll::Ready(Ok(()))
+        Poll::Pending
     }
 
     /// Stops following bytes it cannot frame (see [`Self::lost`]).

@@ -314,7 +314,7 @@ async fn h2_watch(state: &FramingState, limits: &LimitsConfig, mut shed: listene
 /// (`None`) or parks: then the socket and the service come back for the
 /// next one. `header_timeout`: for the first request head.
 async fn http1_session<S>(
-    io: FramingGuard<TcpStream>,
+    mut io: FramingGuard<TcpStream>,
     svc: S,
     peer: SocketAddr,
     draining: &mut Draining,
@@ -343,7 +343,6 @@ where
         .max_buf_size(max_header_bytes.max(8 * 1024))
         .max_header_size(max_header_bytes)
         .keep_alive(true);
-    let mut io = io;
     io.head_timeout(header_timeout);
     let mut conn = builder
         .serve_connection(TokioIo::new(io), svc)

@@ -532,6 +532,19 @@ mod tests {
         Link::new(1)
     }
 
+    /// Redis's invalidation push for `key` on tracked connection 1.
+    fn invalidated(c: &NearCache, key: &str) {
+        c.on_push(
+            1,
+            PushInfo {
+                kind: PushKind::Invalidate,
+                data: vec![Value::Array(vec![Value::BulkString(
+                    key.as_bytes().to_vec(),
+                )])],
+            },
+        );
+    }
+
     #[test]
     fn an_answered_heartbeat_keeps_objects_past_max_age() {
         let max_age = Duration::from_millis(300);
@@ -556,15 +569,7 @@ mod tests {
         assert_eq!(c.get(&k), None);
         // A push still drops it at once.
         c.confirm(&l, Instant::now());
-        c.on_push(
-            1,
-            PushInfo {
-                kind: PushKind::Invalidate,
-                data: vec![Value::Array(vec![Value::BulkString(
-                    k.entry().as_bytes().to_vec(),
-                )])],
-            },
-        );
+        invalidated(&c, k.entry());
         assert_eq!(c.get(&k), None);
     }
 
@@ -596,15 +601,7 @@ mod tests {
         c.offer(&k, e, &link(), &snap("E", "g1"));
         assert_eq!(c.get(&k), Some(snap("E", "g1")));
         // A push for the generation key drops the entry too.
-        c.on_push(
-            1,
-            PushInfo {
-                kind: PushKind::Invalidate,
-                data: vec![Value::Array(vec![Value::BulkString(
-                    k.generation().as_bytes().to_vec(),
-                )])],
-            },
-        );
+        invalidated(&c, k.generation());
         assert_eq!(c.get(&k), None);
     }
 
