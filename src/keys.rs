@@ -192,6 +192,29 @@ pub fn tag_generation_key(namespace: &str, tag: &str) -> String {
     key
 }
 
+/// The generation of a whole route: `<ns>r:{<route>}:g`. Every entry of
+/// the route is stamped with it like with a tag, so replacing it (a
+/// route-wide purge) makes every entry of the route unservable at once.
+pub fn route_generation_key(namespace: &str, route: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + route.len() + 6);
+    key.push_str(namespace);
+    key.push_str("r:{");
+    encode_param(route, &mut key);
+    key.push_str("}:g");
+    key
+}
+
+/// Change capture's record that every mapped route was purged since its
+/// replication slot was created: `<ns>c:{<slot>}:purged`.
+pub fn capture_marker_key(namespace: &str, slot: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + slot.len() + 12);
+    key.push_str(namespace);
+    key.push_str("c:{");
+    encode_param(slot, &mut key);
+    key.push_str("}:purged");
+    key
+}
+
 pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {
     // Concatenation instead of `format!`: this runs on every cache read and
     // the formatting machinery cost more than the rest of the key (callgrind).

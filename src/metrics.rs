@@ -54,6 +54,11 @@ pub mod names {
     pub const STREAM_PENDING: &str = "sidecache_stream_pending";
     pub const FEED_WITNESS: &str = "sidecache_feed_witness";
     pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
+    pub const CAPTURE_LAG_BYTES: &str = "sidecache_capture_lag_bytes";
+    pub const CAPTURE_LAG_SECONDS: &str = "sidecache_capture_lag_seconds";
+    pub const CAPTURE_DEAD_LETTERS: &str = "sidecache_capture_dead_letters_total";
+    pub const CAPTURE_SLOT_CREATED: &str = "sidecache_capture_slot_created_total";
+    pub const CAPTURE_ROUTE_PURGES: &str = "sidecache_capture_route_purges_total";
     pub const NEAR_CACHE: &str = "sidecache_near_cache_total";
     pub const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
     pub const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
@@ -177,6 +182,20 @@ pub struct Metrics {
     pub stream_pending: IntGauge,
     /// `{source}`: events dead-lettered (poison), by source.
     pub dead_letters: IntCounterVec,
+    /// Change capture (logical): WAL bytes written that the consumer has
+    /// not applied yet (0 on instances that do not hold the slot).
+    pub capture_lag_bytes: IntGauge,
+    /// Seconds from a transaction's commit to its invalidations applied
+    /// (the last one), or since the commit of the one being read.
+    pub capture_lag_seconds: Gauge,
+    /// `{reason}`: captured events dead-lettered, by `Poison::reason`.
+    pub capture_dead_letters: IntCounterVec,
+    /// `{reason}`: the replication slot created (`missing`) or recreated
+    /// (`lost`): changes may have been missed, every mapped route purged.
+    pub capture_slot_created: IntCounterVec,
+    /// Route-wide purges change capture made because changes may have
+    /// been missed (a new or lost slot).
+    pub capture_route_purges: IntCounter,
     /// `{outcome}`: `hit` (served from memory) or `miss` (asked Redis).
     pub near_cache: IntCounterVec,
     pub near_cache_invalidations: IntCounter,
@@ -547,6 +566,40 @@ impl Metrics {
                 DEAD_LETTERS,
                 "Invalidation events dead-lettered as poison, by source.",
                 &["source"],
+            ),
+            capture_lag_bytes: reg(
+                &registry,
+                IntGauge::new(
+                    CAPTURE_LAG_BYTES,
+                    "Change capture: WAL bytes written that this consumer has not applied.",
+                )
+                .expect("valid metric"),
+            ),
+            capture_lag_seconds: reg(
+                &registry,
+                Gauge::new(
+                    CAPTURE_LAG_SECONDS,
+                    "Change capture: seconds from a transaction's commit to its invalidations applied.",
+                )
+                .expect("valid metric"),
+            ),
+            capture_dead_letters: counter(
+                CAPTURE_DEAD_LETTERS,
+                "Change capture: events dead-lettered, by reason.",
+                &["reason"],
+            ),
+            capture_slot_created: counter(
+                CAPTURE_SLOT_CREATED,
+                "Change capture: replication slot created (missing) or recreated (lost).",
+                &["reason"],
+            ),
+            capture_route_purges: reg(
+                &registry,
+                IntCounter::new(
+                    CAPTURE_ROUTE_PURGES,
+                    "Change capture: routes purged wholesale because changes may have been missed.",
+                )
+                .expect("valid metric"),
             ),
             near_cache: counter(
                 NEAR_CACHE,

@@ -164,6 +164,64 @@ impl PgConnector {
             .map_err(|e| self.classify(e))
     }
 
+    /// The same server, user and TLS settings for a logical replication
+    /// connection (change capture) reading `slot` through `publication`.
+    /// TLS is pgwire-replication's own rustls client: `verify-*` without
+    /// `sslrootcert` checks against the Mozilla roots it carries rather
+    /// than the system's; give `sslrootcert` to pin a private CA.
+    pub fn replication_config(
+        &self,
+        slot: &str,
+        publication: &str,
+    ) -> Result<pgwire_replication::ReplicationConfig, PgError> {
+        use pgwire_replication::{ReplicationConfig, TlsConfig};
+        use tokio_postgres::config::Host;
+        let user = self.config.get_user().unwrap_or("postgres");
+        let password = self
+            .config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default();
+        let database = self.config.get_dbname().unwrap_or(user);
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        let cfg = match self.config.get_hosts().first() {
+            Some(Host::Tcp(host)) => {
+                ReplicationConfig::new(host.as_str(), user, password, database, slot, publication)
+            }
+            Some(Host::Unix(dir)) => ReplicationConfig::unix(
+                dir.to_string_lossy(),
+                port,
+                user,
+                password,
+                database,
+                slot,
+                publication,
+            ),
+            None => {
+                ReplicationConfig::new("localhost", user, password, database, slot, publication)
+            }
+        };
+        let ca: Option<std::path::PathBuf> = self
+            .rootcert
+            .clone()
+            .filter(|r| r != "system")
+            .map(Into::into);
+        let tls = match (self.mode, ca) {
+            (SslMode::Disable, _) => TlsConfig::disabled(),
+            (SslMode::Prefer, None) => TlsConfig {
+                mode: pgwire_replication::SslMode::Prefer,
+                ..TlsConfig::require()
+            },
+            (SslMode::Require, None) => TlsConfig::require(),
+            // As in libpq, a root certificate makes prefer/require check it.
+            (SslMode::Prefer | SslMode::Require | SslMode::VerifyCa, ca) => {
+                TlsConfig::verify_ca(ca)
+            }
+            (SslMode::VerifyFull, ca) => TlsConfig::verify_full(ca),
+        };
+        Ok(cfg.with_port(port).with_tls(tls))
+    }
+
     fn classify(&self, e: tokio_postgres::Error) -> PgError {
         match crate::tls::rustls_failure(&e) {
             Some(detail) => PgError::Certificate {

@@ -9,6 +9,7 @@
 
 pub mod bloom;
 pub mod bloom_sizing;
+pub mod capture;
 pub mod file;
 pub mod interpolate;
 pub mod path;

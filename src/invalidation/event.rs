@@ -111,6 +111,8 @@ pub enum TargetKind {
     Related,
     /// A cache tag.
     Tag,
+    /// Every object of a route.
+    Route,
 }
 
 impl TargetKind {
@@ -119,6 +121,7 @@ impl TargetKind {
             TargetKind::Object => "object",
             TargetKind::Related => "related",
             TargetKind::Tag => "tag",
+            TargetKind::Route => "route",
         }
     }
 }
@@ -144,6 +147,27 @@ pub enum Poison {
     TagsAndRoute,
     #[error("bad tags: {0}")]
     BadTags(#[from] crate::tags::TagError),
+    /// Change capture: a row whose key (or tag) column is NULL names no
+    /// object.
+    #[error("{0} is NULL")]
+    NullValue(String),
+}
+
+impl Poison {
+    /// The `reason` label of the dead-letter metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Poison::UnknownRoute(_) => "unknown_route",
+            Poison::MissingParam(_) => "missing_param",
+            Poison::BadParam(_) => "bad_param",
+            Poison::NotInPath(_) => "not_in_path",
+            Poison::ExtraParam(_) => "extra_param",
+            Poison::Malformed(_) => "malformed",
+            Poison::TagsAndRoute => "tags_and_route",
+            Poison::BadTags(_) => "bad_tags",
+            Poison::NullValue(_) => "null_value",
+        }
+    }
 }
 
 impl Event {
@@ -204,6 +228,9 @@ impl Event {
             .routes
             .find(&self.route)
             .ok_or_else(|| Poison::UnknownRoute(self.route.clone()))?;
+        if self.params.is_empty() && !route.params.is_empty() {
+            return Ok(Validated::route_wide(cfg, route, self.kind));
+        }
         if let Some(extra) = self
             .params
             .keys()
@@ -260,6 +287,20 @@ impl Validated {
             }),
             kind,
             targets,
+            floor: None,
+        }
+    }
+
+    /// A route-wide purge (`{"route": "app"}`, no params): the route's
+    /// generation, which every entry of the route is stamped with.
+    fn route_wide(cfg: &Config, route: &Route, kind: EventKind) -> Validated {
+        Validated {
+            object: None,
+            kind,
+            targets: vec![Target {
+                gen_key: keys::route_generation_key(&cfg.store.namespace, &route.name),
+                kind: TargetKind::Route,
+            }],
             floor: None,
         }
     }

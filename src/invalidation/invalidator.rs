@@ -24,6 +24,8 @@ use std::sync::Arc;
 
 /// Generation keys per store call.
 const CHUNK: usize = 256;
+/// The value of a marker key.
+const MARKER: &str = "1";
 
 /// Where an event came from, as named in the `source` metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,8 @@ pub enum Source {
     StreamFanout,
     WriteThrough,
     Admin,
+    /// Change capture's logical replication consumer.
+    Capture,
 }
 
 impl Source {
@@ -49,6 +53,7 @@ impl Source {
             Source::StreamFanout => "stream_fanout",
             Source::WriteThrough => "write_through",
             Source::Admin => "admin",
+            Source::Capture => "capture",
         }
     }
 }
@@ -130,6 +135,25 @@ impl Invalidator {
         self.store.delete_if_equals(slot, owner.as_bytes()).await
     }
 
+    /// Sets a marker key (change capture's "purged since the slot was
+    /// created"): a plain value with a TTL.
+    pub async fn set_marker(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+        self.store.remember_tags(key, MARKER, ttl).await
+    }
+
+    /// Whether the marker key is set.
+    pub async fn read_marker(&self, key: &str) -> Result<bool, StoreError> {
+        let values = self.store.read_tags(&[key]).await?;
+        Ok(values
+            .first()
+            .is_some_and(|v| v.as_deref() == Some(MARKER.as_bytes())))
+    }
+
+    /// Removes the marker key.
+    pub async fn clear_marker(&self, key: &str) -> Result<bool, StoreError> {
+        self.store.delete_if_equals(key, MARKER.as_bytes()).await
+    }
+
     /// `None` while the feeds' store calls go through; else when the feeds'
     /// breaker lets the next one probe. A feed takes no events before then
     /// (issue 20): instances whose store works take them meanwhile.
@@ -189,7 +213,7 @@ impl Invalidator {
     /// The outbox and the stream dead-letter poison (shown on the status
     /// page); admin answers 400, and the fan-out leaves it to the group.
     fn record_dead_letters(&self, source: Source, outcomes: &[ApplyOutcome]) {
-        if matches!(source, Source::Outbox | Source::Stream) {
+        if matches!(source, Source::Outbox | Source::Stream | Source::Capture) {
             for outcome in outcomes {
                 if let ApplyOutcome::Poison(p) = outcome {
                     self.dead_letters.record(source.as_str(), &p.to_string());

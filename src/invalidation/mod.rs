@@ -29,6 +29,7 @@
 //! twice is harmless because a generation is replaced, never incremented.
 
 pub mod backoff;
+pub mod capture;
 pub mod ddl;
 pub mod event;
 pub mod invalidator;
