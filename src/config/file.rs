@@ -1,6 +1,7 @@
 //! The config file as written: serde structs with `deny_unknown_fields` and
-//! defaults. Nothing here is validated beyond its YAML type; `validate.rs`
-//! turns a [`FileConfig`] into the typed [`super::Config`].
+//! defaults. Nothing here is validated beyond its YAML type; `validate`
+//! (one file per section) turns a [`FileConfig`] into the typed
+//! [`super::Config`].
 
 use serde::Deserialize;
 use std::collections::BTreeMap;

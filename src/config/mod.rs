@@ -1,7 +1,9 @@
 //! Configuration: the file model (`file`), units (`units`), `${VAR}`
 //! interpolation (`interpolate`), validation into the typed [`Config`]
-//! (`validate`), route templates and matching (`route`) on the normal form
-//! of request paths (`path`), and the hot-reload watcher (`watch`).
+//! (`validate`, one file per section), route templates and matching
+//! (`route`) on the normal form of request paths (`path`), a route's Bloom
+//! filter (`bloom`) and relations (`relations`), and the hot-reload watcher
+//! (`watch`).
 //!
 //! Flow: YAML text -> generic value -> `${VAR}` replaced in string values ->
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
@@ -438,11 +440,43 @@ mod tests;
 /// Helpers for unit tests elsewhere in the crate.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::{Config, Route};
+    use super::{Config, ConfigError, Route};
     use std::sync::Arc;
 
+    /// The top of a minimal valid file, without routes.
+    pub(crate) const BASE: &str = r#"
+version: 1
+listen: 127.0.0.1:8080
+admin: { listen: 127.0.0.1:9090 }
+upstream: { url: "http://127.0.0.1:8000" }
+"#;
+
+    /// A `routes:` list of one route with two params.
+    pub(crate) const APP: &str = r#"
+routes:
+  - name: app
+    path: /api/tenants/{tenant}/apps/{id}
+    params: { tenant: "[a-z]+", id: "[1-9][0-9]*" }
+    ttl: 60s
+"#;
+
+    /// Parses [`BASE`] followed by `rest`, with `${HOST}` set to 127.0.0.1.
+    pub(crate) fn parse(rest: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{BASE}{rest}"), &|k| {
+            (k == "HOST").then(|| "127.0.0.1".to_owned())
+        })
+    }
+
+    /// The message of the error that [`parse`] must return for `rest`.
+    pub(crate) fn err(rest: &str) -> String {
+        match parse(rest) {
+            Ok(_) => panic!("config should be rejected:\n{rest}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     /// The first route of a minimal config whose `routes:` list is `routes`.
-    pub fn route(routes: &str) -> Arc<Route> {
+    pub(crate) fn route(routes: &str) -> Arc<Route> {
         let text = format!(
             "version: 1\nlisten: 127.0.0.1:1\nadmin: {{ listen: 127.0.0.1:2 }}\n\
              upstream: {{ url: \"http://127.0.0.1:3\" }}\nroutes:\n{routes}"

@@ -92,6 +92,8 @@ impl Entry {
             out.put_u32(value.len() as u32);
             out.put_slice(value.as_bytes());
         }
+        // Validation keeps `fill.max_body` within u32, so this never truncates.
+        debug_assert!(u32::try_from(self.body.len()).is_ok(), "body too long");
         out.put_u32(self.body.len() as u32);
         out.put_slice(&self.body);
         if !self.tags.is_empty() {

@@ -533,3 +533,18 @@ fn replicas_ack_is_accepted_on_every_target_with_a_sane_timeout() {
         );
     }
 }
+
+#[test]
+fn max_body_is_bounded_by_the_entry_format() {
+    let largest = check(&with_section("fill:\n  max_body: 4294967295\n"));
+    assert!(
+        largest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&largest.stderr)
+    );
+    rejects(
+        &with_section("fill:\n  max_body: 4GiB\n"),
+        "fill.max_body",
+        "at most 4294967295 bytes",
+    );
+}

@@ -1,0 +1,123 @@
+//! `limits` and `h2`: what one client connection may cost.
+
+use super::{err, Result};
+use crate::config::file::FileConfig;
+use crate::config::LimitsConfig;
+use std::time::Duration;
+
+pub(super) fn limits(raw: &FileConfig) -> Result<LimitsConfig> {
+    let l = &raw.limits;
+    let max_connections = match l.max_connections {
+        Some(0) => return err("limits.max_connections", "must be at least 1"),
+        Some(n) => n,
+        None => default_max_connections(open_files_limit()),
+    };
+    for (field, d) in [
+        ("header_timeout", l.header_timeout.0),
+        ("idle_timeout", l.idle_timeout.0),
+        ("send_timeout", l.send_timeout.0),
+    ] {
+        if d < Duration::from_millis(100) {
+            return err(format!("limits.{field}"), "must be at least 100ms");
+        }
+    }
+    // hyper's HTTP/1 read buffer cannot be smaller than 8 KiB; a head
+    // larger than 1 MiB is no longer a request head but an attack.
+    let max_header_bytes = l.max_header_bytes.0;
+    if !(8 * 1024..=1024 * 1024).contains(&max_header_bytes) {
+        return err("limits.max_header_bytes", "must be between 8KiB and 1MiB");
+    }
+    if raw.h2.max_concurrent_streams == 0 {
+        return err("h2.max_concurrent_streams", "must be at least 1");
+    }
+    Ok(LimitsConfig {
+        max_connections,
+        header_timeout: l.header_timeout.0,
+        max_header_bytes: max_header_bytes as usize,
+        idle_timeout: l.idle_timeout.0,
+        send_timeout: l.send_timeout.0,
+        h2_max_concurrent_streams: raw.h2.max_concurrent_streams,
+    })
+}
+
+/// The default `limits.max_connections` for a process allowed `nofile`
+/// open files: a forwarded request holds two descriptors (the client's and
+/// an upstream connection), and 64 are kept for the listeners, Redis,
+/// Postgres, the config watcher and the pool's idle connections. So the cap
+/// is reached before `accept` fails with EMFILE, and an accepted client can
+/// still reach the upstream. At most 10 000; at least 1.
+fn default_max_connections(nofile: u64) -> usize {
+    let usable = nofile.saturating_sub(64) / 2;
+    usable.clamp(1, 10_000) as usize
+}
+
+/// The soft `RLIMIT_NOFILE` of this process (what `accept` runs into);
+/// unknown counts as unlimited.
+fn open_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass, which outlives the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if ok && limit.rlim_cur != libc::RLIM_INFINITY {
+        limit.rlim_cur
+    } else {
+        u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testing::{err, parse, APP};
+
+    #[test]
+    fn max_connections_from_nofile() {
+        assert_eq!(default_max_connections(1024), 480);
+        assert_eq!(default_max_connections(65_536), 10_000);
+        assert_eq!(default_max_connections(10), 1);
+        assert_eq!(default_max_connections(u64::MAX), 10_000);
+    }
+
+    #[test]
+    fn limits_defaults_errors_and_reload() {
+        let cfg = parse(APP).expect("valid");
+        let l = cfg.limits;
+        assert_eq!(l.header_timeout, Duration::from_secs(10));
+        assert_eq!(l.max_header_bytes, 64 * 1024);
+        assert_eq!(l.idle_timeout, Duration::from_secs(60));
+        assert_eq!(l.send_timeout, Duration::from_secs(30));
+        assert_eq!(l.h2_max_concurrent_streams, 100);
+        assert!((1..=10_000).contains(&l.max_connections));
+
+        let set = parse(&format!(
+            "limits: {{ max_connections: 7, header_timeout: 2s, max_header_bytes: 16KiB, \
+             idle_timeout: 500ms, send_timeout: 3s }}\nh2: {{ max_concurrent_streams: 9 }}\n{APP}"
+        ))
+        .expect("valid");
+        assert_eq!(set.limits.max_connections, 7);
+        assert_eq!(set.limits.max_header_bytes, 16 * 1024);
+        assert_eq!(set.limits.h2_max_concurrent_streams, 9);
+        // Nothing in `limits` or `h2` needs a restart.
+        assert!(cfg.restart_only_changes(&set).is_empty());
+
+        for (yaml, path) in [
+            ("limits: { max_connections: 0 }", "limits.max_connections"),
+            ("limits: { header_timeout: 10ms }", "limits.header_timeout"),
+            (
+                "limits: { max_header_bytes: 1KiB }",
+                "limits.max_header_bytes",
+            ),
+            ("limits: { send_timeout: 0s }", "limits.send_timeout"),
+            ("limits: { idle: 1s }", "limits"),
+            (
+                "h2: { max_concurrent_streams: 0 }",
+                "h2.max_concurrent_streams",
+            ),
+        ] {
+            let e = err(&format!("{yaml}\n{APP}"));
+            assert!(e.contains(path), "{yaml}: {e}");
+        }
+    }
+}
