@@ -38,7 +38,21 @@ enum Command {
     /// Serve (the default).
     Run,
     /// Validate the config, print the route table, exit 0; invalid: exit 2.
-    Check,
+    Check {
+        /// Also check the database change capture reads (tables, columns,
+        /// triggers or publication); a mismatch exits 2, an unreachable
+        /// database 1.
+        #[arg(long)]
+        db: bool,
+    },
+    /// Print the SQL that `invalidation.capture` needs: the outbox and the
+    /// capture triggers (`mode: triggers`), or the publication and replica
+    /// identities (`mode: logical`).
+    CaptureDdl {
+        /// Print the SQL that removes the capture triggers instead.
+        #[arg(long)]
+        drop: bool,
+    },
     /// Ask the running instance (admin.listen in the config) what the cache
     /// holds for URL and what a GET would get now; prints a table.
     Lookup {
@@ -92,13 +106,17 @@ fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Check => {
+        Command::Check { db } => {
             for w in &cfg.warnings {
                 eprintln!("sidecache: warning: {w}");
             }
             print_routes(&path, &cfg);
-            ExitCode::SUCCESS
+            match db {
+                true => check_db(&cfg),
+                false => ExitCode::SUCCESS,
+            }
         }
+        Command::CaptureDdl { drop } => print_capture_ddl(&cfg, drop),
         Command::Run => run(path, cfg),
         Command::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
         Command::OutboxDdl { table, channel } => print_outbox_ddl(&table, &channel),
@@ -114,6 +132,72 @@ fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
         Err(e) => {
             eprintln!("sidecache outbox-ddl: {e}");
             ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
+    use sidecache::config::capture::CaptureMode;
+    use sidecache::invalidation::capture::ddl;
+    let Some(capture) = &cfg.invalidation.capture else {
+        eprintln!("sidecache capture-ddl: the config has no invalidation.capture");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let sql = match (capture.mode, drop, &cfg.invalidation.outbox) {
+        (CaptureMode::Triggers, true, _) => Ok(ddl::drop(capture)),
+        (CaptureMode::Triggers, false, Some(outbox)) => ddl::install(capture, outbox),
+        (CaptureMode::Triggers, false, None) => Err("mode: triggers without an outbox".to_owned()),
+        (CaptureMode::Logical, false, _) => Ok(ddl::publication(capture)),
+        (CaptureMode::Logical, true, _) => Err(
+            "--drop removes triggers; in mode: logical drop the publication and the slot \
+             (pg_drop_replication_slot) yourself"
+                .to_owned(),
+        ),
+    };
+    match sql {
+        Ok(sql) => {
+            print!("{sql}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sidecache capture-ddl: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+/// `check --db`: the capture database fits the mapping.
+fn check_db(cfg: &Config) -> ExitCode {
+    use sidecache::invalidation::capture::{self, logical::CaptureError};
+    let Some(capture) = &cfg.invalidation.capture else {
+        println!("no invalidation.capture: no database to check");
+        return ExitCode::SUCCESS;
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sidecache check: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(capture::check(capture)) {
+        Ok(()) => {
+            println!(
+                "invalidation.capture: every mapped table and column exists ({} mode)",
+                capture.mode.as_str()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e @ CaptureError::Schema(_)) => {
+            eprintln!("sidecache check: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("sidecache check: cannot check the capture database: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -159,6 +243,20 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // A mapping that names a table or column the database lacks would
+        // capture nothing: refused by name. A database that is down is the
+        // capture's own business (it retries).
+        if let Some(capture) = &cfg.invalidation.capture {
+            use sidecache::invalidation::capture::{self, logical::CaptureError};
+            match capture::check(capture).await {
+                Ok(()) => {}
+                Err(e @ CaptureError::Schema(_)) => {
+                    tracing::error!("{e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check the capture database yet"),
+            }
+        }
         match sidecache::app::App::start(path, cfg).await {
             Ok(app) => {
                 app.run_until(sidecache::app::shutdown_signal()).await;

@@ -321,6 +321,8 @@ pub struct FileInvalidation {
     pub redis_stream: Option<FileRedisStream>,
     #[serde(default = "defaults::witnesses")]
     pub witnesses: u32,
+    #[serde(default)]
+    pub capture: Option<FileCapture>,
 }
 
 impl Default for FileInvalidation {
@@ -329,8 +331,58 @@ impl Default for FileInvalidation {
             outbox: None,
             redis_stream: None,
             witnesses: defaults::witnesses(),
+            capture: None,
         }
     }
+}
+
+/// `invalidation.capture`: change capture from the service's own tables.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCapture {
+    pub mode: FileCaptureMode,
+    /// Default: `invalidation.outbox.url`.
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default = "defaults::capture_name")]
+    pub slot: String,
+    #[serde(default = "defaults::capture_name")]
+    pub publication: String,
+    pub tables: Vec<FileCaptureTable>,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileCaptureMode {
+    Triggers,
+    Logical,
+}
+
+/// One entry of `invalidation.capture.tables`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCaptureTable {
+    pub table: String,
+    pub route: String,
+    /// Route param -> template over the row's columns (`"{id}"`).
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub revision: Option<String>,
+    #[serde(default)]
+    pub on_insert: FileOnInsert,
+}
+
+/// What an `INSERT` of a mapped row does besides invalidating.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileOnInsert {
+    #[default]
+    Invalidate,
+    /// Also grows the route's Bloom filter (an `create` event).
+    Create,
 }
 
 #[derive(Debug, Deserialize)]
@@ -629,6 +681,9 @@ pub(super) mod defaults {
     }
     pub fn witnesses() -> u32 {
         2
+    }
+    pub fn capture_name() -> String {
+        "sidecache".to_owned()
     }
     pub fn claim_idle() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))

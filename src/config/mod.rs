@@ -240,6 +240,8 @@ pub struct InvalidationConfig {
     /// applied by its consumer plus at most this many witnesses, whatever
     /// the number of instances (`crate::invalidation::witness`).
     pub witnesses: u32,
+    /// Change capture from the service's own tables.
+    pub capture: Option<capture::CaptureConfig>,
 }
 
 /// `invalidation.outbox`: the Postgres outbox worker.

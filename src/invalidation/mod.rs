@@ -16,6 +16,8 @@
 //!   entry from a cursor of its own).
 //!
 //! - [`witness`]: which instances run the fan-out (`k` slots in the store).
+//! - [`capture`]: change capture from the service's own tables: trigger
+//!   SQL for the outbox, or a logical replication consumer.
 //!
 //! Both feeds fan out so that no instance waits for another: besides the
 //! consumer the feed hands an event to, `k` witnesses apply every event as
@@ -62,6 +64,15 @@ pub fn spawn_sources(
         let worker = outbox::OutboxWorker::new(outbox.clone(), invalidator.clone())
             .with_witnesses(cfg.invalidation.witnesses);
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
+    }
+    if let Some(capture) = &cfg.invalidation.capture {
+        // `mode: triggers` writes outbox rows: the outbox worker (always
+        // configured with it) applies them.
+        if capture.mode == crate::config::capture::CaptureMode::Logical {
+            let consumer =
+                capture::logical::LogicalConsumer::new(capture.clone(), invalidator.clone());
+            tasks.push(tokio::spawn(consumer.run(shutdown.clone())));
+        }
     }
     if let Some(stream) = &cfg.invalidation.stream {
         // Validation only accepts a stream with a Redis store.

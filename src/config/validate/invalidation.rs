@@ -128,6 +128,8 @@ pub(super) fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<Inva
         outbox,
         stream,
         witnesses,
+        // After the routes (its mappings name them): `capture.rs`.
+        capture: None,
     })
 }
 

@@ -3,11 +3,12 @@
 //! `upstream`, `store` (its `tls` apart), `fill`, `invalidation`, `limits`
 //! and `h2`, `access_log`, `server`, then `routes` (each route, then the
 //! cross-route checks: unique names, no two routes that could match one
-//! request, relations). The first error found is returned; it names the
-//! YAML path.
+//! request, relations), then `invalidation.capture` (its mappings name
+//! routes). The first error found is returned; it names the YAML path.
 
 mod access_log;
 mod admin;
+mod capture;
 mod fill;
 mod invalidation;
 mod limits;
@@ -42,11 +43,16 @@ pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     let upstream = upstream::upstream(&raw)?;
     let store = store::store(&raw)?;
     let fill = fill::fill(&raw)?;
-    let invalidation = invalidation::invalidation(&raw, &store)?;
+    let mut invalidation = invalidation::invalidation(&raw, &store)?;
     let limits = limits::limits(&raw)?;
     let access_log = access_log::access_log(&raw)?;
     let server = server::server(&raw)?;
     let (routes, warnings) = routes::routes(raw.routes, &fill, &upstream)?;
+    capture::capture(
+        raw.invalidation.capture.as_ref(),
+        &mut invalidation,
+        &routes,
+    )?;
 
     let max_fresh = routes
         .routes
