@@ -52,6 +52,11 @@
 //! transaction (see [`pg`]), and sidecache's outbox worker applies the row:
 //! changes made behind sidecache's back, directly on this service, still
 //! reach the cache. See `docs/invalidation.md` and `docs/example.md`.
+//!
+//! **Postgres without an outbox** (`--no-outbox`): the service as most
+//! services are, writing only `app_config`. sidecache then learns of
+//! changes by change capture (`invalidation.capture`: triggers or logical
+//! replication), without this service's cooperation.
 
 use bytes::Bytes;
 use clap::Parser;
@@ -96,6 +101,10 @@ struct Args {
     /// an outbox row with every change. Without it, apps live in memory.
     #[arg(long, env = "DATABASE_URL")]
     database_url: Option<String>,
+    /// Postgres mode: write only `app_config`, no outbox rows (the unchanged
+    /// service that change capture serves).
+    #[arg(long)]
+    no_outbox: bool,
 }
 
 /// One app: the JSON document and its serialized form, rendered once per
@@ -155,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
 
     let db = match &args.database_url {
-        Some(url) => Some(pg::Db::open(url, args.apps).await?),
+        Some(url) => Some(pg::Db::open(url, args.apps, !args.no_outbox).await?),
         None => None,
     };
     let state = Arc::new(State {
@@ -578,12 +587,14 @@ mod pg {
     pub struct Db {
         url: String,
         client: Mutex<Client>,
+        /// Whether changes write their outbox row (`--no-outbox`: never).
+        outbox: bool,
     }
 
     impl Db {
         /// Connects (retrying for 30 s while Postgres starts), creates
         /// `app_config` and the outbox if missing, seeds an empty table.
-        pub async fn open(url: &str, apps: u64) -> anyhow::Result<Db> {
+        pub async fn open(url: &str, apps: u64, outbox: bool) -> anyhow::Result<Db> {
             let mut attempt = 0;
             let client = loop {
                 match connect(url).await {
@@ -598,9 +609,11 @@ mod pg {
             };
             // The outbox: exactly what `sidecache outbox-ddl` prints
             // (idempotent). A real service installs it with its migrations.
-            let outbox = ddl::outbox_ddl(ddl::DEFAULT_TABLE, ddl::DEFAULT_CHANNEL)
-                .map_err(anyhow::Error::msg)?;
-            client.batch_execute(&outbox).await?;
+            if outbox {
+                let ddl = ddl::outbox_ddl(ddl::DEFAULT_TABLE, ddl::DEFAULT_CHANNEL)
+                    .map_err(anyhow::Error::msg)?;
+                client.batch_execute(&ddl).await?;
+            }
             client.batch_execute(SCHEMA).await?;
             // Seed only an empty table, so restarts keep the data. No outbox
             // rows: nothing can be cached about apps nobody has read yet.
@@ -620,6 +633,7 @@ mod pg {
             Ok(Db {
                 url: url.to_owned(),
                 client: Mutex::new(client),
+                outbox,
             })
         }
 
@@ -711,11 +725,14 @@ mod pg {
             return Ok(app_not_found(tenant, id));
         };
         let version: i64 = row.get(0);
-        outbox(&tx, tenant, sql_id(id), "invalidate", version).await?;
+        outbox(db, &tx, tenant, sql_id(id), "invalidate", version).await?;
         tx.commit().await?;
         info!(
             tenant,
-            id, version, "app config updated (outbox row written)"
+            id,
+            version,
+            outbox = db.outbox,
+            "app config updated"
         );
         Ok(json_bytes(StatusCode::OK, render(state, row.get(1))))
     }
@@ -742,9 +759,9 @@ mod pg {
         );
         let row = tx.query_one(&sql, &[&tenant, &config]).await?;
         let (id, version): (i64, i64) = (row.get(0), row.get(1));
-        outbox(&tx, tenant, id, "create", version).await?;
+        outbox(db, &tx, tenant, id, "create", version).await?;
         tx.commit().await?;
-        info!(tenant, id, "app created (outbox row written)");
+        info!(tenant, id, outbox = db.outbox, "app created");
         Ok(created(
             tenant,
             u64::try_from(id).unwrap_or(0),
@@ -767,21 +784,26 @@ mod pg {
         };
         // The deletion is the object's next revision.
         let version: i64 = row.get(0);
-        outbox(&tx, tenant, sql_id(id), "delete", version + 1).await?;
+        outbox(db, &tx, tenant, sql_id(id), "delete", version + 1).await?;
         tx.commit().await?;
-        info!(tenant, id, "app deleted (outbox row written)");
+        info!(tenant, id, outbox = db.outbox, "app deleted");
         Ok(no_content())
     }
 
     /// Writes the event inside the caller's transaction (`tx`): that is the
-    /// whole point. sidecache's worker deletes the row once applied.
+    /// whole point. sidecache's worker deletes the row once applied. With
+    /// `--no-outbox` nothing is written: change capture sees the change.
     async fn outbox(
+        db: &Db,
         tx: &impl GenericClient,
         tenant: &str,
         id: i64,
         kind: &str,
         revision: i64,
     ) -> Result<()> {
+        if !db.outbox {
+            return Ok(());
+        }
         tx.execute(OUTBOX, &[&tenant, &id, &kind, &revision])
             .await?;
         Ok(())

@@ -10,6 +10,7 @@ mod admin;
 mod answers;
 mod bloom;
 mod bloom_postgres;
+mod capture;
 mod cache;
 mod cache_redis;
 mod check;
