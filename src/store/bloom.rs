@@ -1,16 +1,17 @@
 //! The Bloom filter's part of the store contract (SPEC §6), as a supertrait
 //! of [`super::Store`] so both backends implement it with the same
 //! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
-//! `SETBIT`s (`redis_bloom.rs`), the embedded store with in-memory bitmaps
-//! (`memory_bloom.rs`). Also the [`GuardedStore`] wrappers: Bloom calls go
+//! `SETBIT`s (`redis/bloom.rs`), the embedded store with in-memory bitmaps
+//! (`memory/bloom.rs`). Also the [`GuardedStore`] wrappers: Bloom calls go
 //! through the breaker and the command timeout like every other call.
 //!
 //! One filter's keys share the hash tag `{<route>:<scope>}`, so every
 //! script and pipeline here runs in one Cluster slot.
 
 use super::guarded::{GuardedStore, Op};
-use super::{BoxFuture, StoreError};
+use super::StoreError;
 use crate::keys::BloomKeys;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
 
 /// The three answers of a check. Only `Absent` may reject a request.
@@ -49,7 +50,9 @@ impl BloomAnswer {
 }
 
 /// Bloom operations of a store backend. Positions come from
-/// `crate::bloom::hash`; `m` is the bitmap size in bits.
+/// `crate::bloom::hash`; `m` is the bitmap size in bits. Optional for a
+/// backend: one without Bloom filters keeps the defaults, which fail every
+/// call.
 pub trait BloomStore {
     /// Three-state check of one element (`bloom_check.lua`).
     fn bloom_check<'a>(
@@ -58,7 +61,10 @@ pub trait BloomStore {
         signature: &'a str,
         m: u64,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>>;
+    ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>> {
+        let _ = (keys, signature, m, positions);
+        unsupported()
+    }
 
     /// Takes the build lock for `owner` (`SET NX PX lock_ttl`) and creates
     /// the empty `m`-bit candidate with `candidate_ttl`, atomically. False:
@@ -70,7 +76,10 @@ pub trait BloomStore {
         lock_ttl: Duration,
         m: u64,
         candidate_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, lock_ttl, m, candidate_ttl);
+        unsupported()
+    }
 
     /// Sets bits in a candidate: one pipeline of `SETBIT`s per call (the
     /// builder sends bounded batches, never one giant script).
@@ -78,7 +87,10 @@ pub trait BloomStore {
         &'a self,
         candidate: &'a str,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (candidate, positions);
+        unsupported()
+    }
 
     /// If `owner` holds the lock and its candidate is complete: renames the
     /// candidate over `bits`, drops its TTL, writes `signature` to `ready`.
@@ -88,7 +100,10 @@ pub trait BloomStore {
         owner: &'a str,
         signature: &'a str,
         m: u64,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, signature, m);
+        unsupported()
+    }
 
     /// Keeps a running build alive: if `owner` still holds the lock,
     /// extends the lock to `lock_ttl` and its candidate to `candidate_ttl`.
@@ -98,7 +113,10 @@ pub trait BloomStore {
         owner: &'a str,
         lock_ttl: Duration,
         candidate_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, lock_ttl, candidate_ttl);
+        unsupported()
+    }
 
     /// Growth: sets a member's bits in the active bitmap (if any) and in the
     /// candidate of the running build (if any), atomically with respect to
@@ -107,7 +125,10 @@ pub trait BloomStore {
         &'a self,
         keys: &'a BloomKeys,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (keys, positions);
+        unsupported()
+    }
 
     /// Makes the filter unknown: deletes `ready` (and the candidate of
     /// `owner`, if given). Used when the catalogue outgrew `capacity`.
@@ -115,10 +136,16 @@ pub trait BloomStore {
         &'a self,
         keys: &'a BloomKeys,
         owner: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (keys, owner);
+        unsupported()
+    }
 
     /// Bits set in a bitmap (`BITCOUNT`), for the fill-ratio gauge.
-    fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = bits;
+        unsupported()
+    }
 
     /// Claims the current rebuild interval for `owner` (`SET NX PX`):
     /// false if another instance's scheduled rebuild claimed it already.
@@ -127,7 +154,19 @@ pub trait BloomStore {
         keys: &'a BloomKeys,
         owner: &'a str,
         interval: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, interval);
+        unsupported()
+    }
+}
+
+/// The default of every Bloom call: a backend without Bloom filters.
+fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(async {
+        Err(StoreError::Protocol(
+            "bloom filters are not supported".into(),
+        ))
+    })
 }
 
 /// Bloom calls behind the breaker and the timeout. Checks are on the request

@@ -1,17 +1,25 @@
-//! The cache store: the [`Store`] trait that the read pipeline and the
-//! invalidation sources talk to, its two backends ([`redis::RedisStore`],
-//! [`memory::MemoryStore`]), how redis-rs clients are built from the config
-//! (TLS and server names: [`redis_client`]; one node's connection: [`redis_node`];
-//! Sentinel: [`redis_sentinel`]), the Lua scripts ([`scripts`]), and the
-//! [`guarded::GuardedStore`] wrapper that puts a timeout and the circuit
-//! breaker ([`breaker`]; on Redis Cluster one per master, [`node_breakers`]
-//! over the [`slot_map`] that [`redis_slots`] keeps current) around every call.
+//! The cache store: the [`Store`] contract that the read pipeline and the
+//! invalidation sources talk to, its backends (a folder each: [`redis`],
+//! [`memory`]), and the [`GuardedStore`] wrapper ([`guarded`]) that puts a
+//! timeout and the circuit breaker ([`breaker`]; on Redis Cluster one per
+//! master, [`node_breakers`] over the [`slot_map`] the Redis backend keeps
+//! current; the invalidation feeds' own, [`feed_breakers`]) around every
+//! call.
 //!
-//! The trait speaks in keys the caller built (see `pipeline::key`), so both
+//! [`Store`] is the union of four capabilities, each a trait in a file of
+//! its own beside the `GuardedStore` calls that wrap it:
+//! [`ObjectStore`] (reads, leases, publish: [`object`]), [`FeedStore`]
+//! (invalidation and the feeds' witness slots: [`feeds`]), [`TagStore`]
+//! (cache tags and version floors: [`tags`]) and [`BloomStore`] (the Bloom
+//! filter: [`bloom`]). [`open`] builds the configured backend: adding one
+//! is a folder that implements those traits and [`Store`], plus one arm of
+//! `open`'s `match`.
+//!
+//! The traits speak in keys the caller built ([`crate::keys`]), so both
 //! backends implement exactly the same protocol (SPEC §5.1):
 //! - `read`: one round trip for the entry and the object's generation
 //!   (`read_near`: the same answer from process memory, where the backend
-//!   keeps a coherent copy: the Redis near cache, [`near`]);
+//!   keeps a coherent copy: the Redis near cache, [`redis::near`]);
 //! - `ticket`: current generation, created fresh if missing — never absent;
 //! - `take_lease` / `renew_lease` / `unlock`: the fill lease taken together
 //!   with the fill's ticket (a lease held for an older generation is
@@ -33,28 +41,31 @@
 
 pub mod bloom;
 pub mod breaker;
+pub mod feed_breakers;
+pub mod feeds;
 pub mod guarded;
 pub mod memory;
-pub mod near;
-pub mod near_tracking;
 pub mod node_breakers;
+pub mod object;
 pub mod redis;
-pub mod redis_client;
-pub mod redis_node;
-pub mod redis_sentinel;
-pub mod redis_slots;
-pub mod scripts;
 pub mod slot_map;
+pub mod tags;
 
-use crate::keys::ObjectKeys;
+pub use bloom::BloomStore;
+pub use feeds::FeedStore;
+pub use guarded::GuardedStore;
+pub use object::ObjectStore;
+pub use tags::TagStore;
+
+use self::memory::MemoryStore;
+use self::redis::RedisStore;
+use crate::config::StoreConfig;
+use crate::metrics::Metrics;
 use bytes::Bytes;
+use slot_map::SlotMap;
 use std::any::Any;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a store call failed. Every kind means "store unavailable" to the read
 /// pipeline (degraded path); the kinds differ in logs and metrics, and in
@@ -225,7 +236,7 @@ pub enum PublishOutcome {
     TagChanged,
 }
 
-/// What [`Store::publish_checked`] checks besides generation and lease.
+/// What [`ObjectStore::publish_checked`] checks besides generation and lease.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishChecks {
     /// The object's floor key, for routes with `version_from`.
@@ -251,242 +262,7 @@ impl PublishChecks {
     }
 }
 
-/// The Bloom operations are a supertrait ([`bloom::BloomStore`]) so they
-/// live in their own files.
-pub trait Store: bloom::BloomStore + Send + Sync + 'static {
-    /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
-    fn kind(&self) -> &'static str;
-
-    /// Redis Cluster: which master serves which slot, kept current by the
-    /// backend; the guard keeps one breaker per master with it.
-    fn slot_map(&self) -> Option<std::sync::Arc<slot_map::SlotMap>> {
-        None
-    }
-
-    fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>>;
-
-    /// The answer `read` would give, if the backend holds it in process
-    /// (the Redis near cache); `None` means "ask with `read`". Never blocks.
-    fn read_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {
-        None
-    }
-
-    /// Whether [`Store::read_near`] can ever answer.
-    fn has_near(&self) -> bool {
-        false
-    }
-
-    /// What the near cache holds for `keys`, without counting a lookup;
-    /// `None` when it holds nothing (or there is no near cache).
-    fn peek_near(&self, _keys: &ObjectKeys) -> Option<Snapshot> {
-        None
-    }
-
-    /// The entry, generation and lease of `keys` with their TTLs, in one
-    /// round trip (`/admin/lookup`).
-    fn inspect<'a>(
-        &'a self,
-        _keys: &'a ObjectKeys,
-    ) -> BoxFuture<'a, Result<Inspection, StoreError>> {
-        Box::pin(async { Err(StoreError::Protocol("inspect is not supported".into())) })
-    }
-
-    /// Takes the fill lease of `keys` for `owner` (`lua/lease.lua`), with
-    /// the fill's ticket: the current generation, created fresh (`nonce`,
-    /// `gen_ttl`) if missing. Free, or held by a fill whose ticket is not
-    /// the current generation: ours (that fill is superseded). Held by a
-    /// fill of the current generation: [`LeaseReply::Held`].
-    fn take_lease<'a>(
-        &'a self,
-        keys: &'a ObjectKeys,
-        owner: &'a str,
-        nonce: &'a str,
-        ttl: Duration,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseReply, StoreError>>;
-
-    /// The current generation; created as a fresh unique value if missing.
-    /// Refreshes the generation key's TTL to `gen_ttl`.
-    fn ticket<'a>(
-        &'a self,
-        gen_key: &'a str,
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
-
-    /// Writes `entry` with `ttl` if `gen == ticket` and `lease == owner`
-    /// (the lease value), checked in that order.
-    fn publish<'a>(
-        &'a self,
-        keys: &'a ObjectKeys,
-        owner: &'a str,
-        ticket: &'a [u8],
-        entry: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>> {
-        self.publish_checked(keys, owner, ticket, entry, ttl, &NO_CHECKS)
-    }
-
-    /// [`Store::publish`] that also refuses an answer below the object's
-    /// version floor or whose tags moved (`lua/publish_checked.lua`).
-    /// Where tag keys cannot be checked in the same script (Redis
-    /// Cluster: other slots) they are compared just before; the hit check
-    /// then keeps an entry whose tag moved in between from being served.
-    fn publish_checked<'a>(
-        &'a self,
-        keys: &'a ObjectKeys,
-        owner: &'a str,
-        ticket: &'a [u8],
-        entry: Bytes,
-        ttl: Duration,
-        checks: &'a PublishChecks,
-    ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
-
-    /// The current generation of each tag key, created fresh where missing
-    /// (`lua/tag_tickets.lua`), TTL refreshed to `gen_ttl`.
-    fn tag_tickets<'a>(
-        &'a self,
-        tag_keys: &'a [String],
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
-        let _ = (tag_keys, nonce, gen_ttl);
-        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
-    }
-
-    /// The current value of each key (`None`: missing): tag generations
-    /// for the hit check of a tagged entry, an object's tag list before a
-    /// fill; from the near cache where it holds them.
-    fn read_tags<'a>(
-        &'a self,
-        tag_keys: &'a [&'a str],
-    ) -> BoxFuture<'a, Result<Vec<Option<Bytes>>, StoreError>> {
-        let _ = tag_keys;
-        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
-    }
-
-    /// Whether every `(tag generation key, stamped generation)` is still
-    /// current, if the backend can tell from process memory (the near
-    /// cache): `Some(false)` as soon as one it holds differs, `None` when
-    /// it does not hold them all ("ask with `read_tags`"). Never blocks.
-    fn tags_current_near(&self, _stamped: &[(Bytes, Bytes)]) -> Option<bool> {
-        None
-    }
-
-    /// Records the tags an object's last answer carried (`SET key value
-    /// PX ttl`), so the next fill takes their tickets before its upstream
-    /// call.
-    fn remember_tags<'a>(
-        &'a self,
-        list_key: &'a str,
-        tags: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = (list_key, tags, ttl);
-        Box::pin(async { Err(StoreError::Protocol("tags are not supported".into())) })
-    }
-
-    /// Raises version floors (`lua/floor.lua`): `floors[i]` is (floor key,
-    /// revision); TTL `gen_ttl`. Same error contract as `invalidate_many`.
-    fn raise_floors<'a>(
-        &'a self,
-        floors: &'a [(String, i64)],
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = (floors, gen_ttl);
-        Box::pin(async { Err(StoreError::Protocol("floors are not supported".into())) })
-    }
-
-    /// Sets the lease's TTL to `ttl` only if `owner` still holds it. True if
-    /// renewed; false if it expired or another filler holds it.
-    fn renew_lease<'a>(
-        &'a self,
-        lease_key: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Deletes the lease only if `owner` still holds it. True if deleted.
-    fn unlock<'a>(
-        &'a self,
-        lease_key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Deletes `key` only if its value equals `expected`. True if deleted.
-    fn delete_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Replaces the generation with a fresh unique value (server time +
-    /// `nonce`), TTL `gen_ttl`. Returns the new generation.
-    fn invalidate<'a>(
-        &'a self,
-        gen_key: &'a str,
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Bytes, StoreError>>;
-
-    /// [`Store::invalidate`] for every key in `gen_keys`, all with the same
-    /// `nonce` (each value is still unique: it embeds the key's own server
-    /// time and is never equal to the value it replaces). All or nothing for
-    /// the caller: an error means "retry the whole batch", which is safe
-    /// because invalidation is idempotent. The default calls `invalidate`
-    /// once per key; backends override it to save round trips.
-    fn invalidate_many<'a>(
-        &'a self,
-        gen_keys: &'a [String],
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            for key in gen_keys {
-                self.invalidate(key, nonce, gen_ttl).await?;
-            }
-            Ok(())
-        })
-    }
-
-    /// [`Store::invalidate_many`] for events marked with their position in
-    /// a feed (`marks[i]` for `gen_keys[i]`, see [`covers`]), as
-    /// `lua/invalidate_marked.lua`: the new generation carries the mark,
-    /// and a generation whose mark covers the event's is left alone. Every
-    /// instance applies every feed event (the fan-out); this makes all
-    /// deliveries but the first cost no cache miss. Same error contract as
-    /// `invalidate_many`. The default replaces every time (correct, dearer).
-    fn invalidate_marked<'a>(
-        &'a self,
-        gen_keys: &'a [String],
-        marks: &'a [String],
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = marks;
-        self.invalidate_many(gen_keys, nonce, gen_ttl)
-    }
-
-    /// Takes or renews one of a feed's witness slots for `owner`
-    /// (`lua/witness.lua`; `slots` share one hash tag). Only witnesses run
-    /// the fan-out (`crate::invalidation::witness`).
-    fn witness<'a>(
-        &'a self,
-        slots: &'a [String],
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>>;
-
-    /// Whether the connection the invalidations take answers (`PING`): the
-    /// feeds' early probe ([`GuardedStore::feeds_ready`]). A backend that
-    /// cannot fail answers at once.
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
-}
-pub use guarded::{open, GuardedStore};
-
-/// What [`Store::witness`] found.
+/// What [`FeedStore::witness`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WitnessSlot {
     /// The slot held now (renewed or just taken); `None`: others hold all.
@@ -494,6 +270,49 @@ pub struct WitnessSlot {
     /// Held: the TTL. Not held: until the first slot expires (when trying
     /// again can succeed).
     pub free_in: Duration,
+}
+
+/// A store backend: every capability, and what the guard needs to know
+/// of the backend itself. Object-safe: [`GuardedStore`] holds an
+/// `Arc<dyn Store>`.
+pub trait Store: ObjectStore + FeedStore + TagStore + BloomStore + Send + Sync + 'static {
+    /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
+    fn kind(&self) -> &'static str;
+
+    /// Redis Cluster: which master serves which slot, kept current by the
+    /// backend; the guard keeps one breaker per master with it.
+    fn slot_map(&self) -> Option<Arc<SlotMap>> {
+        None
+    }
+}
+
+/// Builds the configured backend wrapped in a `GuardedStore`. Must not fail
+/// because Redis is unreachable at start: sidecache starts degraded and the
+/// connection is (re)established in the background.
+pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedStore>, StoreError> {
+    let cooldown = cfg.breaker_cooldown;
+    let guarded = match &cfg.redis {
+        None => GuardedStore::new(Arc::new(MemoryStore::new()), None, cooldown, metrics),
+        Some(redis) => {
+            // Ping often enough that a recovered Redis is reconnected before
+            // the breaker's next probe.
+            let heartbeat =
+                (cooldown / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+            let store = RedisStore::connect(redis, heartbeat, metrics)?;
+            tracing::info!(
+                kind = store.kind(),
+                "store configured (connecting in the background)"
+            );
+            GuardedStore::new(
+                Arc::new(store),
+                Some(redis.command_timeout),
+                cooldown,
+                metrics,
+            )
+            .with_replicas_wait(redis.replicas_ack.map_or(Duration::ZERO, |a| a.timeout))
+        }
+    };
+    Ok(Arc::new(guarded))
 }
 
 #[cfg(test)]
@@ -544,5 +363,19 @@ mod tests {
         };
         assert_eq!(value, "owner@1.000001-n@s:5-0");
         assert_eq!(lease_ticket(value.as_bytes()), Some(ticket.as_ref()));
+    }
+
+    #[tokio::test]
+    async fn open_without_redis_is_the_memory_store() {
+        let metrics = Metrics::new();
+        let cooldown = Duration::from_secs(2);
+        let cfg = StoreConfig {
+            redis: None,
+            namespace: "sc:".into(),
+            breaker_cooldown: cooldown,
+        };
+        let store = open(&cfg, &metrics).await.unwrap();
+        assert_eq!(store.inner().kind(), "memory");
+        assert!(store.ticket("g", "n", cooldown).await.is_ok());
     }
 }

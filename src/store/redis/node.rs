@@ -13,8 +13,7 @@
 //! not retry within a call; the heartbeat's `PING` reconnects in the
 //! background, as with the manager.
 
-use super::redis::{RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY, RECONNECT_RETRIES};
-use super::redis_client::{self, Pinned};
+use super::client::{self as redis_client, Pinned};
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{
@@ -23,6 +22,14 @@ use redis::aio::{
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Reconnect attempts after the first one fails, before a reconnect gives up
+/// (the next command starts a new one). Small, so a dead server does not
+/// hold calls in backoff for seconds. The cluster client's reconnects
+/// ([`super::connection::cluster_conn`]) follow the same policy.
+pub const RECONNECT_RETRIES: usize = 2;
+pub const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+pub const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// Response and connect timeouts of a node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +51,7 @@ impl Node {
     pub fn new(client: Client, pinned: Option<Pinned>, timeouts: Timeouts) -> RedisResult<Node> {
         match pinned {
             None => {
-                // Capped reconnects (module doc of `super::redis`).
+                // Capped reconnects (module doc of `super`).
                 let manager = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(timeouts.response))
                     .set_connection_timeout(Some(timeouts.connect))

@@ -5,11 +5,12 @@
 //! Lock and `ready` are ordinary string keys. Every operation runs under
 //! the store's one lock, like a script.
 
-use super::super::bloom::{BloomAnswer, BloomStore};
-use super::super::{BoxFuture, StoreError};
 use super::{deadline, Inner, MemoryStore};
 use crate::keys::BloomKeys;
+use crate::store::bloom::{BloomAnswer, BloomStore};
+use crate::store::StoreError;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
 use tokio::time::Instant;
 
