@@ -2,17 +2,18 @@
 //! of [`super::Store`] so both backends implement it with the same
 //! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
 //! `SETBIT`s (`redis/bloom.rs`), the embedded store with in-memory bitmaps
-//! (`memory/bloom.rs`). Also the [`GuardedStore`] wrappers: Bloom calls go
-//! through the breaker and the command timeout like every other call.
+//! (`memory/bloom.rs`).
 //!
 //! One filter's keys share the hash tag `{<route>:<scope>}`, so every
-//! script and pipeline here runs in one Cluster slot.
+//! Bloom script and pipeline runs in one Cluster slot.
 
-use super::guarded::{GuardedStore, Op};
-use super::StoreError;
+use super::protocol::{unsupported, StoreError};
 use crate::keys::BloomKeys;
 use futures_util::future::BoxFuture;
 use std::time::Duration;
+
+/// What every call of a backend without Bloom filters answers.
+const UNSUPPORTED: &str = "bloom filters are not supported";
 
 /// The three answers of a check. Only `Absent` may reject a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +64,7 @@ pub trait BloomStore {
         positions: &'a [u64],
     ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>> {
         let _ = (keys, signature, m, positions);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Takes the build lock for `owner` (`SET NX PX lock_ttl`) and creates
@@ -78,7 +79,7 @@ pub trait BloomStore {
         candidate_ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let _ = (keys, owner, lock_ttl, m, candidate_ttl);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Sets bits in a candidate: one pipeline of `SETBIT`s per call (the
@@ -89,7 +90,7 @@ pub trait BloomStore {
         positions: &'a [u64],
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = (candidate, positions);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// If `owner` holds the lock and its candidate is complete: renames the
@@ -102,7 +103,7 @@ pub trait BloomStore {
         m: u64,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let _ = (keys, owner, signature, m);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Keeps a running build alive: if `owner` still holds the lock,
@@ -115,7 +116,7 @@ pub trait BloomStore {
         candidate_ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let _ = (keys, owner, lock_ttl, candidate_ttl);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Growth: sets a member's bits in the active bitmap (if any) and in the
@@ -127,7 +128,7 @@ pub trait BloomStore {
         positions: &'a [u64],
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = (keys, positions);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Makes the filter unknown: deletes `ready` (and the candidate of
@@ -138,13 +139,13 @@ pub trait BloomStore {
         owner: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = (keys, owner);
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Bits set in a bitmap (`BITCOUNT`), for the fill-ratio gauge.
     fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         let _ = bits;
-        unsupported()
+        unsupported(UNSUPPORTED)
     }
 
     /// Claims the current rebuild interval for `owner` (`SET NX PX`):
@@ -156,118 +157,6 @@ pub trait BloomStore {
         interval: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let _ = (keys, owner, interval);
-        unsupported()
-    }
-}
-
-/// The default of every Bloom call: a backend without Bloom filters.
-fn unsupported<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, StoreError>> {
-    Box::pin(async {
-        Err(StoreError::Protocol(
-            "bloom filters are not supported".into(),
-        ))
-    })
-}
-
-/// Bloom calls behind the breaker and the timeout. Checks are on the request
-/// path and count as `bloom_check`; build steps as `bloom_build`; growth as
-/// `bloom_add`.
-impl GuardedStore {
-    pub async fn bloom_check(
-        &self,
-        keys: &BloomKeys,
-        signature: &str,
-        m: u64,
-        positions: &[u64],
-    ) -> Result<BloomAnswer, StoreError> {
-        self.call(Op::BloomCheck, &keys.bits, |s| {
-            s.bloom_check(keys, signature, m, positions)
-        })
-        .await
-    }
-
-    pub async fn bloom_begin(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        lock_ttl: Duration,
-        m: u64,
-        candidate_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_begin(keys, owner, lock_ttl, m, candidate_ttl)
-        })
-        .await
-    }
-
-    pub async fn bloom_set_bits(
-        &self,
-        candidate: &str,
-        positions: &[u64],
-    ) -> Result<(), StoreError> {
-        if positions.is_empty() {
-            return Ok(());
-        }
-        self.call(Op::BloomBuild, candidate, |s| {
-            s.bloom_set_bits(candidate, positions)
-        })
-        .await
-    }
-
-    pub async fn bloom_renew(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        lock_ttl: Duration,
-        candidate_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_renew(keys, owner, lock_ttl, candidate_ttl)
-        })
-        .await
-    }
-
-    pub async fn bloom_activate(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        signature: &str,
-        m: u64,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_activate(keys, owner, signature, m)
-        })
-        .await
-    }
-
-    pub async fn bloom_add(&self, keys: &BloomKeys, positions: &[u64]) -> Result<(), StoreError> {
-        self.call(Op::BloomAdd, &keys.bits, |s| s.bloom_add(keys, positions))
-            .await
-    }
-
-    pub async fn bloom_disable(
-        &self,
-        keys: &BloomKeys,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| s.bloom_disable(keys, owner))
-            .await
-    }
-
-    pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
-        self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits))
-            .await
-    }
-
-    pub async fn bloom_claim_interval(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        interval: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_claim_interval(keys, owner, interval)
-        })
-        .await
+        unsupported(UNSUPPORTED)
     }
 }

@@ -1,19 +1,19 @@
-//! The cache store: the [`Store`] contract that the read pipeline and the
-//! invalidation sources talk to, its backends (a folder each: [`redis`],
-//! [`memory`]), and the [`GuardedStore`] wrapper ([`guarded`]) that puts a
-//! timeout and the circuit breaker ([`breaker`]; on Redis Cluster one per
-//! master, [`node_breakers`] over the [`slot_map`] the Redis backend keeps
-//! current; the invalidation feeds' own, [`feed_breakers`]) around every
-//! call.
-//!
-//! [`Store`] is the union of four capabilities, each a trait in a file of
-//! its own beside the `GuardedStore` calls that wrap it:
-//! [`ObjectStore`] (reads, leases, publish: [`object`]), [`FeedStore`]
-//! (invalidation and the feeds' witness slots: [`feeds`]), [`TagStore`]
-//! (cache tags and version floors: [`tags`]) and [`BloomStore`] (the Bloom
-//! filter: [`bloom`]). [`open`] builds the configured backend: adding one
-//! is a folder that implements those traits and [`Store`], plus one arm of
-//! `open`'s `match`.
+//! The cache store: what the read pipeline and the invalidation sources
+//! talk to. Bottom up:
+//! - [`protocol`]: the values the calls take and answer, and [`StoreError`];
+//! - the contract, one trait per capability: [`ObjectStore`] (reads,
+//!   leases, publish: [`object`]), [`FeedStore`] (invalidation and the
+//!   feeds' witness slots: [`feeds`]), [`TagStore`] (cache tags and version
+//!   floors: [`tags`]), [`BloomStore`] (the Bloom filter: [`bloom`]), and
+//!   [`Store`], their union and what a backend is ([`backend`]);
+//! - the backends, a folder each: [`redis`] (single node, Sentinel or
+//!   Cluster, with the near cache) and [`memory`] (embedded);
+//! - [`GuardedStore`] ([`guarded`]): the only way the rest of sidecache
+//!   calls the store, a timeout and the circuit breaker around every call
+//!   (one per master on Redis Cluster, over the [`slot_map`] the Redis
+//!   backend keeps current; the invalidation feeds keep their own);
+//! - [`open`]: builds the configured backend, guarded. Adding a backend is
+//!   a folder that implements the contract and one arm of its `match`.
 //!
 //! The traits speak in keys the caller built ([`crate::keys`]), so both
 //! backends implement exactly the same protocol (SPEC §5.1):
@@ -39,252 +39,34 @@
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
 
+pub mod backend;
 pub mod bloom;
-pub mod breaker;
-pub mod feed_breakers;
 pub mod feeds;
 pub mod guarded;
 pub mod memory;
-pub mod node_breakers;
 pub mod object;
+pub mod protocol;
 pub mod redis;
 pub mod slot_map;
 pub mod tags;
 
+pub use backend::Store;
 pub use bloom::BloomStore;
 pub use feeds::FeedStore;
 pub use guarded::GuardedStore;
 pub use object::ObjectStore;
+pub use protocol::{
+    covers, lease_ticket, Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot,
+    StoreError, WitnessSlot, NO_CHECKS,
+};
 pub use tags::TagStore;
 
 use self::memory::MemoryStore;
 use self::redis::RedisStore;
 use crate::config::StoreConfig;
 use crate::metrics::Metrics;
-use bytes::Bytes;
-use slot_map::SlotMap;
-use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Why a store call failed. Every kind means "store unavailable" to the read
-/// pipeline (degraded path); the kinds differ in logs and metrics, and in
-/// one more way: [`StoreError::WriteRefused`] does not open the breaker.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    #[error("store call timed out")]
-    Timeout,
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    #[error("unexpected store reply: {0}")]
-    Protocol(String),
-    #[error("circuit breaker open")]
-    BreakerOpen,
-    /// The store answered but refuses writes (Redis `OOM` at `maxmemory`
-    /// with `noeviction`, `READONLY` replica, `NOREPLICAS`, `MISCONF`).
-    /// Reads still work, so this one does not open the breaker: hits go on
-    /// being served, and misses go to the origin without caching.
-    #[error("store refuses writes: {0}")]
-    WriteRefused(String),
-    /// An invalidation was applied by the primary but fewer replicas than
-    /// `store.redis.replicas_ack` confirmed it in time: a failover now could
-    /// lose it, so its event stays pending and is retried. Not a store
-    /// failure: the breaker stays closed.
-    #[error(
-        "invalidation reached {acked} of {wanted} replicas within store.redis.replicas_timeout"
-    )]
-    ReplicaShortfall { acked: i64, wanted: u32 },
-}
-
-/// Everything stored for one object variant, with remaining TTLs (`None`:
-/// the key is missing; `Some(None)`: it has no TTL). For the operator's
-/// `/admin/lookup`, never for serving.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Inspection {
-    pub entry: Option<(Bytes, Option<Duration>)>,
-    pub generation: Option<(Bytes, Option<Duration>)>,
-    pub lease: Option<(Bytes, Option<Duration>)>,
-}
-
-/// What one `read` round trip returned. Two snapshots are equal when
-/// their entry and generation are: a memo never changes what they say.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub entry: Option<Bytes>,
-    pub generation: Option<Bytes>,
-    /// From the near cache: the slot kept with `entry`'s bytes for what a
-    /// reader derives from them (see [`Memo`]).
-    pub memo: Option<Memo>,
-}
-
-/// A value a reader derives from an entry's bytes (the pipeline's decoded
-/// entry), made on first use and kept by the near cache beside the bytes
-/// for as long as it keeps them, so a hit does not decode the same bytes
-/// again. Opaque to the store.
-#[derive(Clone, Default)]
-pub struct Memo(Arc<OnceLock<Arc<dyn Any + Send + Sync>>>);
-
-impl Memo {
-    /// The value made from the bytes, `make`-ing it on first use; `None`
-    /// when `make` gives none (nothing is kept: corrupt bytes are removed
-    /// from the store, and with them from the near cache) or the slot
-    /// holds another type.
-    pub fn get_or_make<T: Any + Send + Sync>(
-        &self,
-        make: impl FnOnce() -> Option<T>,
-    ) -> Option<Arc<T>> {
-        if let Some(v) = self.0.get() {
-            return Arc::clone(v).downcast::<T>().ok();
-        }
-        let made = Arc::new(make()?);
-        // Two readers may both make it; the first one set is kept.
-        let _ = self.0.set(made.clone());
-        Some(made)
-    }
-}
-
-impl std::fmt::Debug for Memo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Memo(made)"
-        } else {
-            "Memo(empty)"
-        })
-    }
-}
-
-impl PartialEq for Snapshot {
-    fn eq(&self, other: &Snapshot) -> bool {
-        self.entry == other.entry && self.generation == other.generation
-    }
-}
-
-impl Eq for Snapshot {}
-
-/// What `take_lease` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseReply {
-    /// The lease is ours: `value` (`<owner>@<ticket>`) is what publish,
-    /// renew and unlock compare; `ticket` the generation the fill is for.
-    Won {
-        value: String,
-        ticket: Bytes,
-        /// A fill of an older generation held it and was superseded.
-        superseded: bool,
-    },
-    /// A fill of the current generation holds it: wait for its answer.
-    Held,
-}
-
-impl LeaseReply {
-    /// The reply for a lease taken by `owner` for `ticket`. Generations are
-    /// ASCII (built from server time and a hex nonce); a value someone else
-    /// wrote that is not UTF-8 makes a value that never compares equal, so
-    /// that fill's publish is refused: a miss, never a wrong answer.
-    pub fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
-        LeaseReply::Won {
-            value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
-            ticket,
-            superseded,
-        }
-    }
-}
-
-/// Whether a generation value `current` was created by applying an event
-/// marked `mark` or, for stream marks (`s:<ms>-<seq>`), a later entry of the
-/// stream: then it was created after that event committed, and replacing it
-/// again would only cost a miss. Mirrors `lua/invalidate_marked.lua`.
-pub fn covers(current: &[u8], mark: &str) -> bool {
-    let Some(seen) = lease_ticket(current) else {
-        return false;
-    };
-    if seen == mark.as_bytes() {
-        return true;
-    }
-    let (Some(seen), Some(mark)) = (stream_mark(seen), stream_mark(mark.as_bytes())) else {
-        return false;
-    };
-    seen >= mark
-}
-
-/// `s:<ms>-<seq>` as comparable numbers (`None` if not a stream mark).
-fn stream_mark(mark: &[u8]) -> Option<(u128, u128)> {
-    let id = std::str::from_utf8(mark.strip_prefix(b"s:")?).ok()?;
-    let (ms, seq) = id.split_once('-')?;
-    Some((ms.parse().ok()?, seq.parse().ok()?))
-}
-
-/// The ticket a lease value was taken for (`<owner>@<ticket>`), or the
-/// mark a generation value carries (`<time>-<nonce>@<mark>`): what follows
-/// the first `@`.
-pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
-    let at = value.iter().position(|b| *b == b'@')?;
-    Some(&value[at + 1..])
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishOutcome {
-    Published,
-    /// The lease expired or another filler holds it now.
-    LeaseLost,
-    /// The generation moved since the ticket (invalidated, or lost and recreated).
-    GenerationChanged,
-    /// The answer's version is below the object's floor (or it has none
-    /// while a floor exists).
-    BelowFloor,
-    /// A tag generation moved since the filler read it (or was lost).
-    TagChanged,
-}
-
-/// What [`ObjectStore::publish_checked`] checks besides generation and lease.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishChecks {
-    /// The object's floor key, for routes with `version_from`.
-    pub floor_key: Option<String>,
-    /// The answer's version (`None`: it sent none).
-    pub version: Option<i64>,
-    /// (tag generation key, the generation read before the upstream call).
-    pub tags: Vec<(String, Bytes)>,
-}
-
-/// No checks: a plain publish (generation and lease only).
-pub static NO_CHECKS: PublishChecks = PublishChecks {
-    floor_key: None,
-    version: None,
-    tags: Vec::new(),
-};
-
-impl PublishChecks {
-    /// Nothing to check besides generation and lease (a version without a
-    /// floor key is not compared with anything).
-    pub fn is_none(&self) -> bool {
-        self.floor_key.is_none() && self.tags.is_empty()
-    }
-}
-
-/// What [`FeedStore::witness`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WitnessSlot {
-    /// The slot held now (renewed or just taken); `None`: others hold all.
-    pub held: Option<usize>,
-    /// Held: the TTL. Not held: until the first slot expires (when trying
-    /// again can succeed).
-    pub free_in: Duration,
-}
-
-/// A store backend: every capability, and what the guard needs to know
-/// of the backend itself. Object-safe: [`GuardedStore`] holds an
-/// `Arc<dyn Store>`.
-pub trait Store: ObjectStore + FeedStore + TagStore + BloomStore + Send + Sync + 'static {
-    /// Backend name for logs: `redis`, `redis-cluster`, `memory`.
-    fn kind(&self) -> &'static str;
-
-    /// Redis Cluster: which master serves which slot, kept current by the
-    /// backend; the guard keeps one breaker per master with it.
-    fn slot_map(&self) -> Option<Arc<SlotMap>> {
-        None
-    }
-}
 
 /// Builds the configured backend wrapped in a `GuardedStore`. Must not fail
 /// because Redis is unreachable at start: sidecache starts degraded and the
@@ -317,53 +99,7 @@ pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedSto
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_memo_keeps_what_was_made_and_nothing_that_failed() {
-        let memo = Memo::default();
-        assert_eq!(memo.get_or_make(|| None::<u32>), None);
-        let a = memo.get_or_make(|| Some(7u32)).expect("made");
-        let b = memo.get_or_make(|| Some(8u32)).expect("kept");
-        assert!(Arc::ptr_eq(&a, &b));
-        // Another type is not the value kept.
-        assert_eq!(memo.get_or_make(|| Some("x")), None);
-        // Clones share the slot (the near cache hands out clones).
-        assert_eq!(memo.clone().get_or_make(|| Some(9u32)).as_deref(), Some(&7));
-    }
-
     use super::*;
-
-    #[test]
-    fn marks_cover_the_same_event_and_later_stream_entries() {
-        let g = |mark: &str| format!("1796118908.010000-abc@{mark}").into_bytes();
-        assert!(covers(&g("s:100-1"), "s:100-1"));
-        assert!(covers(&g("s:100-2"), "s:100-1"), "a later entry");
-        assert!(covers(&g("s:101-0"), "s:100-9"), "a later millisecond");
-        assert!(covers(&g("s:1000-0"), "s:999-0"), "numbers, not text");
-        assert!(!covers(&g("s:100-1"), "s:100-2"), "an earlier entry");
-        assert!(!covers(&g("s:99-9"), "s:100-0"));
-        assert!(covers(&g("o:7:123"), "o:7:123"));
-        assert!(
-            !covers(&g("o:7:123"), "o:8:123"),
-            "outbox rows: only the same row"
-        );
-        assert!(
-            !covers(&g("o:7:123"), "o:7:124"),
-            "a row id handed out again"
-        );
-        assert!(!covers(&g("o:7:123"), "s:1-0"));
-        assert!(!covers(b"1796118908.010000-abc", "s:1-0"), "no mark");
-        assert!(!covers(&g("s:x-1"), "s:1-0"));
-    }
-
-    #[test]
-    fn lease_values_name_their_ticket() {
-        let ticket = Bytes::from_static(b"1.000001-n@s:5-0");
-        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), false) else {
-            panic!("won");
-        };
-        assert_eq!(value, "owner@1.000001-n@s:5-0");
-        assert_eq!(lease_ticket(value.as_bytes()), Some(ticket.as_ref()));
-    }
 
     #[tokio::test]
     async fn open_without_redis_is_the_memory_store() {

@@ -12,13 +12,19 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
+mod bitmap;
 mod bloom;
 
-use super::{
-    covers, lease_ticket, FeedStore, Inspection, LeaseReply, ObjectStore, PublishChecks,
-    PublishOutcome, Snapshot, Store, StoreError, TagStore, WitnessSlot,
+use super::backend::Store;
+use super::feeds::FeedStore;
+use super::object::ObjectStore;
+use super::protocol::{
+    covers, lease_ticket, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot,
+    StoreError, WitnessSlot,
 };
+use super::tags::TagStore;
 use crate::keys::ObjectKeys;
+use bitmap::Bitmap;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
@@ -41,7 +47,7 @@ struct Inner {
     map: HashMap<String, Slot>,
     writes_since_sweep: usize,
     /// Bloom bitmaps (active and candidates), mutable in place.
-    bitmaps: HashMap<String, bloom::Bitmap>,
+    bitmaps: HashMap<String, Bitmap>,
 }
 
 struct Slot {

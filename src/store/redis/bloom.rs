@@ -8,7 +8,7 @@ use super::scripts;
 use super::RedisStore;
 use crate::keys::BloomKeys;
 use crate::store::bloom::{BloomAnswer, BloomStore};
-use crate::store::StoreError;
+use crate::store::protocol::StoreError;
 use futures_util::future::BoxFuture;
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use super::node::{Node, RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY, RECONNECT_RETR
 use super::scripts;
 use super::sentinel;
 use crate::config::RedisConfig;
-use crate::store::StoreError;
+use crate::store::protocol::StoreError;
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;

@@ -1,7 +1,7 @@
 //! The Redis backend: the generation protocol over one multiplexed
 //! connection (single node, [`node`]; with Sentinel, the one to the
 //! current primary, [`sentinel`]) or a cluster connection
-//! (`cluster_async`), each behind the [`connection`] handle every call
+//! (`cluster_async`), each behind the `connection` handle every call
 //! takes. Clients are built (TLS) by [`client`]. Every multi-key operation
 //! is a script from [`scripts`]; all keys of one object share a hash slot
 //! (SPEC §5.2), so `MGET` and the scripts work on Cluster too.
@@ -42,8 +42,9 @@ mod feeds;
 mod object;
 mod tags;
 
+use super::backend::Store;
+use super::protocol::StoreError;
 use super::slot_map::SlotMap;
-use super::{Store, StoreError};
 use crate::config::{RedisConfig, RedisTarget, ReplicasAck};
 use crate::metrics::Metrics;
 use client::{self as redis_client, Pinned};
@@ -289,7 +290,7 @@ impl Store for RedisStore {
 mod tests {
     use super::*;
     use crate::keys::ObjectKeys;
-    use crate::store::ObjectStore;
+    use crate::store::object::ObjectStore;
 
     #[tokio::test]
     async fn constructible_while_redis_is_down_and_calls_fail_fast() {

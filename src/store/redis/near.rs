@@ -50,8 +50,8 @@
 use crate::config::NearCacheConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
+use crate::store::protocol::{Memo, Snapshot};
 use crate::store::slot_map::SlotMap;
-use crate::store::{Memo, Snapshot};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};

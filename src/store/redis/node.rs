@@ -12,6 +12,10 @@
 //! failure (or a failed connect) make the next call connect anew. It does
 //! not retry within a call; the heartbeat's `PING` reconnects in the
 //! background, as with the manager.
+//!
+//! Also the reconnect policy every connection of the store follows
+//! (`RECONNECT_*`: the manager's here, the cluster client's in
+//! `connection.rs`).
 
 use super::client::{self as redis_client, Pinned};
 use arc_swap::ArcSwap;
@@ -26,10 +30,10 @@ use std::time::Duration;
 /// Reconnect attempts after the first one fails, before a reconnect gives up
 /// (the next command starts a new one). Small, so a dead server does not
 /// hold calls in backoff for seconds. The cluster client's reconnects
-/// ([`super::connection::cluster_conn`]) follow the same policy.
-pub const RECONNECT_RETRIES: usize = 2;
-pub const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
-pub const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
+/// (`connection::cluster_conn`) follow the same policy.
+pub(super) const RECONNECT_RETRIES: usize = 2;
+pub(super) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+pub(super) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// Response and connect timeouts of a node's connection.
 #[derive(Clone, Copy, Debug)]

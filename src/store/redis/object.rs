@@ -7,8 +7,9 @@ use super::scripts;
 use super::tags::get_each;
 use super::RedisStore;
 use crate::keys::ObjectKeys;
-use crate::store::{
-    Inspection, LeaseReply, ObjectStore, PublishChecks, PublishOutcome, Snapshot, StoreError,
+use crate::store::object::ObjectStore;
+use crate::store::protocol::{
+    Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,
 };
 use bytes::Bytes;
 use futures_util::future::BoxFuture;

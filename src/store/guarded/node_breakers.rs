@@ -12,11 +12,11 @@
 //! breaker.
 //!
 //! Also how the guard picks a call's breaker from the set it keeps
-//! ([`Breakers`]: one for the store, or these per master) and groups a
-//! multi-key call's keys by breaker ([`Breakers::groups`], [`pick`]).
+//! (`Breakers`: one for the store, or these per master) and groups a
+//! multi-key call's keys by breaker (`Breakers::groups`, `pick`).
 
 use super::breaker::Breaker;
-use super::slot_map::SlotMap;
+use crate::store::slot_map::SlotMap;
 use arc_swap::ArcSwap;
 use prometheus::{IntGauge, IntGaugeVec};
 use std::borrow::Cow;
@@ -251,9 +251,9 @@ pub(super) fn pick<'s, T: Clone>(items: &'s [T], group: &[usize]) -> Cow<'s, [T]
 
 #[cfg(test)]
 mod tests {
-    use super::super::slot_map::{slot_of, SlotRange};
-    use super::super::StoreError;
     use super::*;
+    use crate::store::protocol::StoreError;
+    use crate::store::slot_map::{slot_of, SlotRange};
 
     #[tokio::test(start_paused = true)]
     async fn a_failure_opens_only_its_nodes_breaker() {

@@ -18,17 +18,28 @@
 //! counted as a store error (the failure that opened the breaker was).
 //!
 //! This file holds the guard itself: admission, timeout, outcome, and the
-//! split of a multi-key call by master ([`super::node_breakers`]). The
-//! calls it wraps live beside their capability's trait (`object`, `feeds`,
-//! `tags`, `bloom`); the invalidation feeds keep breakers of their own
-//! ([`super::feed_breakers`]).
+//! split of a multi-key call by master. The breakers are [`breaker`], one
+//! per Redis Cluster master [`node_breakers`] (which also groups a call's
+//! keys by master), and the invalidation feeds' own `feed_breakers`. The
+//! calls it wraps are in one file per capability, as the traits are:
+//! `object.rs`, `feeds.rs`, `tags.rs`, `bloom.rs`.
 
-use super::breaker::Breaker;
-use super::feed_breakers::FeedBreakers;
-use super::node_breakers::{Breakers, Guard};
-use super::{Store, StoreError};
+pub mod breaker;
+pub mod node_breakers;
+
+mod bloom;
+mod feed_breakers;
+mod feeds;
+mod object;
+mod tags;
+
+use super::backend::Store;
+use super::protocol::StoreError;
 use crate::metrics::Metrics;
+use breaker::Breaker;
+use feed_breakers::FeedBreakers;
 use futures_util::future::BoxFuture;
+use node_breakers::{Breakers, Guard};
 use prometheus::{IntCounter, IntGauge};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,13 +49,13 @@ use std::time::Duration;
 /// [`super::open`] and shared (`Arc`) by the pipeline, admin and
 /// invalidation.
 pub struct GuardedStore {
-    pub(super) inner: Arc<dyn Store>,
+    inner: Arc<dyn Store>,
     /// The request path's breaker (one per master on a cluster).
-    pub(super) breakers: Breakers,
+    breakers: Breakers,
     /// The feeds' breakers (one per master on a cluster, as `breakers`).
-    pub(super) feeds: FeedBreakers,
+    feeds: FeedBreakers,
     /// `None` for backends that cannot block (the embedded store).
-    pub(super) timeout: Option<Duration>,
+    timeout: Option<Duration>,
     /// `store_errors{op}` handles, resolved once instead of per call.
     errors: [IntCounter; Op::COUNT],
     /// `store_write_refusals{op}` handles.
@@ -59,7 +70,7 @@ pub struct GuardedStore {
 
 /// Store operations, as named in the `op` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
+enum Op {
     Read,
     TakeLease,
     Ticket,
@@ -197,7 +208,7 @@ impl GuardedStore {
     /// A multi-key call split by master: each group through its own breaker,
     /// concurrently; one value per key, in `keys`' order. `call` gets the
     /// group's keys.
-    pub(super) async fn per_node<'a, K, T>(
+    async fn per_node<'a, K, T>(
         &'a self,
         op: Op,
         keys: &'a [K],
@@ -230,7 +241,7 @@ impl GuardedStore {
     /// `keys`' indices grouped by the breaker of `set` guarding them, and
     /// each group's result: `call` runs once per group, with the group's
     /// indices (ascending), through its breaker, all groups concurrently.
-    pub(super) async fn each_group<'a, K: AsRef<[u8]>, T>(
+    async fn each_group<'a, K: AsRef<[u8]>, T>(
         &'a self,
         set: &Breakers,
         op: Op,
@@ -251,7 +262,7 @@ impl GuardedStore {
     }
 
     /// One call on `key`'s slot, through the breaker guarding it.
-    pub(super) async fn call<'a, T>(
+    async fn call<'a, T>(
         &'a self,
         op: Op,
         key: &str,
@@ -261,7 +272,7 @@ impl GuardedStore {
         self.call_through(&guard, op, call).await
     }
 
-    pub(super) async fn call_through<'a, T>(
+    async fn call_through<'a, T>(
         &'a self,
         breaker: &Breaker,
         op: Op,
@@ -323,14 +334,17 @@ impl GuardedStore {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use crate::keys::ObjectKeys;
+    use crate::store::bloom::BloomStore;
+    use crate::store::feeds::FeedStore;
     use crate::store::memory::MemoryStore;
-    use crate::store::{
-        BloomStore, FeedStore, LeaseReply, ObjectStore, PublishChecks, PublishOutcome, Snapshot,
-        TagStore, WitnessSlot,
+    use crate::store::object::ObjectStore;
+    use crate::store::protocol::{
+        LeaseReply, PublishChecks, PublishOutcome, Snapshot, WitnessSlot,
     };
+    use crate::store::tags::TagStore;
     use bytes::Bytes;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -338,12 +352,12 @@ pub(super) mod tests {
     /// object protocol and the invalidations are wrapped: tags and Bloom
     /// filters keep the traits' defaults (unsupported).
     #[derive(Default)]
-    pub(in crate::store) struct Faulty {
-        pub(in crate::store) fail: AtomicBool,
+    pub(super) struct Faulty {
+        pub(super) fail: AtomicBool,
         /// `PING` answers even while `fail` (a cluster with a dead master).
-        pub(in crate::store) ping_answers: AtomicBool,
-        pub(in crate::store) hang: AtomicBool,
-        pub(in crate::store) calls: AtomicUsize,
+        pub(super) ping_answers: AtomicBool,
+        pub(super) hang: AtomicBool,
+        pub(super) calls: AtomicUsize,
         inner: MemoryStore,
     }
 
@@ -454,10 +468,10 @@ pub(super) mod tests {
     impl TagStore for Faulty {}
     impl BloomStore for Faulty {}
 
-    pub(in crate::store) const TIMEOUT: Duration = Duration::from_millis(300);
-    pub(in crate::store) const COOLDOWN: Duration = Duration::from_secs(2);
+    pub(super) const TIMEOUT: Duration = Duration::from_millis(300);
+    pub(super) const COOLDOWN: Duration = Duration::from_secs(2);
 
-    pub(in crate::store) fn guarded(metrics: &Metrics) -> (Arc<Faulty>, GuardedStore) {
+    pub(super) fn guarded(metrics: &Metrics) -> (Arc<Faulty>, GuardedStore) {
         let faulty = Arc::new(Faulty::default());
         let store = GuardedStore::new(faulty.clone(), Some(TIMEOUT), COOLDOWN, metrics);
         (faulty, store)
@@ -467,7 +481,7 @@ pub(super) mod tests {
         metrics.store_errors.with_label_values(&[op]).get()
     }
 
-    pub(in crate::store) fn keys() -> ObjectKeys {
+    pub(super) fn keys() -> ObjectKeys {
         ObjectKeys::from_parts("e", "g", "l")
     }
 
