@@ -23,9 +23,10 @@
 //! so every command of a session goes to the one node.
 
 use crate::config::{RedisTls, SentinelTarget};
-use crate::store::redis_slots;
+use crate::store::redis::{
+    client as redis_client, sentinel as redis_sentinel, slots as redis_slots,
+};
 use crate::store::slot_map::{slot_of, SlotMap};
-use crate::store::{redis_client, redis_sentinel};
 use redis::aio::MultiplexedConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{

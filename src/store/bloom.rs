@@ -1,17 +1,19 @@
 //! The Bloom filter's part of the store contract (SPEC §6), as a supertrait
 //! of [`super::Store`] so both backends implement it with the same
 //! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
-//! `SETBIT`s (`redis_bloom.rs`), the embedded store with in-memory bitmaps
-//! (`memory_bloom.rs`). Also the [`GuardedStore`] wrappers: Bloom calls go
-//! through the breaker and the command timeout like every other call.
+//! `SETBIT`s (`redis/bloom.rs`), the embedded store with in-memory bitmaps
+//! (`memory/bloom.rs`).
 //!
 //! One filter's keys share the hash tag `{<route>:<scope>}`, so every
-//! script and pipeline here runs in one Cluster slot.
+//! Bloom script and pipeline runs in one Cluster slot.
 
-use super::guarded::{GuardedStore, Op};
-use super::{BoxFuture, StoreError};
+use super::protocol::{unsupported, StoreError};
 use crate::keys::BloomKeys;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
+
+/// What every call of a backend without Bloom filters answers.
+const UNSUPPORTED: &str = "bloom filters are not supported";
 
 /// The three answers of a check. Only `Absent` may reject a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +51,9 @@ impl BloomAnswer {
 }
 
 /// Bloom operations of a store backend. Positions come from
-/// `crate::bloom::hash`; `m` is the bitmap size in bits.
+/// `crate::bloom::hash`; `m` is the bitmap size in bits. Optional for a
+/// backend: one without Bloom filters keeps the defaults, which fail every
+/// call.
 pub trait BloomStore {
     /// Three-state check of one element (`bloom_check.lua`).
     fn bloom_check<'a>(
@@ -58,7 +62,10 @@ pub trait BloomStore {
         signature: &'a str,
         m: u64,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>>;
+    ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>> {
+        let _ = (keys, signature, m, positions);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Takes the build lock for `owner` (`SET NX PX lock_ttl`) and creates
     /// the empty `m`-bit candidate with `candidate_ttl`, atomically. False:
@@ -70,7 +77,10 @@ pub trait BloomStore {
         lock_ttl: Duration,
         m: u64,
         candidate_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, lock_ttl, m, candidate_ttl);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Sets bits in a candidate: one pipeline of `SETBIT`s per call (the
     /// builder sends bounded batches, never one giant script).
@@ -78,7 +88,10 @@ pub trait BloomStore {
         &'a self,
         candidate: &'a str,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (candidate, positions);
+        unsupported(UNSUPPORTED)
+    }
 
     /// If `owner` holds the lock and its candidate is complete: renames the
     /// candidate over `bits`, drops its TTL, writes `signature` to `ready`.
@@ -88,7 +101,10 @@ pub trait BloomStore {
         owner: &'a str,
         signature: &'a str,
         m: u64,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, signature, m);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Keeps a running build alive: if `owner` still holds the lock,
     /// extends the lock to `lock_ttl` and its candidate to `candidate_ttl`.
@@ -98,7 +114,10 @@ pub trait BloomStore {
         owner: &'a str,
         lock_ttl: Duration,
         candidate_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, lock_ttl, candidate_ttl);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Growth: sets a member's bits in the active bitmap (if any) and in the
     /// candidate of the running build (if any), atomically with respect to
@@ -107,7 +126,10 @@ pub trait BloomStore {
         &'a self,
         keys: &'a BloomKeys,
         positions: &'a [u64],
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (keys, positions);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Makes the filter unknown: deletes `ready` (and the candidate of
     /// `owner`, if given). Used when the catalogue outgrew `capacity`.
@@ -115,10 +137,16 @@ pub trait BloomStore {
         &'a self,
         keys: &'a BloomKeys,
         owner: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (keys, owner);
+        unsupported(UNSUPPORTED)
+    }
 
     /// Bits set in a bitmap (`BITCOUNT`), for the fill-ratio gauge.
-    fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = bits;
+        unsupported(UNSUPPORTED)
+    }
 
     /// Claims the current rebuild interval for `owner` (`SET NX PX`):
     /// false if another instance's scheduled rebuild claimed it already.
@@ -127,108 +155,8 @@ pub trait BloomStore {
         keys: &'a BloomKeys,
         owner: &'a str,
         interval: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-}
-
-/// Bloom calls behind the breaker and the timeout. Checks are on the request
-/// path and count as `bloom_check`; build steps as `bloom_build`; growth as
-/// `bloom_add`.
-impl GuardedStore {
-    pub async fn bloom_check(
-        &self,
-        keys: &BloomKeys,
-        signature: &str,
-        m: u64,
-        positions: &[u64],
-    ) -> Result<BloomAnswer, StoreError> {
-        self.call(Op::BloomCheck, &keys.bits, |s| {
-            s.bloom_check(keys, signature, m, positions)
-        })
-        .await
-    }
-
-    pub async fn bloom_begin(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        lock_ttl: Duration,
-        m: u64,
-        candidate_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_begin(keys, owner, lock_ttl, m, candidate_ttl)
-        })
-        .await
-    }
-
-    pub async fn bloom_set_bits(
-        &self,
-        candidate: &str,
-        positions: &[u64],
-    ) -> Result<(), StoreError> {
-        if positions.is_empty() {
-            return Ok(());
-        }
-        self.call(Op::BloomBuild, candidate, |s| {
-            s.bloom_set_bits(candidate, positions)
-        })
-        .await
-    }
-
-    pub async fn bloom_renew(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        lock_ttl: Duration,
-        candidate_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_renew(keys, owner, lock_ttl, candidate_ttl)
-        })
-        .await
-    }
-
-    pub async fn bloom_activate(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        signature: &str,
-        m: u64,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_activate(keys, owner, signature, m)
-        })
-        .await
-    }
-
-    pub async fn bloom_add(&self, keys: &BloomKeys, positions: &[u64]) -> Result<(), StoreError> {
-        self.call(Op::BloomAdd, &keys.bits, |s| s.bloom_add(keys, positions))
-            .await
-    }
-
-    pub async fn bloom_disable(
-        &self,
-        keys: &BloomKeys,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| s.bloom_disable(keys, owner))
-            .await
-    }
-
-    pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
-        self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits))
-            .await
-    }
-
-    pub async fn bloom_claim_interval(
-        &self,
-        keys: &BloomKeys,
-        owner: &str,
-        interval: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::BloomBuild, &keys.bits, |s| {
-            s.bloom_claim_interval(keys, owner, interval)
-        })
-        .await
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (keys, owner, interval);
+        unsupported(UNSUPPORTED)
     }
 }

@@ -1,6 +1,6 @@
 //! Which Redis Cluster master serves a key: the cluster's slot table
 //! (slot ranges → master address) as the Redis backend last read it
-//! (`CLUSTER SLOTS`, [`super::redis_slots`]). [`super::GuardedStore`] uses it
+//! (`CLUSTER SLOTS`, [`super::redis::slots`]). [`super::GuardedStore`] uses it
 //! to pick the breaker of the node a call goes to, so a dead master
 //! degrades only the keys of its own slots.
 //!

@@ -8,7 +8,7 @@ use sidecache::config::{RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, LeaseReply, PublishOutcome, Store};
+use sidecache::store::{GuardedStore, LeaseReply, ObjectStore, PublishOutcome, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -10,7 +10,7 @@ use crate::support::redis::RedisServer;
 use bytes::Bytes;
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::{GuardedStore, PublishOutcome, Snapshot, Store};
+use sidecache::store::{FeedStore, GuardedStore, ObjectStore, PublishOutcome, Snapshot, Store};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, Store};
+use sidecache::store::{FeedStore, GuardedStore, ObjectStore, TagStore};
 use std::sync::Arc;
 use std::time::Duration;
 

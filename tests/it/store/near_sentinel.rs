@@ -9,7 +9,7 @@ use crate::support::sentinel::{Sentinels, MASTER};
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget, SentinelTarget};
 use sidecache::metrics::Metrics;
 use sidecache::store::redis::RedisStore;
-use sidecache::store::Store;
+use sidecache::store::{FeedStore, ObjectStore};
 use std::time::{Duration, Instant};
 
 fn sentinel_store(

@@ -3,7 +3,7 @@
 
 use super::{binary_entry, keys, lease, redis_store, ENTRY_TTL, GEN_TTL, LEASE};
 use crate::support::redis::RedisServer;
-use sidecache::store::{PublishOutcome, Store};
+use sidecache::store::{FeedStore, ObjectStore, PublishOutcome};
 
 /// A Redis restart (or `SCRIPT FLUSH`, or a failover) empties the script
 /// cache: EVALSHA answers NOSCRIPT and every script must reload itself.

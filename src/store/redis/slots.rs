@@ -6,7 +6,7 @@
 //! `CLUSTER SLOTS` goes to any node; while the one asked is down the old
 //! table stays (the next tick asks another).
 
-use super::slot_map::{SlotMap, SlotRange};
+use crate::store::slot_map::{SlotMap, SlotRange};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;

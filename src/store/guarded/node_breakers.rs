@@ -10,11 +10,16 @@
 //! node. A key whose slot no known master serves (before the first
 //! `CLUSTER SLOTS`, or an uncovered slot) goes through the `unrouted`
 //! breaker.
+//!
+//! Also how the guard picks a call's breaker from the set it keeps
+//! (`Breakers`: one for the store, or these per master) and groups a
+//! multi-key call's keys by breaker (`Breakers::groups`, `pick`).
 
 use super::breaker::Breaker;
-use super::slot_map::SlotMap;
+use crate::store::slot_map::SlotMap;
 use arc_swap::ArcSwap;
 use prometheus::{IntGauge, IntGaugeVec};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -123,11 +128,132 @@ impl NodeBreakers {
     }
 }
 
+/// A guard's breakers: one for the store, or one per Redis Cluster master
+/// (a dead master degrades only its own slots).
+pub(super) enum Breakers {
+    One(Breaker),
+    PerNode(NodeBreakers),
+}
+
+/// The breaker a call goes through.
+pub(super) enum Guard<'a> {
+    One(&'a Breaker),
+    Node(Arc<Breaker>),
+}
+
+impl Breakers {
+    /// One breaker per master of `slot_map` (`gauges{node}` each, `total`
+    /// counting the open ones), or without a slot map one breaker, on
+    /// `total`.
+    pub(super) fn new(
+        slot_map: Option<&Arc<SlotMap>>,
+        cooldown: Duration,
+        gauges: &IntGaugeVec,
+        total: &IntGauge,
+    ) -> Breakers {
+        match slot_map {
+            Some(map) => Breakers::PerNode(NodeBreakers::new(
+                map.clone(),
+                cooldown,
+                gauges.clone(),
+                total.clone(),
+            )),
+            None => Breakers::One(Breaker::new(cooldown, total.clone())),
+        }
+    }
+
+    /// True while the breaker is open or half-open; of a set, while any is.
+    pub(super) fn is_open(&self) -> bool {
+        match self {
+            Breakers::One(b) => b.is_open(),
+            Breakers::PerNode(set) => set.any_open(),
+        }
+    }
+
+    /// The master (`host:port`) whose breaker guards `key`, once the slot
+    /// table is known; `None` for a single breaker.
+    pub(super) fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
+        match self {
+            Breakers::One(_) => None,
+            Breakers::PerNode(set) => set.node_of(key),
+        }
+    }
+
+    /// `None` while a call would be let through somewhere; else when one
+    /// will be. On a cluster, only while every master's breaker refuses.
+    pub(super) fn refuse_until(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Breakers::One(b) => b.admits_at(),
+            Breakers::PerNode(set) => set.all_refuse_until(),
+        }
+    }
+
+    /// [`Breaker::close_early`] on every breaker of the set.
+    pub(super) fn close_early(&self) {
+        match self {
+            Breakers::One(b) => b.close_early(),
+            Breakers::PerNode(set) => set.close_all_early(),
+        }
+    }
+
+    /// The breaker guarding calls on `key`.
+    pub(super) fn guard(&self, key: &[u8]) -> Guard<'_> {
+        match self {
+            Breakers::One(b) => Guard::One(b),
+            Breakers::PerNode(set) => Guard::Node(set.for_key(key)),
+        }
+    }
+
+    /// `keys`' indices grouped by the breaker guarding them: one group on a
+    /// single node, one per master involved on a cluster.
+    pub(super) fn groups<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<(Guard<'_>, Vec<usize>)> {
+        let mut groups: Vec<(Guard<'_>, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let guard = self.guard(key.as_ref());
+            match groups.iter_mut().find(|(g, _)| g.same(&guard)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((guard, vec![i])),
+            }
+        }
+        groups
+    }
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Breaker;
+    fn deref(&self) -> &Breaker {
+        match self {
+            Guard::One(b) => b,
+            Guard::Node(b) => b,
+        }
+    }
+}
+
+impl Guard<'_> {
+    pub(super) fn same(&self, other: &Guard<'_>) -> bool {
+        std::ptr::eq::<Breaker>(&**self, &**other)
+    }
+}
+
+/// `items` at `group`'s indices (those past its end skipped); `items`
+/// itself, not copied, when the group is all of them, as on a single node.
+pub(super) fn pick<'s, T: Clone>(items: &'s [T], group: &[usize]) -> Cow<'s, [T]> {
+    if group.iter().copied().eq(0..items.len()) {
+        return Cow::Borrowed(items);
+    }
+    Cow::Owned(
+        group
+            .iter()
+            .filter_map(|&i| items.get(i).cloned())
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::slot_map::{slot_of, SlotRange};
-    use super::super::StoreError;
     use super::*;
+    use crate::store::protocol::StoreError;
+    use crate::store::slot_map::{slot_of, SlotRange};
 
     #[tokio::test(start_paused = true)]
     async fn a_failure_opens_only_its_nodes_breaker() {
@@ -176,5 +302,15 @@ mod tests {
         set.for_key(a).admit().unwrap().success();
         assert_eq!(total.get(), 0);
         assert!(!set.any_open());
+    }
+
+    #[test]
+    fn pick_passes_a_whole_batch_through_and_copies_a_group() {
+        let items = ["a", "b", "c"];
+        assert!(matches!(pick(&items, &[0, 1, 2]), Cow::Borrowed(_)));
+        assert!(matches!(pick(&items, &[1, 2]), Cow::Owned(ref v) if v[..] == ["b", "c"]));
+        // Marks shorter than the keys: copied as before, not passed through.
+        assert!(matches!(pick(&items[..2], &[0, 1, 2]), Cow::Owned(ref v) if v[..] == ["a", "b"]));
+        assert!(pick(&[] as &[&str], &[0]).is_empty());
     }
 }

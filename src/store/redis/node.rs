@@ -12,9 +12,12 @@
 //! failure (or a failed connect) make the next call connect anew. It does
 //! not retry within a call; the heartbeat's `PING` reconnects in the
 //! background, as with the manager.
+//!
+//! Also the reconnect policy every connection of the store follows
+//! (`RECONNECT_*`: the manager's here, the cluster client's in
+//! `connection.rs`).
 
-use super::redis::{RECONNECT_MAX_DELAY, RECONNECT_MIN_DELAY, RECONNECT_RETRIES};
-use super::redis_client::{self, Pinned};
+use super::client::{self as redis_client, Pinned};
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{
@@ -23,6 +26,14 @@ use redis::aio::{
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Reconnect attempts after the first one fails, before a reconnect gives up
+/// (the next command starts a new one). Small, so a dead server does not
+/// hold calls in backoff for seconds. The cluster client's reconnects
+/// (`connection::cluster_conn`) follow the same policy.
+pub(super) const RECONNECT_RETRIES: usize = 2;
+pub(super) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(25);
+pub(super) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// Response and connect timeouts of a node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +55,7 @@ impl Node {
     pub fn new(client: Client, pinned: Option<Pinned>, timeouts: Timeouts) -> RedisResult<Node> {
         match pinned {
             None => {
-                // Capped reconnects (module doc of `super::redis`).
+                // Capped reconnects (module doc of `super`).
                 let manager = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(timeouts.response))
                     .set_connection_timeout(Some(timeouts.connect))

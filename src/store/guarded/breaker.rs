@@ -22,7 +22,7 @@
 //! returns the breaker to open with the cooldown already spent, so the next
 //! call probes instead of the breaker staying half-open forever.
 
-use super::StoreError;
+use crate::store::protocol::StoreError;
 use prometheus::IntGauge;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};

@@ -3,11 +3,13 @@
 //! for filling a candidate, `DEL` and `BITCOUNT` for the rest. A child of
 //! `store::redis` so it shares the connection and the error mapping.
 
-use super::super::bloom::{BloomAnswer, BloomStore};
-use super::super::scripts;
-use super::super::{BoxFuture, StoreError};
-use super::{map_error, px, RedisStore};
+use super::connection::{map_error, px};
+use super::scripts;
+use super::RedisStore;
 use crate::keys::BloomKeys;
+use crate::store::bloom::{BloomAnswer, BloomStore};
+use crate::store::protocol::StoreError;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
 
 /// `bloom_add` re-reads the lock owner and retries when a build started or

@@ -12,15 +12,21 @@
 //! atomicity a Lua script has in Redis. The lock is never held across an
 //! `.await`.
 
-use super::{
-    covers, lease_ticket, BoxFuture, Inspection, LeaseReply, PublishChecks, PublishOutcome,
-    Snapshot, Store, StoreError, WitnessSlot,
-};
-use crate::keys::ObjectKeys;
-
-#[path = "memory_bloom.rs"]
+mod bitmap;
 mod bloom;
+
+use super::backend::Store;
+use super::feeds::FeedStore;
+use super::object::ObjectStore;
+use super::protocol::{
+    covers, lease_ticket, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot,
+    StoreError, WitnessSlot,
+};
+use super::tags::TagStore;
+use crate::keys::ObjectKeys;
+use bitmap::Bitmap;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,7 +47,7 @@ struct Inner {
     map: HashMap<String, Slot>,
     writes_since_sweep: usize,
     /// Bloom bitmaps (active and candidates), mutable in place.
-    bitmaps: HashMap<String, bloom::Bitmap>,
+    bitmaps: HashMap<String, Bitmap>,
 }
 
 struct Slot {
@@ -183,7 +189,9 @@ impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+}
 
+impl ObjectStore for MemoryStore {
     fn read<'a>(&'a self, keys: &'a ObjectKeys) -> BoxFuture<'a, Result<Snapshot, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
@@ -262,6 +270,107 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(self.lock().publish(keys, owner, ticket, entry, ttl, checks)) })
     }
 
+    fn renew_lease<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            if inner.get(lease_key, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+                return Ok(false);
+            }
+            inner.touch(lease_key, ttl, now);
+            Ok(true)
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .lock()
+                .delete_if(lease_key, owner.as_bytes(), Instant::now()))
+        })
+    }
+
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { Ok(self.lock().delete_if(key, expected, Instant::now())) })
+    }
+}
+
+impl FeedStore for MemoryStore {
+    fn invalidate<'a>(
+        &'a self,
+        gen_key: &'a str,
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            let mut generation = fresh_generation(nonce);
+            // Same guard as invalidate.lua: the new value never equals the
+            // old one, even if a caller reuses a nonce within a microsecond.
+            if inner.get(gen_key, now).map(Bytes::as_ref) == Some(generation.as_bytes()) {
+                generation.push('+');
+            }
+            let generation = Bytes::from(generation);
+            inner.set(gen_key, generation.clone(), gen_ttl, now);
+            Ok(generation)
+        })
+    }
+
+    fn invalidate_marked<'a>(
+        &'a self,
+        gen_keys: &'a [String],
+        marks: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if marks.len() != gen_keys.len() {
+                return Err(StoreError::Protocol("one mark per key expected".into()));
+            }
+            let now = Instant::now();
+            let mut inner = self.lock();
+            for (key, mark) in gen_keys.iter().zip(marks) {
+                if inner.get(key, now).is_some_and(|g| covers(g, mark)) {
+                    continue;
+                }
+                let generation = format!("{}@{mark}", fresh_generation(nonce));
+                inner.set(key, Bytes::from(generation), gen_ttl, now);
+            }
+            Ok(())
+        })
+    }
+
+    /// The embedded store serves one process: it is always the witness.
+    fn witness<'a>(
+        &'a self,
+        _slots: &'a [String],
+        _owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
+        Box::pin(async move {
+            Ok(WitnessSlot {
+                held: Some(0),
+                free_in: ttl,
+            })
+        })
+    }
+}
+
+impl TagStore for MemoryStore {
     fn tag_tickets<'a>(
         &'a self,
         tag_keys: &'a [String],
@@ -320,103 +429,6 @@ impl Store for MemoryStore {
                 inner.set(key, Bytes::from(floor.to_string()), gen_ttl, now);
             }
             Ok(())
-        })
-    }
-
-    fn renew_lease<'a>(
-        &'a self,
-        lease_key: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let mut inner = self.lock();
-            if inner.get(lease_key, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
-                return Ok(false);
-            }
-            inner.touch(lease_key, ttl, now);
-            Ok(true)
-        })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        lease_key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            Ok(self
-                .lock()
-                .delete_if(lease_key, owner.as_bytes(), Instant::now()))
-        })
-    }
-
-    fn delete_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move { Ok(self.lock().delete_if(key, expected, Instant::now())) })
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        gen_key: &'a str,
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Bytes, StoreError>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let mut inner = self.lock();
-            let mut generation = fresh_generation(nonce);
-            // Same guard as invalidate.lua: the new value never equals the
-            // old one, even if a caller reuses a nonce within a microsecond.
-            if inner.get(gen_key, now).map(Bytes::as_ref) == Some(generation.as_bytes()) {
-                generation.push('+');
-            }
-            let generation = Bytes::from(generation);
-            inner.set(gen_key, generation.clone(), gen_ttl, now);
-            Ok(generation)
-        })
-    }
-
-    fn invalidate_marked<'a>(
-        &'a self,
-        gen_keys: &'a [String],
-        marks: &'a [String],
-        nonce: &'a str,
-        gen_ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            if marks.len() != gen_keys.len() {
-                return Err(StoreError::Protocol("one mark per key expected".into()));
-            }
-            let now = Instant::now();
-            let mut inner = self.lock();
-            for (key, mark) in gen_keys.iter().zip(marks) {
-                if inner.get(key, now).is_some_and(|g| covers(g, mark)) {
-                    continue;
-                }
-                let generation = format!("{}@{mark}", fresh_generation(nonce));
-                inner.set(key, Bytes::from(generation), gen_ttl, now);
-            }
-            Ok(())
-        })
-    }
-
-    /// The embedded store serves one process: it is always the witness.
-    fn witness<'a>(
-        &'a self,
-        _slots: &'a [String],
-        _owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<WitnessSlot, StoreError>> {
-        Box::pin(async move {
-            Ok(WitnessSlot {
-                held: Some(0),
-                free_in: ttl,
-            })
         })
     }
 }

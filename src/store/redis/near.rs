@@ -47,11 +47,11 @@
 //!   object is held with its generation, and the pipeline applies the same
 //!   generation and freshness checks to what it answers.
 
-use super::slot_map::SlotMap;
-use super::{Memo, Snapshot};
 use crate::config::NearCacheConfig;
 use crate::keys::ObjectKeys;
 use crate::metrics::Metrics;
+use crate::store::protocol::{Memo, Snapshot};
+use crate::store::slot_map::SlotMap;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};

@@ -5,43 +5,15 @@
 //! Lock and `ready` are ordinary string keys. Every operation runs under
 //! the store's one lock, like a script.
 
-use super::super::bloom::{BloomAnswer, BloomStore};
-use super::super::{BoxFuture, StoreError};
+use super::bitmap::Bitmap;
 use super::{deadline, Inner, MemoryStore};
 use crate::keys::BloomKeys;
+use crate::store::bloom::{BloomAnswer, BloomStore};
+use crate::store::protocol::StoreError;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// A bitmap value; `expires` is `None` for the active (persistent) bitmap.
-pub(super) struct Bitmap {
-    bytes: Vec<u8>,
-    expires: Option<Instant>,
-}
-
-impl Bitmap {
-    fn len_bits(&self) -> u64 {
-        self.bytes.len() as u64 * 8
-    }
-
-    fn get(&self, offset: u64) -> bool {
-        let Ok(byte) = usize::try_from(offset / 8) else {
-            return false;
-        };
-        self.bytes
-            .get(byte)
-            .is_some_and(|b| b & (0x80 >> (offset % 8)) != 0)
-    }
-
-    fn set(&mut self, offset: u64) {
-        // Offsets come from positions mod m, and m is capped (config::bloom_sizing).
-        let byte = usize::try_from(offset / 8).unwrap_or(usize::MAX);
-        if byte >= self.bytes.len() {
-            self.bytes.resize(byte.saturating_add(1), 0);
-        }
-        self.bytes[byte] |= 0x80 >> (offset % 8);
-    }
-}
 
 impl Inner {
     fn bitmap(&mut self, key: &str, now: Instant) -> Option<&mut Bitmap> {

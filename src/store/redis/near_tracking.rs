@@ -3,7 +3,7 @@
 //!
 //! - Single node: one, to the URL.
 //! - Sentinel: one to the primary the sentinels name. A switch (noticed by
-//!   [`super::redis_sentinel::follow`]) drops it and everything read over
+//!   [`super::sentinel::follow`]) drops it and everything read over
 //!   it before the store's calls go to the new primary; the keeper then
 //!   connects to the new one.
 //! - Cluster: one per master in the [`SlotMap`], reconciled every
@@ -18,10 +18,10 @@
 //! Each connection speaks RESP3, turns `CLIENT TRACKING ON`, and is pinged
 //! every heartbeat; on loss it is reconnected with a capped backoff.
 
+use super::client::{self as redis_client, Pinned};
 use super::near::{NearCache, Tracked};
-use super::redis_client::{self, Pinned};
-use super::slot_map::SlotMap;
 use crate::config::RedisTls;
+use crate::store::slot_map::SlotMap;
 use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo, RedisResult};

@@ -4,7 +4,7 @@
 //! A background task asks the sentinels (redis-rs `SentinelClient`, which
 //! also checks that the node it names answers `ROLE` as a master) every
 //! heartbeat. When the primary's address changes, it builds connections
-//! ([`super::redis_node`]) to the new one and swaps them in; store calls
+//! ([`super::node`]) to the new one and swaps them in; store calls
 //! take whichever connection is current at their start. Between the old primary's death and
 //! the promotion, calls fail and the breaker keeps requests away; the first
 //! probe after the swap reaches the new primary. Hits resume within the
@@ -18,9 +18,9 @@
 //! credentials come from their URLs; redis-rs applies one set to all of
 //! them, so validation requires the URLs to agree.
 
+use super::client::{self as redis_client, Pinned};
+use super::node::{Node, Timeouts};
 use crate::config::{RedisTls, SentinelTarget};
-use crate::store::redis_client::{self, Pinned};
-use crate::store::redis_node::{Node, Timeouts};
 use arc_swap::ArcSwapOption;
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};

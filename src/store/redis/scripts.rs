@@ -22,10 +22,10 @@ macro_rules! scripts {
         $(
             $(#[$doc])*
             pub static $name: LazyLock<Script> =
-                LazyLock::new(|| Script::new(include_str!(concat!("../../lua/", $file))));
+                LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file))));
         )*
         /// (file, source) of every script.
-        const SOURCES: &[(&str, &str)] = &[$(($file, include_str!(concat!("../../lua/", $file)))),*];
+        const SOURCES: &[(&str, &str)] = &[$(($file, include_str!(concat!("../../../lua/", $file)))),*];
     };
 }
 

@@ -1,0 +1,277 @@
+//! The store protocol's vocabulary: the values its calls take and answer
+//! (one object's read, [`Snapshot`], with the near cache's [`Memo`]; the
+//! fill lease, [`LeaseReply`]; a publish, [`PublishChecks`] and
+//! [`PublishOutcome`]; a feed's witness slot, [`WitnessSlot`];
+//! `/admin/lookup`'s [`Inspection`]), why a call failed ([`StoreError`]),
+//! and what the values the protocol writes say ([`lease_ticket`],
+//! [`covers`]). Every backend and the guard speak it.
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Why a store call failed. Every kind means "store unavailable" to the read
+/// pipeline (degraded path); the kinds differ in logs and metrics, and in
+/// one more way: [`StoreError::WriteRefused`] does not open the breaker.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out")]
+    Timeout,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+    #[error("circuit breaker open")]
+    BreakerOpen,
+    /// The store answered but refuses writes (Redis `OOM` at `maxmemory`
+    /// with `noeviction`, `READONLY` replica, `NOREPLICAS`, `MISCONF`).
+    /// Reads still work, so this one does not open the breaker: hits go on
+    /// being served, and misses go to the origin without caching.
+    #[error("store refuses writes: {0}")]
+    WriteRefused(String),
+    /// An invalidation was applied by the primary but fewer replicas than
+    /// `store.redis.replicas_ack` confirmed it in time: a failover now could
+    /// lose it, so its event stays pending and is retried. Not a store
+    /// failure: the breaker stays closed.
+    #[error(
+        "invalidation reached {acked} of {wanted} replicas within store.redis.replicas_timeout"
+    )]
+    ReplicaShortfall { acked: i64, wanted: u32 },
+}
+
+/// Everything stored for one object variant, with remaining TTLs (`None`:
+/// the key is missing; `Some(None)`: it has no TTL). For the operator's
+/// `/admin/lookup`, never for serving.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inspection {
+    pub entry: Option<(Bytes, Option<Duration>)>,
+    pub generation: Option<(Bytes, Option<Duration>)>,
+    pub lease: Option<(Bytes, Option<Duration>)>,
+}
+
+/// What one `read` round trip returned. Two snapshots are equal when
+/// their entry and generation are: a memo never changes what they say.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub entry: Option<Bytes>,
+    pub generation: Option<Bytes>,
+    /// From the near cache: the slot kept with `entry`'s bytes for what a
+    /// reader derives from them (see [`Memo`]).
+    pub memo: Option<Memo>,
+}
+
+/// A value a reader derives from an entry's bytes (the pipeline's decoded
+/// entry), made on first use and kept by the near cache beside the bytes
+/// for as long as it keeps them, so a hit does not decode the same bytes
+/// again. Opaque to the store.
+#[derive(Clone, Default)]
+pub struct Memo(Arc<OnceLock<Arc<dyn Any + Send + Sync>>>);
+
+impl Memo {
+    /// The value made from the bytes, `make`-ing it on first use; `None`
+    /// when `make` gives none (nothing is kept: corrupt bytes are removed
+    /// from the store, and with them from the near cache) or the slot
+    /// holds another type.
+    pub fn get_or_make<T: Any + Send + Sync>(
+        &self,
+        make: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
+        if let Some(v) = self.0.get() {
+            return Arc::clone(v).downcast::<T>().ok();
+        }
+        let made = Arc::new(make()?);
+        // Two readers may both make it; the first one set is kept.
+        let _ = self.0.set(made.clone());
+        Some(made)
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Memo(made)"
+        } else {
+            "Memo(empty)"
+        })
+    }
+}
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Snapshot) -> bool {
+        self.entry == other.entry && self.generation == other.generation
+    }
+}
+
+impl Eq for Snapshot {}
+
+/// What `take_lease` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseReply {
+    /// The lease is ours: `value` (`<owner>@<ticket>`) is what publish,
+    /// renew and unlock compare; `ticket` the generation the fill is for.
+    Won {
+        value: String,
+        ticket: Bytes,
+        /// A fill of an older generation held it and was superseded.
+        superseded: bool,
+    },
+    /// A fill of the current generation holds it: wait for its answer.
+    Held,
+}
+
+impl LeaseReply {
+    /// The reply for a lease taken by `owner` for `ticket`. Generations are
+    /// ASCII (built from server time and a hex nonce); a value someone else
+    /// wrote that is not UTF-8 makes a value that never compares equal, so
+    /// that fill's publish is refused: a miss, never a wrong answer.
+    pub fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
+        LeaseReply::Won {
+            value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
+            ticket,
+            superseded,
+        }
+    }
+}
+
+/// Whether a generation value `current` was created by applying an event
+/// marked `mark` or, for stream marks (`s:<ms>-<seq>`), a later entry of the
+/// stream: then it was created after that event committed, and replacing it
+/// again would only cost a miss. Mirrors `lua/invalidate_marked.lua`.
+pub fn covers(current: &[u8], mark: &str) -> bool {
+    let Some(seen) = lease_ticket(current) else {
+        return false;
+    };
+    if seen == mark.as_bytes() {
+        return true;
+    }
+    let (Some(seen), Some(mark)) = (stream_mark(seen), stream_mark(mark.as_bytes())) else {
+        return false;
+    };
+    seen >= mark
+}
+
+/// `s:<ms>-<seq>` as comparable numbers (`None` if not a stream mark).
+fn stream_mark(mark: &[u8]) -> Option<(u128, u128)> {
+    let id = std::str::from_utf8(mark.strip_prefix(b"s:")?).ok()?;
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The ticket a lease value was taken for (`<owner>@<ticket>`), or the
+/// mark a generation value carries (`<time>-<nonce>@<mark>`): what follows
+/// the first `@`.
+pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
+    let at = value.iter().position(|b| *b == b'@')?;
+    Some(&value[at + 1..])
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishOutcome {
+    Published,
+    /// The lease expired or another filler holds it now.
+    LeaseLost,
+    /// The generation moved since the ticket (invalidated, or lost and recreated).
+    GenerationChanged,
+    /// The answer's version is below the object's floor (or it has none
+    /// while a floor exists).
+    BelowFloor,
+    /// A tag generation moved since the filler read it (or was lost).
+    TagChanged,
+}
+
+/// What [`super::ObjectStore::publish_checked`] checks besides generation and lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishChecks {
+    /// The object's floor key, for routes with `version_from`.
+    pub floor_key: Option<String>,
+    /// The answer's version (`None`: it sent none).
+    pub version: Option<i64>,
+    /// (tag generation key, the generation read before the upstream call).
+    pub tags: Vec<(String, Bytes)>,
+}
+
+/// No checks: a plain publish (generation and lease only).
+pub static NO_CHECKS: PublishChecks = PublishChecks {
+    floor_key: None,
+    version: None,
+    tags: Vec::new(),
+};
+
+impl PublishChecks {
+    /// Nothing to check besides generation and lease (a version without a
+    /// floor key is not compared with anything).
+    pub fn is_none(&self) -> bool {
+        self.floor_key.is_none() && self.tags.is_empty()
+    }
+}
+
+/// What [`super::FeedStore::witness`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WitnessSlot {
+    /// The slot held now (renewed or just taken); `None`: others hold all.
+    pub held: Option<usize>,
+    /// Held: the TTL. Not held: until the first slot expires (when trying
+    /// again can succeed).
+    pub free_in: Duration,
+}
+
+/// What a call a backend does not support answers (the optional
+/// capabilities' defaults): a protocol error, never a silent success.
+pub(super) fn unsupported<'a, T: Send + 'a>(
+    what: &'static str,
+) -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(async move { Err(StoreError::Protocol(what.into())) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_memo_keeps_what_was_made_and_nothing_that_failed() {
+        let memo = Memo::default();
+        assert_eq!(memo.get_or_make(|| None::<u32>), None);
+        let a = memo.get_or_make(|| Some(7u32)).expect("made");
+        let b = memo.get_or_make(|| Some(8u32)).expect("kept");
+        assert!(Arc::ptr_eq(&a, &b));
+        // Another type is not the value kept.
+        assert_eq!(memo.get_or_make(|| Some("x")), None);
+        // Clones share the slot (the near cache hands out clones).
+        assert_eq!(memo.clone().get_or_make(|| Some(9u32)).as_deref(), Some(&7));
+    }
+
+    use super::*;
+
+    #[test]
+    fn marks_cover_the_same_event_and_later_stream_entries() {
+        let g = |mark: &str| format!("1796118908.010000-abc@{mark}").into_bytes();
+        assert!(covers(&g("s:100-1"), "s:100-1"));
+        assert!(covers(&g("s:100-2"), "s:100-1"), "a later entry");
+        assert!(covers(&g("s:101-0"), "s:100-9"), "a later millisecond");
+        assert!(covers(&g("s:1000-0"), "s:999-0"), "numbers, not text");
+        assert!(!covers(&g("s:100-1"), "s:100-2"), "an earlier entry");
+        assert!(!covers(&g("s:99-9"), "s:100-0"));
+        assert!(covers(&g("o:7:123"), "o:7:123"));
+        assert!(
+            !covers(&g("o:7:123"), "o:8:123"),
+            "outbox rows: only the same row"
+        );
+        assert!(
+            !covers(&g("o:7:123"), "o:7:124"),
+            "a row id handed out again"
+        );
+        assert!(!covers(&g("o:7:123"), "s:1-0"));
+        assert!(!covers(b"1796118908.010000-abc", "s:1-0"), "no mark");
+        assert!(!covers(&g("s:x-1"), "s:1-0"));
+    }
+
+    #[test]
+    fn lease_values_name_their_ticket() {
+        let ticket = Bytes::from_static(b"1.000001-n@s:5-0");
+        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), false) else {
+            panic!("won");
+        };
+        assert_eq!(value, "owner@1.000001-n@s:5-0");
+        assert_eq!(lease_ticket(value.as_bytes()), Some(ticket.as_ref()));
+    }
+}
