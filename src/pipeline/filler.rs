@@ -494,3 +494,309 @@ fn count_uncacheable(fill: &Fill, reason: Uncacheable) {
 fn nonce() -> String {
     format!("{:016x}", rand::rng().random::<u64>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Pipeline;
+    use super::*;
+    use crate::store::StoreError;
+    use http::HeaderMap;
+    use http_body_util::Full;
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::net::TcpListener;
+    use tokio::sync::{mpsc, Semaphore};
+
+    /// Long enough for any step of a fill on a loaded machine; a test that
+    /// waits this long has failed.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    /// An origin on 127.0.0.1:0 that holds every answer until the test
+    /// releases it ([`Origin::release`]), so a test can act while a fill
+    /// waits for upstream. Answer `n` (from 1) is `200 answer n`.
+    struct Origin {
+        addr: SocketAddr,
+        calls: Arc<AtomicUsize>,
+        gate: Arc<Semaphore>,
+        arrived: mpsc::UnboundedReceiver<()>,
+    }
+
+    impl Origin {
+        async fn start() -> Origin {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("local addr");
+            let calls = Arc::new(AtomicUsize::new(0));
+            let gate = Arc::new(Semaphore::new(0));
+            let (tx, arrived) = mpsc::unbounded_channel();
+            let (c, g) = (Arc::clone(&calls), Arc::clone(&gate));
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let (calls, gate, tx) = (Arc::clone(&c), Arc::clone(&g), tx.clone());
+                    let service = service_fn(move |_req| {
+                        let (calls, gate, tx) = (Arc::clone(&calls), Arc::clone(&gate), tx.clone());
+                        async move {
+                            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                            let _ = tx.send(());
+                            if let Ok(permit) = gate.acquire().await {
+                                permit.forget();
+                            }
+                            let body = Full::new(Bytes::from(format!("answer {n}")));
+                            Ok::<_, Infallible>(Response::new(body))
+                        }
+                    });
+                    tokio::spawn(
+                        http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                    );
+                }
+            });
+            Origin {
+                addr,
+                calls,
+                gate,
+                arrived,
+            }
+        }
+
+        /// Lets one held (or the next) request be answered.
+        fn release(&self) {
+            self.gate.add_permits(1);
+        }
+
+        /// Waits until a request has reached the origin.
+        async fn arrival(&mut self) {
+            let got = tokio::time::timeout(PATIENCE, self.arrived.recv()).await;
+            assert!(matches!(got, Ok(Some(()))), "no request reached the origin");
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A pipeline as `app` builds it, on the embedded store (no `redis`
+    /// in the config), filling from an [`Origin`].
+    struct Harness {
+        pipeline: Pipeline,
+        cfg: Arc<Config>,
+        route: Arc<Route>,
+        origin: Origin,
+    }
+
+    async fn harness() -> Harness {
+        let origin = Origin::start().await;
+        let text = format!(
+            "version: 1\nlisten: 127.0.0.1:1\nadmin: {{ listen: 127.0.0.1:2 }}\n\
+             upstream: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: app, \
+             path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: 10s, lease: 5s }}\n",
+            origin.addr
+        );
+        let cfg = match Config::parse(&text, &|_| None) {
+            Ok(cfg) => Arc::new(cfg),
+            Err(e) => panic!("test config is invalid: {e}"),
+        };
+        assert!(cfg.store.redis.is_none(), "the embedded store");
+        let metrics = Metrics::new();
+        let store = crate::store::open(&cfg.store, &metrics)
+            .await
+            .expect("embedded store");
+        let client = UpstreamClient::new(&cfg.upstream);
+        let blooms = Blooms::new(Arc::clone(&store), None, &metrics.registry);
+        let pipeline = Pipeline::new(store, client, blooms, metrics, &cfg);
+        let route = Arc::clone(&cfg.routes.routes[0]);
+        Harness {
+            pipeline,
+            cfg,
+            route,
+            origin,
+        }
+    }
+
+    impl Harness {
+        /// What the chart hands a fill for a miss on `/a/{id}`.
+        fn fill(&self, id: &str) -> Arc<Fill> {
+            let params = [id.to_owned()];
+            let none = HeaderMap::new();
+            let ns = &self.cfg.store.namespace;
+            let key = keys::cache_key(ns, &self.route, &params, None, &[], &none);
+            let path = self.route.fill_path(&params);
+            let request = fill::fill_request(&self.route, &path, &key.query, &[], &none);
+            Arc::new(Fill {
+                shared: Arc::clone(&self.pipeline.shared),
+                cfg: Arc::clone(&self.cfg),
+                route: Arc::clone(&self.route),
+                key,
+                request,
+                learned: Vec::new(),
+            })
+        }
+
+        /// Stages 2-3 for `fill`'s key, as a request would read it.
+        async fn read(&self, fill: &Fill) -> Result<Found, StoreError> {
+            let sh = &self.pipeline.shared;
+            lookup::lookup(&sh.store, &fill.key, &self.route.name, &sh.metrics).await
+        }
+
+        /// The generation a request that finds no entry joins fills of (as
+        /// the chart picks it for a miss).
+        async fn generation_read(&self, fill: &Fill) -> Option<Bytes> {
+            match self.read(fill).await {
+                Ok(Found::Miss(Some(generation))) => Some(generation),
+                Ok(Found::Miss(None)) => generation(fill).await,
+                other => panic!("expected a miss: {other:?}"),
+            }
+        }
+
+        /// Joins (or starts) the fill in a task of its own, as a request does.
+        fn spawn_join(
+            &self,
+            fill: &Arc<Fill>,
+            generation: Option<Bytes>,
+        ) -> tokio::task::JoinHandle<(Arc<Answer>, bool)> {
+            let (flights, fill) = (Arc::clone(&self.pipeline.flights), Arc::clone(fill));
+            tokio::spawn(async move { join(&flights, &fill, generation).await })
+        }
+
+        fn publish_count(&self, outcome: FillOutcome) -> u64 {
+            let metrics = &self.pipeline.shared.metrics;
+            let labels = [self.route.name.as_str(), outcome.as_str()];
+            metrics.publish.with_label_values(&labels).get()
+        }
+
+        fn coalesced(&self) -> u64 {
+            let metrics = &self.pipeline.shared.metrics;
+            metrics
+                .coalesced
+                .with_label_values(&[&self.route.name])
+                .get()
+        }
+
+        /// Waits until `n` requests have joined a running flight.
+        async fn joined(&self, n: u64) {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while self.coalesced() < n {
+                assert!(tokio::time::Instant::now() < deadline, "never joined");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+
+    async fn finished(task: tokio::task::JoinHandle<(Arc<Answer>, bool)>) -> (Arc<Answer>, bool) {
+        match tokio::time::timeout(PATIENCE, task).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => panic!("join task failed: {e}"),
+            Err(_) => panic!("the fill never finished"),
+        }
+    }
+
+    /// The status and body of an answer every joined request may receive.
+    fn shared(answer: &Answer) -> (CacheStatus, Bytes) {
+        match answer {
+            Answer::Shared(status, entry) => (*status, entry.body.clone()),
+            Answer::Starter(status, _) => panic!("a starter-only answer ({status:?})"),
+            Answer::Exclusive(status, _) => panic!("a one-client answer ({status:?})"),
+            Answer::Failed(status, e) => panic!("a failed fill ({status:?}): {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cold_miss_fills_and_publishes_and_the_next_read_is_a_hit() {
+        let h = harness().await;
+        h.origin.release();
+        let fill = h.fill("1");
+        let generation = h.generation_read(&fill).await;
+        assert!(generation.is_some(), "a cold miss takes a ticket");
+        let (answer, started) = finished(h.spawn_join(&fill, generation)).await;
+        assert!(started);
+        assert_eq!(
+            shared(&answer),
+            (CacheStatus::Miss, Bytes::from("answer 1"))
+        );
+        assert_eq!(h.publish_count(FillOutcome::Published), 1);
+        match h.read(&h.fill("1")).await {
+            Ok(Found::Fresh(entry)) => assert_eq!(entry.body, "answer 1"),
+            other => panic!("the next read is not a hit: {other:?}"),
+        }
+        assert_eq!(h.origin.calls(), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_for_one_key_make_one_origin_call() {
+        let mut h = harness().await;
+        let first = h.fill("1");
+        let read_first = h.generation_read(&first).await;
+        let first = h.spawn_join(&first, read_first.clone());
+        // The first fill holds the lease and waits for the origin.
+        h.origin.arrival().await;
+        let second = h.fill("1");
+        let read_second = h.generation_read(&second).await;
+        assert_eq!(read_second, read_first, "both read the same generation");
+        let second = h.spawn_join(&second, read_second);
+        h.joined(1).await;
+        h.origin.release();
+        let (first, first_started) = finished(first).await;
+        let (second, second_started) = finished(second).await;
+        assert!(first_started && !second_started);
+        assert!(Arc::ptr_eq(&first, &second), "one answer for both");
+        assert_eq!(
+            shared(&second),
+            (CacheStatus::Miss, Bytes::from("answer 1"))
+        );
+        assert_eq!(h.origin.calls(), 1);
+        assert_eq!(h.publish_count(FillOutcome::Published), 1);
+    }
+
+    #[tokio::test]
+    async fn a_fill_invalidated_during_its_upstream_call_is_not_published() {
+        let mut h = harness().await;
+        let fill = h.fill("1");
+        let read = h.generation_read(&fill).await;
+        let task = h.spawn_join(&fill, read.clone());
+        // The fill has its ticket and waits for the origin: invalidate now.
+        h.origin.arrival().await;
+        let store = &h.pipeline.shared.store;
+        let gen_key = fill.key.keys.generation();
+        store
+            .invalidate(gen_key, "inv", h.cfg.gen_ttl)
+            .await
+            .expect("invalidate");
+        h.origin.release();
+        let (answer, _) = finished(task).await;
+        // Its requests read the old generation and get its answer ...
+        assert_eq!(
+            shared(&answer),
+            (CacheStatus::Miss, Bytes::from("answer 1"))
+        );
+        // ... which is not stored over the invalidation.
+        assert_eq!(h.publish_count(FillOutcome::Rejected), 1);
+        assert_eq!(h.publish_count(FillOutcome::Published), 0);
+        match h.read(&fill).await {
+            Ok(Found::Miss(Some(now))) => assert_ne!(Some(now), read, "a new generation"),
+            other => panic!("expected a miss after the invalidation: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn degraded_misses_share_one_fetch_and_write_nothing() {
+        let mut h = harness().await;
+        // No generation: the chart found the store unreadable.
+        let first = h.spawn_join(&h.fill("1"), None);
+        h.origin.arrival().await;
+        let second = h.spawn_join(&h.fill("1"), None);
+        h.joined(1).await;
+        h.origin.release();
+        let (first, first_started) = finished(first).await;
+        let (second, second_started) = finished(second).await;
+        assert!(first_started && !second_started);
+        assert!(Arc::ptr_eq(&first, &second), "one answer for both");
+        let answer = (CacheStatus::Degraded, Bytes::from("answer 1"));
+        assert_eq!(shared(&second), answer);
+        assert_eq!(h.origin.calls(), 1);
+        assert_eq!(h.publish_count(FillOutcome::Published), 0);
+        assert!(matches!(h.read(&h.fill("1")).await, Ok(Found::Miss(None))));
+    }
+}
