@@ -679,7 +679,8 @@ mod tests {
         async fn joined(&self, n: u64) {
             let deadline = tokio::time::Instant::now() + PATIENCE;
             while self.coalesced() < n {
-                assert!(tokio::time::Instant::now() < deadline, "never joined");
+                let waited = tokio::time::Instant::now() < deadline;
+                assert!(waited, "the request never joined the running fill");
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
