@@ -34,7 +34,8 @@ use http::Response;
 use rand::Rng;
 use std::sync::{Arc, Mutex};
 
-/// What a fill task needs; shared with spawned fills.
+/// What the pipeline and its fill tasks share (a fill task holds it past
+/// the request that started it).
 pub(super) struct Shared {
     pub(super) store: Arc<GuardedStore>,
     pub(super) client: UpstreamClient,
