@@ -1,5 +1,10 @@
-//! The last step of every answer built from an entry (HIT, STALE, and the
-//! MISS or DEGRADED answer a fill produced): the client's own request —
+//! Stage 10: the client's response, built from an entry ([`respond`]: HIT,
+//! STALE, and the MISS or DEGRADED answer a fill produced) or from a
+//! flight's answer ([`to_client`], which also hands a one-client answer
+//! only to the request that started the fill); each carries `Age` and the
+//! route's `client_cache_control`.
+//!
+//! The last step of every answer built from an entry: the client's own request —
 //! HEAD, preconditions, range — shapes the response, in the order of RFC
 //! 9110 §13.2.2: preconditions first (412, 304), then `Range` (206, 416),
 //! else the full answer. It only shapes what this client receives; the
@@ -11,8 +16,12 @@
 
 use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
+use super::flight::Answer;
 use super::range::{self, RangeAnswer, RangeAsk};
+use super::status::CacheStatus;
+use super::{cache_control, client_cc, publish};
 use crate::body::{self, Body};
+use crate::config::Route;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -142,7 +151,7 @@ const fn digit(n: usize) -> u8 {
 }
 
 /// `n` as a header value, without an allocation below 10 000.
-pub(super) fn int_value(n: u64) -> HeaderValue {
+fn int_value(n: u64) -> HeaderValue {
     let skip = match n {
         0..=9 => 3,
         10..=99 => 2,
@@ -162,6 +171,94 @@ fn representation(entry: &Entry) -> bool {
 /// A stored 200: what ranges are served from (with `Accept-Ranges`).
 fn whole_200(entry: &Entry) -> bool {
     representation(entry) && entry.status == 200
+}
+
+/// The status of an answer from a fresh entry.
+pub(super) fn hit_status(entry: &Entry) -> CacheStatus {
+    if entry.negative {
+        CacheStatus::Negative
+    } else {
+        CacheStatus::Hit
+    }
+}
+
+/// A buffered answer as a response for one client.
+pub(super) fn one_client(code: StatusCode, headers: HeaderMap, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(body::full(body));
+    *resp.status_mut() = code;
+    *resp.headers_mut() = headers;
+    resp.headers_mut().remove(header::CONTENT_LENGTH);
+    resp
+}
+
+/// A client response from an entry; hits carry `Age`. Stage 10 shapes it
+/// for the client's preconditions and range, and adds the body.
+pub(super) fn respond(
+    route: &Route,
+    entry: &Entry,
+    status: CacheStatus,
+    ask: &ClientAsk,
+) -> Response<Body> {
+    respond_with(route, entry, entry_head(entry), status, ask)
+}
+
+/// [`respond`] from the entry's head built beforehand ([`entry_head`]).
+pub(super) fn respond_with(
+    route: &Route,
+    entry: &Entry,
+    head: HeaderMap,
+    status: CacheStatus,
+    ask: &ClientAsk,
+) -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() =
+        StatusCode::from_u16(entry.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *resp.headers_mut() = head;
+    let h = resp.headers_mut();
+    // A stale answer's Age counts from the original fetch as well; a
+    // fresh fill's answer carries the origin's own Age, if it sent one.
+    let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
+        .min(cache_control::MAX_AGE_SECONDS);
+    if age > 0
+        || matches!(
+            status,
+            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+        )
+    {
+        h.insert(header::AGE, int_value(age));
+    }
+    client_cc::apply(route, entry, h);
+    shape(resp, entry, ask)
+}
+
+/// A flight's answer as this client's response; `None` for a one-client
+/// answer when this request did not start the flight. A one-client answer
+/// (too large, or private to this client) goes out as the origin sent it:
+/// no preconditions or range are applied to it.
+pub(super) fn to_client(
+    route: &Route,
+    answer: &Answer,
+    started: bool,
+    ask: &ClientAsk,
+) -> Option<(CacheStatus, Response<Body>)> {
+    match answer {
+        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
+        Answer::Failed(status, e) => Some((*status, e.to_response())),
+        Answer::Exclusive(..) | Answer::Starter(..) if !started => None,
+        Answer::Starter(status, entry) => Some((*status, respond(route, entry, *status, ask))),
+        Answer::Exclusive(status, slot) => {
+            let taken = slot.lock().ok().and_then(|mut s| s.take())?;
+            Some((*status, strip_body_for_head(taken, ask.head)))
+        }
+    }
+}
+
+fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
+    if !head {
+        return resp;
+    }
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, body::empty())
 }
 
 /// Completes `resp` — the entry's status and [`entry_head`], no body yet — for

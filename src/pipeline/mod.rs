@@ -1,5 +1,9 @@
 //! The read pipeline for requests that match a cache route (SPEC §5). Each
-//! stage is a named function in its own file:
+//! stage is a named function in its own file; this file is the chart that
+//! chooses between them ([`Pipeline::try_hit`] for a near-cache hit,
+//! else `serve`: stage 0, then `serve_keyed` for stages 1-3 and
+//! `serve_missed` for 4-10), and `filler` runs a fill once one is chosen
+//! (stages 5-9):
 //!
 //! ```text
 //! 0 validate + bypass   (route match in server; bypass() here)
@@ -9,17 +13,20 @@
 //!                       at once + stale::refresh in the background;
 //!                       stale-if-error keeps it for a failed refill
 //! 4 bloom               bloom::stage (miss only, routes with `bloom`)
-//! 5 coalesce + lease    flight::Flights (in-process, per generation read),
-//!                       lease::acquire (across instances; takes the ticket)
+//! 5 coalesce + lease    filler::join: flight::Flights (in-process, per
+//!                       generation read), lease::acquire (across
+//!                       instances; takes the ticket)
 //! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits; conditional
 //!                       (revalidate) when the entry of the fill's
 //!                       generation is expired and has validators
-//!   7b degraded         fetch_only: same permits, nothing written
+//!   7b degraded         filler::fetch_only: same permits, nothing written
 //! 8 publish             publish::cacheability, GuardedStore::publish_checked;
 //!                       depends: version floor and cache tags
 //! 9 release             lease::release
-//! 10 answer             client_cc: the route's client_cache_control;
+//! 10 answer             answer::respond (from an entry), answer::to_client
+//!                       (from a fill's answer); client_cc: the route's
+//!                       client_cache_control;
 //!                       answer::shape: the client's preconditions
 //!                       (conditional) and range (range) against the entry
 //! ```
@@ -36,6 +43,7 @@ pub mod depends;
 pub mod entry;
 pub mod etag;
 pub mod fill;
+mod filler;
 pub mod flight;
 pub mod lease;
 pub mod lookup;
@@ -47,56 +55,44 @@ pub mod status;
 pub mod vary;
 
 use crate::bloom::Blooms;
-use crate::body::{self, Body};
+use crate::body::Body;
 use crate::config::{Config, Route};
 use crate::error::ProxyError;
 use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
 use crate::proxy::client::UpstreamClient;
-use crate::store::{GuardedStore, PublishChecks, PublishOutcome};
-use answer::{ClientAsk, Shaped};
-use bytes::Bytes;
-use depends::{Stamp, TagTickets};
+use crate::store::GuardedStore;
+use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
 use entry::Entry;
-use fill::{Fetched, FillPermits, FillRequest, Inflight};
-use flight::{Answer, FlightKey, Flights};
-use futures_util::FutureExt;
+use fill::FillPermits;
+use filler::{Fill, Shared};
+use flight::Flights;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response};
 use hyper::body::Incoming;
-use lease::{LeaseGuard, LeaseOutcome};
 use lookup::Found;
-use publish::{Cacheability, FillOutcome, Lifetime, Uncacheable};
-use rand::Rng;
 use stale::{AfterFailure, StaleReason};
 use status::CacheStatus;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-
-/// What a fill task needs; shared with spawned fills.
-struct Shared {
-    store: Arc<GuardedStore>,
-    client: UpstreamClient,
-    metrics: Metrics,
-    permits: FillPermits,
-    blooms: Arc<Blooms>,
-}
+use std::sync::Arc;
 
 pub struct Pipeline {
     shared: Arc<Shared>,
     flights: Arc<Flights>,
 }
 
-/// One fill's inputs, owned so the fill can run in its own task.
-struct Fill {
-    shared: Arc<Shared>,
-    cfg: Arc<Config>,
-    route: Arc<Route>,
-    key: CacheKey,
-    request: FillRequest,
-    /// `vary_from_origin`: the names the key and the fill request were
-    /// built with (learned so far); empty on other routes.
-    learned: Vec<HeaderName>,
+/// One cache read past stage 0, as the stages after it see it: borrowed
+/// from `serve_inner`'s frame, so nothing is copied per stage or per
+/// keying (a fill copies what it keeps).
+struct CacheRead<'a> {
+    cfg: &'a Arc<Config>,
+    route: &'a Arc<Route>,
+    /// The raw path param values, in template order.
+    params: &'a [String],
+    /// The request's head; its body is kept apart, or dropped.
+    head: &'a http::request::Parts,
+    /// Stage 10's input.
+    ask: &'a ClientAsk,
 }
 
 /// What [`Pipeline::try_hit`] did on its way to a miss, handed to
@@ -273,6 +269,13 @@ impl Pipeline {
         let (parts, body) = req.into_parts();
         // Kept only where the request may still be forwarded as it came.
         let mut body = route.origin_vary.map(|_| body);
+        let read = CacheRead {
+            cfg: &cfg,
+            route,
+            params: &params,
+            head: &parts,
+            ask: &ask,
+        };
         loop {
             // A value longer than the route allows would make a variant of
             // its own per hostile client: such a request is not cached.
@@ -289,16 +292,7 @@ impl Pipeline {
                     return (CacheStatus::Bypass, resp);
                 }
             }
-            let keyed = self.serve_keyed(
-                Arc::clone(&cfg),
-                route,
-                &params,
-                learned,
-                &parts,
-                &ask,
-                may_relearn,
-                early.take(),
-            );
+            let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
             match keyed.await {
                 Keyed::Served(status, resp) => return (status, resp),
                 // Once: an origin that changes its `Vary` on every answer
@@ -318,25 +312,20 @@ impl Pipeline {
     /// Stages 1-10 for the key built with `learned` (see [`Fill::learned`]);
     /// `early`: the key and the near cache's verdict from
     /// [`Pipeline::try_hit`].
-    #[allow(clippy::too_many_arguments)]
     async fn serve_keyed(
         &self,
-        cfg: Arc<Config>,
-        route: &Arc<Route>,
-        params: &[String],
+        read: &CacheRead<'_>,
         learned: Vec<HeaderName>,
-        req: &http::request::Parts,
-        ask: &ClientAsk,
         may_relearn: bool,
         early: Option<Box<Early>>,
     ) -> Keyed {
-        let sh = &self.shared;
+        let (sh, route) = (&self.shared, read.route);
         // Stage 1, unless `try_hit` did it.
         let mut early = early.unwrap_or_else(|| {
-            let ns = &cfg.store.namespace;
-            let query = req.uri.query();
+            let ns = &read.cfg.store.namespace;
+            let (query, headers) = (read.head.uri.query(), &read.head.headers);
             Box::new(Early {
-                key: keys::cache_key(ns, route, params, query, &learned, &req.headers),
+                key: keys::cache_key(ns, route, read.params, query, &learned, headers),
                 near: lookup::Near::Unasked,
             })
         });
@@ -347,7 +336,7 @@ impl Pipeline {
         let missed = match found.await {
             Ok(Found::Fresh(entry)) => {
                 let status = hit_status(&entry);
-                return Keyed::Served(status, respond(route, &entry, status, ask));
+                return Keyed::Served(status, respond(route, &entry, status, read.ask));
             }
             Ok(Found::Expired(entry)) => Missed {
                 degraded: false,
@@ -370,37 +359,23 @@ impl Pipeline {
         };
         // Boxed: this future is moved whole on every read, hits included,
         // and the fill's states below are most of its size.
-        let rest = Box::pin(self.serve_missed(
-            cfg,
-            route,
-            params,
-            learned,
-            req,
-            ask,
-            may_relearn,
-            early.key,
-            missed,
-        ));
+        let rest = Box::pin(self.serve_missed(read, learned, may_relearn, early.key, missed));
         rest.await
     }
 
     /// Stages 4-10 for a key that found no fresh entry.
-    #[allow(clippy::too_many_arguments)]
     async fn serve_missed(
         &self,
-        cfg: Arc<Config>,
-        route: &Arc<Route>,
-        params: &[String],
+        read: &CacheRead<'_>,
         learned: Vec<HeaderName>,
-        req: &http::request::Parts,
-        ask: &ClientAsk,
         may_relearn: bool,
         key: CacheKey,
         missed: Missed,
     ) -> Keyed {
         let sh = &self.shared;
+        let (cfg, route, params, ask) = (read.cfg, read.route, read.params, read.ask);
         let Missed {
-            mut degraded,
+            degraded,
             expired,
             read_generation,
         } = missed;
@@ -408,11 +383,11 @@ impl Pipeline {
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
-            if let Some(rejected) = bloom::stage(&sh.blooms, &cfg, route, params, ask.head).await {
+            if let Some(rejected) = bloom::stage(&sh.blooms, cfg, route, params, ask.head).await {
                 return Keyed::Served(rejected.0, rejected.1);
             }
         }
-        // Stage 5 (in-process): join or start the fill for this key.
+        // What a fill of this key needs, owned: the fill runs in its own task.
         let fill = Fill {
             shared: Arc::clone(sh),
             request: fill::fill_request(
@@ -420,9 +395,9 @@ impl Pipeline {
                 &route.fill_path(params),
                 &key.query,
                 &learned,
-                &req.headers,
+                &read.head.headers,
             ),
-            cfg,
+            cfg: Arc::clone(cfg),
             route: Arc::clone(route),
             key,
             learned,
@@ -433,7 +408,7 @@ impl Pipeline {
             .as_ref()
             .filter(|e| e.within_grace(publish::now_ms()))
         {
-            self.start_refresh(&fill, entry.generation.clone());
+            filler::start_refresh(&self.flights, &fill, entry.generation.clone());
             let (status, resp) = self.serve_stale(route, entry, StaleReason::Revalidating, ask);
             return Keyed::Served(status, resp);
         }
@@ -441,34 +416,10 @@ impl Pipeline {
             _ if degraded => None,
             (Some(entry), _) => Some(entry.generation.clone()),
             (None, Some(generation)) => Some(generation),
-            (None, None) => fill_generation(&fill).await,
+            (None, None) => filler::generation(&fill).await,
         };
-        degraded |= generation.is_none();
-        let entry_key = fill.key.keys.entry().to_owned();
-        let flight_key = match generation {
-            Some(generation) => FlightKey::Fill {
-                entry: entry_key,
-                generation,
-            },
-            None => FlightKey::Degraded { entry: entry_key },
-        };
-        let task_fill = Arc::clone(&fill);
-        // The fill's upstream time is this request's (the one that starts it).
-        let timing = crate::proxy::timing::current();
-        let (flight, started) = self.flights.join(flight_key, move || {
-            let fill = async move {
-                if degraded {
-                    fetch_only(&task_fill, CacheStatus::Degraded).await
-                } else {
-                    fill_with_lease(&task_fill).await
-                }
-            };
-            crate::proxy::timing::handed(timing, fill).boxed()
-        });
-        if !started {
-            sh.metrics.coalesced.with_label_values(&[&route.name]).inc();
-        }
-        let answer = flight.await;
+        // Stages 5-9 (`filler`), or the degraded fetch without a generation.
+        let (answer, started) = filler::join(&self.flights, &fill, generation).await;
         // stale-if-error: a failed refill answers with the expired entry
         // if, read again now, it is still of the current generation and
         // within its window.
@@ -488,7 +439,7 @@ impl Pipeline {
         }
         if may_relearn {
             if let Some(names) =
-                vary::not_this_variant(route, &answer, &fill.key.query, &req.headers)
+                vary::not_this_variant(route, &answer, &fill.key.query, &read.head.headers)
             {
                 return Keyed::Relearn(names);
             }
@@ -498,7 +449,7 @@ impl Pipeline {
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
-        let own = fetch_only(&fill, CacheStatus::Miss).await;
+        let own = filler::fetch_only(&fill, CacheStatus::Miss).await;
         let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
                 CacheStatus::Miss,
@@ -506,19 +457,6 @@ impl Pipeline {
             )
         });
         Keyed::Served(status, resp)
-    }
-}
-
-impl Pipeline {
-    /// Starts the grace refresh for `fill`'s object unless one runs in this
-    /// process already; [`stale::refresh`] tries the lease once, so across
-    /// instances at most one runs per object. Nobody awaits it.
-    fn start_refresh(&self, fill: &Arc<Fill>, generation: bytes::Bytes) {
-        let task_fill = Arc::clone(fill);
-        let key = stale::refresh_flight_key(fill.key.keys.entry(), generation);
-        let _running = self.flights.join(key, move || {
-            async move { stale::refresh(&task_fill).await }.boxed()
-        });
     }
 
     fn serve_stale(
@@ -546,476 +484,4 @@ pub fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
         || keys::has_unlisted_param(&route.query, query)
-}
-
-fn nonce() -> String {
-    format!("{:016x}", rand::rng().random::<u64>())
-}
-
-fn hit_status(entry: &Entry) -> CacheStatus {
-    if entry.negative {
-        CacheStatus::Negative
-    } else {
-        CacheStatus::Hit
-    }
-}
-
-/// The generation a miss that found no generation key joins fills of: a
-/// ticket, which creates it. Joining by "no generation" instead could hand
-/// a fill that started before an invalidation to a request that arrived
-/// after it and after the key was then lost. `None`: store unavailable.
-async fn fill_generation(fill: &Fill) -> Option<bytes::Bytes> {
-    let ticket = fill
-        .shared
-        .store
-        .ticket(fill.key.keys.generation(), &nonce(), fill.cfg.gen_ttl)
-        .await;
-    if let Err(e) = &ticket {
-        tracing::debug!(route = %fill.route.name, error = %e, "ticket failed; degraded");
-    }
-    ticket.ok()
-}
-
-/// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
-async fn fill_with_lease(fill: &Fill) -> Answer {
-    let sh = &fill.shared;
-    let route = &fill.route;
-    let acquired = lease::acquire(&sh.store, &fill.key, route, fill.cfg.gen_ttl, &sh.metrics);
-    let lease = match acquired.await {
-        Ok(LeaseOutcome::Won(lease)) => lease,
-        Ok(LeaseOutcome::Hit(entry)) => {
-            return Answer::Shared(hit_status(&entry), Arc::new(entry));
-        }
-        Ok(LeaseOutcome::WaitTimeout) => {
-            return Answer::Failed(
-                CacheStatus::Miss,
-                ProxyError::Overloaded(crate::error::LEASE_WAIT_SPENT),
-            );
-        }
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-    };
-    let answer = fill_holding_lease(fill, &lease).await;
-    lease.release().await;
-    answer
-}
-
-/// Stages 6-8 while holding the lease.
-async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
-    let started = std::time::Instant::now();
-    let sh = &fill.shared;
-    let route = &fill.route;
-    // Stage 6: the previous lease holder may have published meanwhile.
-    // An expired entry is what this fill replaces (or revalidates).
-    let expired = match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
-        Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
-        Ok(Found::Expired(entry)) => Some(entry),
-        Ok(Found::Miss(_)) => None,
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-    };
-    // The ticket came with the lease, before the upstream call: an
-    // invalidation after that point moves the generation and the publish
-    // below is refused.
-    let ticket = lease.ticket().clone();
-    // Only an entry stamped with this very ticket is revalidated.
-    let revalidating = expired.and_then(|entry| {
-        let validators = revalidate::Validators::of(&entry, &ticket, route)?;
-        Some((validators.apply(&fill.request), entry))
-    });
-    let request = revalidating.as_ref().map_or(&fill.request, |(r, _)| r);
-    // Likewise the tickets of the tags the object's last answer carried.
-    let tag_tickets = match &route.tags_from {
-        None => None,
-        Some(_) => {
-            let (ns, nonce) = (&fill.cfg.store.namespace, nonce());
-            let taken =
-                TagTickets::take(&sh.store, ns, &fill.key.identity, &nonce, fill.cfg.gen_ttl);
-            match taken.await {
-                Ok(t) => Some(t),
-                Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-            }
-        }
-    };
-    // Stage 7, under the lease: renewed while upstream takes its time.
-    let fetched = lease
-        .renew_while(
-            route.lease,
-            fill.cfg.upstream.timeout,
-            fetch_with_permit(fill, request),
-        )
-        .await;
-    let fetched = match (fetched, &revalidating) {
-        (Ok(f), None) => f,
-        (Ok(f), Some((_, stored))) => {
-            let (f, outcome) = revalidate::resolve(stored, f);
-            count_revalidation(fill, outcome);
-            f
-        }
-        (Err(e), revalidating) => {
-            if revalidating.is_some() {
-                count_revalidation(fill, revalidate::Revalidation::Error);
-            }
-            return Answer::Failed(CacheStatus::Miss, e);
-        }
-    };
-    let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
-        Judged::TooLarge(resp) => {
-            count_publish(fill, FillOutcome::TooLarge);
-            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
-        }
-        Judged::OneClient(resp, reason) => {
-            count_uncacheable(fill, reason);
-            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
-        }
-        Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
-    };
-    // Written on every fill, not only on a change: the list then lives as
-    // long as the object is filled, instead of expiring under a hot object.
-    if let Some(names) = &deps.learned {
-        remember_vary(fill, names, *names != fill.learned).await;
-    }
-    let Cacheability::Uncacheable(reason) = kind else {
-        let ttl = life.store_ttl();
-        let checks = match publish_checks(fill, tag_tickets.as_ref(), &mut entry, deps).await {
-            Some(checks) => checks,
-            None => {
-                count_publish(fill, FillOutcome::TagsUnticketed);
-                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
-            }
-        };
-        let object = entry_keys(fill, &entry);
-        let owner = lease.owner();
-        let encoded = entry.encode();
-        let call = sh
-            .store
-            .publish_checked(&object, owner, &ticket, encoded, ttl, &checks);
-        let published = call.await;
-        let outcome = match published {
-            Ok(PublishOutcome::Published) => FillOutcome::Published,
-            Ok(PublishOutcome::LeaseLost) => {
-                // The fill outlived its lease and could not renew it: the
-                // answer is not cached. Worth an operator's attention.
-                tracing::warn!(
-                    route = %route.name,
-                    key = %fill.key.keys.entry(),
-                    fill_ms = started.elapsed().as_millis() as u64,
-                    lease_ms = route.lease.as_millis() as u64,
-                    "publish rejected: lease lost during the fill"
-                );
-                FillOutcome::LeaseLost
-            }
-            Ok(PublishOutcome::GenerationChanged) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: generation changed during the fill");
-                FillOutcome::Rejected
-            }
-            Ok(PublishOutcome::TagChanged) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: a tag was invalidated during the fill");
-                count_publish(fill, FillOutcome::Rejected);
-                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
-            }
-            Ok(PublishOutcome::BelowFloor) => {
-                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), version = ?checks.version, "publish refused: answer older than the object's floor");
-                FillOutcome::BelowFloor
-            }
-            // The answer is still good: return it, never fetch again.
-            Err(e) => {
-                tracing::debug!(key = %fill.key.keys.entry(), error = %e, "publish failed");
-                FillOutcome::WriteFailure
-            }
-        };
-        count_publish(fill, outcome);
-        return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
-    };
-    count_uncacheable(fill, reason);
-    Answer::Shared(CacheStatus::Miss, Arc::new(entry))
-}
-
-/// What stage 8 checks besides generation and lease (`depends`): the
-/// object's floor (`version_from`), and the answer's tags (`tags_from`),
-/// stamped into `entry` with the tickets the fill took. `None`: the answer
-/// carries a tag the fill has no ticket for; it is not stored, and its tags
-/// are remembered so the next fill takes their tickets.
-async fn publish_checks(
-    fill: &Fill,
-    tag_tickets: Option<&TagTickets>,
-    entry: &mut Entry,
-    deps: Deps,
-) -> Option<PublishChecks> {
-    let ns = &fill.cfg.store.namespace;
-    let mut checks = PublishChecks::default();
-    if fill.route.version_from.is_some() {
-        checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
-        checks.version = deps.version;
-    }
-    let Some(tag_tickets) = tag_tickets else {
-        return Some(checks);
-    };
-    match tag_tickets.stamp(&deps.tags) {
-        Stamp::Tags(stamps) => {
-            entry.tags = stamps
-                .iter()
-                .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
-                .collect();
-            checks.tags = stamps;
-            Some(checks)
-        }
-        Stamp::Unticketed(tags) => {
-            let list = tags.join(" ");
-            let store = &fill.shared.store;
-            let remembered = store.remember_tags(&tag_tickets.list_key, &list, fill.cfg.gen_ttl);
-            if let Err(e) = remembered.await {
-                tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
-            }
-            None
-        }
-    }
-}
-
-/// Where `entry` is published: the fill's keys, or (`vary_from_origin`,
-/// the answer varies on other names than the key had) the entry key of its
-/// own variant, still under the fill's lease and generation.
-fn entry_keys<'f>(fill: &'f Fill, entry: &Entry) -> std::borrow::Cow<'f, keys::ObjectKeys> {
-    let own = &fill.key.keys;
-    if entry.variant == fill.key.variant {
-        return std::borrow::Cow::Borrowed(own);
-    }
-    let ns = &fill.cfg.store.namespace;
-    let theirs = keys::object_keys(
-        ns,
-        &fill.key.identity,
-        &String::from_utf8_lossy(&entry.variant),
-    );
-    std::borrow::Cow::Owned(keys::ObjectKeys::from_parts(
-        theirs.entry(),
-        own.generation(),
-        own.lease(),
-    ))
-}
-
-/// Stores the names an answer varies on for its object, so the next fill
-/// carries them and keys on them (`changed`: they differ from the names
-/// this fill was keyed with; counted). A lost write costs a refetch later.
-async fn remember_vary(fill: &Fill, names: &[HeaderName], changed: bool) {
-    let key = keys::vary_names_key(&fill.cfg.store.namespace, &fill.key.identity);
-    let text = vary::text(names);
-    let stored = fill
-        .shared
-        .store
-        .remember_tags(&key, &text, fill.cfg.gen_ttl);
-    match stored.await {
-        Ok(()) if changed => fill
-            .shared
-            .metrics
-            .vary_learned
-            .with_label_values(&[&fill.route.name])
-            .inc(),
-        Ok(()) => {}
-        Err(e) => {
-            tracing::debug!(route = %fill.route.name, error = %e, "could not store the learned vary names")
-        }
-    }
-}
-
-/// Stage 7b (and the fallback for one-client answers): fetch under the
-/// same permits, write nothing.
-async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
-    match fetch_with_permit(fill, &fill.request).await {
-        Err(e) => Answer::Failed(status, e),
-        Ok(fetched) => match judge(fill, fetched, bytes::Bytes::new()) {
-            Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
-                Answer::Exclusive(status, Mutex::new(Some(resp)))
-            }
-            Judged::Shareable(entry, ..) => Answer::Shared(status, Arc::new(entry)),
-        },
-    }
-}
-
-/// An upstream answer, judged for sharing (stage 8's first half).
-// Matched once per fill, where it is made: a box would cost an allocation
-// per fill and save nothing.
-#[allow(clippy::large_enum_variant)]
-enum Judged {
-    /// Coalesced requests may all receive it; `Cacheability` says whether
-    /// it may also be stored, `Lifetime` for how long, `Deps` what it
-    /// carries for the floor and tag checks.
-    Shareable(Entry, Cacheability, Lifetime, Deps),
-    /// Larger than `max_body`: streams to the request that started the fill.
-    TooLarge(Response<Body>),
-    /// For the request that started the fill only (the origin refused to
-    /// let it be shared), with the reason.
-    OneClient(Response<Body>, Uncacheable),
-}
-
-/// The answer's version (`version_from`), tags (`tags_from`, sorted) and
-/// `Vary` names beyond the route's (`vary_from_origin`).
-#[derive(Default)]
-struct Deps {
-    version: Option<i64>,
-    tags: Vec<String>,
-    learned: Option<Vec<HeaderName>>,
-}
-
-/// Turns what upstream answered into a shareable entry stamped with
-/// `generation`, or a one-client response (too large, or private).
-fn judge(fill: &Fill, fetched: Fetched, generation: bytes::Bytes) -> Judged {
-    let (code, headers, body) = match fetched {
-        Fetched::Streamed(resp) => return Judged::TooLarge(resp),
-        Fetched::Buffered {
-            status,
-            headers,
-            body,
-        } => (status, headers, body),
-    };
-    let cc = publish::directives(&fill.route, &headers);
-    let mut kind = publish::cacheability(&fill.route, code, &headers, &cc);
-    let mut deps = Deps::default();
-    if let Some(header) = &fill.route.version_from {
-        deps.version = depends::version(&headers, header);
-    }
-    if let Some(header) = &fill.route.tags_from {
-        match crate::tags::from_header(headers.get_all(header).iter()) {
-            Ok(tags) => deps.tags = tags,
-            Err(e) => {
-                tracing::debug!(route = %fill.route.name, error = %e, "answer's tags refused");
-                if kind.is_shareable() {
-                    kind = Cacheability::Uncacheable(Uncacheable::Tags);
-                }
-            }
-        }
-    }
-    if let (false, Cacheability::Uncacheable(reason)) = (kind.is_shareable(), kind) {
-        return Judged::OneClient(one_client(code, headers, body), reason);
-    }
-    let life = publish::lifetime(&fill.route, kind, &headers, &cc);
-    let origin_age = cache_control::origin_age(&headers);
-    if let Some(bounds) = fill.route.origin_vary {
-        deps.learned =
-            cache_control::learned_vary_of(&headers, &fill.route.vary, bounds.max_headers).ok();
-    }
-    let mut headers = publish::replayable_headers(headers);
-    if kind == Cacheability::Positive {
-        etag::ensure(fill.route.etag, &mut headers, &body);
-    }
-    let mut entry = publish::build_entry(
-        &fill.key, generation, kind, life, origin_age, code, headers, body,
-    );
-    // Keyed by the names the answer declares and the values its fill sent
-    // (see `vary`): the origin's answer for exactly that variant.
-    if let Some(names) = &deps.learned {
-        let query = &fill.key.query;
-        let variant = keys::variant(query, &fill.route, names, &fill.request.headers);
-        entry.variant = Bytes::from(variant);
-    }
-    Judged::Shareable(entry, kind, life, deps)
-}
-
-async fn fetch_with_permit(fill: &Fill, request: &FillRequest) -> Result<Fetched, ProxyError> {
-    let sh = &fill.shared;
-    let _permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
-    let _inflight = Inflight::enter(
-        sh.metrics
-            .fill_inflight
-            .with_label_values(&[&fill.route.name]),
-    );
-    fill::fetch(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await
-}
-
-fn count_publish(fill: &Fill, outcome: FillOutcome) {
-    fill.shared
-        .metrics
-        .publish
-        .with_label_values(&[&fill.route.name, outcome.as_str()])
-        .inc();
-}
-
-fn count_revalidation(fill: &Fill, outcome: revalidate::Revalidation) {
-    fill.shared
-        .metrics
-        .revalidations
-        .with_label_values(&[&fill.route.name, outcome.as_str()])
-        .inc();
-}
-
-/// Counts an answer that was not stored, with its reason.
-fn count_uncacheable(fill: &Fill, reason: Uncacheable) {
-    tracing::debug!(route = %fill.route.name, reason = reason.as_str(), "answer not stored");
-    count_publish(fill, FillOutcome::Uncacheable);
-    fill.shared
-        .metrics
-        .uncacheable
-        .with_label_values(&[&fill.route.name, reason.as_str()])
-        .inc();
-}
-
-/// A buffered answer as a response for one client.
-fn one_client(code: http::StatusCode, headers: HeaderMap, body: bytes::Bytes) -> Response<Body> {
-    let mut resp = Response::new(body::full(body));
-    *resp.status_mut() = code;
-    *resp.headers_mut() = headers;
-    resp.headers_mut().remove(header::CONTENT_LENGTH);
-    resp
-}
-
-/// A client response from an entry; hits carry `Age`. Stage 10 shapes it
-/// for the client's preconditions and range, and adds the body.
-fn respond(route: &Route, entry: &Entry, status: CacheStatus, ask: &ClientAsk) -> Response<Body> {
-    respond_with(route, entry, answer::entry_head(entry), status, ask)
-}
-
-/// [`respond`] from the entry's head built beforehand ([`answer::entry_head`]).
-fn respond_with(
-    route: &Route,
-    entry: &Entry,
-    head: HeaderMap,
-    status: CacheStatus,
-    ask: &ClientAsk,
-) -> Response<Body> {
-    let mut resp = Response::new(body::empty());
-    *resp.status_mut() =
-        http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    *resp.headers_mut() = head;
-    let h = resp.headers_mut();
-    // A stale answer's Age counts from the original fetch as well; a
-    // fresh fill's answer carries the origin's own Age, if it sent one.
-    let age = (publish::now_ms().saturating_sub(entry.stored_at_ms) / 1000)
-        .min(cache_control::MAX_AGE_SECONDS);
-    if age > 0
-        || matches!(
-            status,
-            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
-        )
-    {
-        h.insert(header::AGE, answer::int_value(age));
-    }
-    client_cc::apply(route, entry, h);
-    answer::shape(resp, entry, ask)
-}
-
-/// A flight's answer as this client's response; `None` for a one-client
-/// answer when this request did not start the flight. A one-client answer
-/// (too large, or private to this client) goes out as the origin sent it:
-/// no preconditions or range are applied to it.
-fn to_client(
-    route: &Route,
-    answer: &Answer,
-    started: bool,
-    ask: &ClientAsk,
-) -> Option<(CacheStatus, Response<Body>)> {
-    match answer {
-        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
-        Answer::Failed(status, e) => Some((*status, e.to_response())),
-        Answer::Exclusive(..) | Answer::Starter(..) if !started => None,
-        Answer::Starter(status, entry) => Some((*status, respond(route, entry, *status, ask))),
-        Answer::Exclusive(status, slot) => {
-            let taken = slot.lock().ok().and_then(|mut s| s.take())?;
-            Some((*status, strip_body_for_head(taken, ask.head)))
-        }
-    }
-}
-
-fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
-    if !head {
-        return resp;
-    }
-    let (parts, _) = resp.into_parts();
-    Response::from_parts(parts, body::empty())
 }

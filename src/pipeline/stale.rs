@@ -15,10 +15,11 @@
 //!   meanwhile makes the entry read at the start unservable.
 
 use super::entry::Entry;
+use super::filler::{fill_holding_lease, Fill};
 use super::flight::{Answer, FlightKey};
+use super::lease;
 use super::lookup::Found;
 use super::status::CacheStatus;
-use super::{fill_holding_lease, lease, Fill};
 use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
 use bytes::Bytes;
 
