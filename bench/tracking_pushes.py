@@ -92,7 +92,7 @@ class Conn:
 
 
 def keys(i):
-    return f"cg:o:{{app:{i}}}:e:v2:", f"cg:o:{{app:{i}}}:g", f"cg:o:{{app:{i}}}:l:"
+    return f"cg:o:{{app:{i}}}:e:v3:", f"cg:o:{{app:{i}}}:g", f"cg:o:{{app:{i}}}:l:"
 
 
 def run(port, mode, instances, objects, held, invalidations, seed):

@@ -3,7 +3,7 @@
 //! ([`bloom_keys`]). Identity = route name + param values; variant = a hash
 //! of the normalized query (per the route's `query` mode) and the values of
 //! the route's `vary` headers. Object keys are
-//! `<ns>o:{<route>:<p1>:<p2>…}:e:v2:<variant>` (entry), `…:g` (generation),
+//! `<ns>o:{<route>:<p1>:<p2>…}:e:v3:<variant>` (entry), `…:g` (generation),
 //! `…:l:<variant>` (lease), `…:f` (version floor); tag generations
 //! `<ns>t:{<tag>}:g`; Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
 //! One hash tag per object (and per filter), so all its keys live in one
@@ -37,7 +37,7 @@ impl ObjectKeys {
         }
     }
 
-    /// `<ns>o:{<route>:<params>}:e:v2:<variant>`
+    /// `<ns>o:{<route>:<params>}:e:v3:<variant>`
     pub fn entry(&self) -> &str {
         &self.buf[..self.entry_end]
     }
@@ -221,7 +221,7 @@ pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys
     let prefix = namespace.len() + identity.len() + 5;
     let (entry_len, generation_len) = (prefix + 5 + variant.len(), prefix + 1);
     let mut buf = String::with_capacity(entry_len + generation_len + prefix + 2 + variant.len());
-    for (suffix, variant) in [("e:v2:", variant), ("g", ""), ("l:", variant)] {
+    for (suffix, variant) in [("e:v3:", variant), ("g", ""), ("l:", variant)] {
         buf.push_str(namespace);
         buf.push_str("o:{");
         buf.push_str(identity);
@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = object_keys("sc:", "app:acme:42", "v");
-        assert_eq!(k.entry(), "sc:o:{app:acme:42}:e:v2:v");
+        assert_eq!(k.entry(), "sc:o:{app:acme:42}:e:v3:v");
         assert_eq!(k.generation(), "sc:o:{app:acme:42}:g");
         assert_eq!(k.lease(), "sc:o:{app:acme:42}:l:v");
         assert_eq!(
@@ -386,7 +386,7 @@ mod tests {
         let k = object_keys("", "a", "");
         assert_eq!(
             (k.entry(), k.generation(), k.lease()),
-            ("o:{a}:e:v2:", "o:{a}:g", "o:{a}:l:")
+            ("o:{a}:e:v3:", "o:{a}:g", "o:{a}:l:")
         );
     }
 

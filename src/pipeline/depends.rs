@@ -1,7 +1,12 @@
 //! What an entry depends on besides its object's generation (issue 13):
-//! the object's version floor (`version_from`) and cache tags
-//! (`tags_from`). Both keep SPEC §5.1's guarantee:
+//! its route's generation, the object's version floor (`version_from`) and
+//! cache tags (`tags_from`). All keep SPEC §5.1's guarantee:
 //!
+//! - **The route.** Every fill takes its route's generation as a ticket
+//!   with the lease (one more store call per fill), every entry is stamped
+//!   with it, and publish and every hit check it like a tag's: a route-wide
+//!   purge replaces it, O(1), and no fill that began before the purge is
+//!   served after it.
 //! - **Tags.** Before its upstream call a fill reads the tags the object's
 //!   last answer carried (`…:t`) and takes their tickets (current tag
 //!   generations, created if missing). An answer whose tags are all among
@@ -19,78 +24,102 @@ use crate::store::{GuardedStore, StoreError};
 use bytes::Bytes;
 use http::HeaderMap;
 
-/// Tag tickets a fill took before its upstream call.
+/// The tickets a fill took before its upstream call: its route's
+/// generation (every entry is stamped with it, so a route-wide purge
+/// reaches every entry) and, with `tags_from`, the generations of the tags
+/// the object's last answer carried.
 #[derive(Debug, Clone, Default)]
-pub struct TagTickets {
-    /// The object's tag list key.
-    pub list_key: String,
+pub struct Tickets {
+    /// (route generation key, ticket).
+    route: (String, Bytes),
+    /// The object's tag list key (`tags_from` only).
+    pub list_key: Option<String>,
     /// (tag, tag generation key, ticket), sorted by tag.
-    tickets: Vec<(String, String, Bytes)>,
+    tags: Vec<(String, String, Bytes)>,
 }
 
 /// What a fill's answer carries, judged against the tickets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stamp {
-    /// (tag generation key, ticket) per tag of the answer.
-    Tags(Vec<(String, Bytes)>),
+    /// (generation key, ticket): the route's first, then one per tag of
+    /// the answer.
+    Stamps(Vec<(String, Bytes)>),
     /// The answer carries tags the fill holds no ticket for: these are its
     /// tags, to remember for the next fill.
     Unticketed(Vec<String>),
 }
 
-impl TagTickets {
-    /// Reads the object's last tag list and takes tickets for its tags.
+impl Tickets {
+    /// Takes the route's ticket and, with `tags_from`, reads the object's
+    /// last tag list and takes tickets for its tags, in one store call.
     pub async fn take(
         store: &GuardedStore,
         namespace: &str,
+        route: &str,
         identity: &str,
+        tags_from: bool,
         nonce: &str,
         gen_ttl: std::time::Duration,
-    ) -> Result<TagTickets, StoreError> {
-        let list_key = keys::tag_list_key(namespace, identity);
-        let list = store.read_tags(&[list_key.as_str()]).await?;
-        let tags: Vec<String> = list
-            .into_iter()
-            .flatten()
-            .next()
-            .map(|l| {
-                String::from_utf8_lossy(&l)
-                    .split(' ')
-                    .filter(|t| crate::tags::check(t).is_ok())
-                    .take(crate::tags::MAX_TAGS)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let tag_keys: Vec<String> = tags
-            .iter()
-            .map(|t| keys::tag_generation_key(namespace, t))
-            .collect();
-        let generations = match tag_keys.is_empty() {
-            true => Vec::new(),
-            false => store.tag_tickets(&tag_keys, nonce, gen_ttl).await?,
+    ) -> Result<Tickets, StoreError> {
+        let route_key = keys::route_generation_key(namespace, route);
+        let (list_key, tags) = match tags_from {
+            false => (None, Vec::new()),
+            true => {
+                let list_key = keys::tag_list_key(namespace, identity);
+                let list = store.read_tags(&[list_key.as_str()]).await?;
+                let tags: Vec<String> = list
+                    .into_iter()
+                    .flatten()
+                    .next()
+                    .map(|l| {
+                        String::from_utf8_lossy(&l)
+                            .split(' ')
+                            .filter(|t| crate::tags::check(t).is_ok())
+                            .take(crate::tags::MAX_TAGS)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (Some(list_key), tags)
+            }
         };
-        let mut tickets: Vec<_> = tags
+        let mut gen_keys = Vec::with_capacity(tags.len() + 1);
+        gen_keys.push(route_key);
+        gen_keys.extend(tags.iter().map(|t| keys::tag_generation_key(namespace, t)));
+        let mut generations = store
+            .tag_tickets(&gen_keys, nonce, gen_ttl)
+            .await?
+            .into_iter();
+        let mut gen_keys = gen_keys.into_iter();
+        let (Some(route_key), Some(route_ticket)) = (gen_keys.next(), generations.next()) else {
+            return Err(StoreError::Protocol("no ticket for the route".into()));
+        };
+        let mut tags: Vec<_> = tags
             .into_iter()
-            .zip(tag_keys)
+            .zip(gen_keys)
             .zip(generations)
             .map(|((t, k), g)| (t, k, g))
             .collect();
-        tickets.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Ok(TagTickets { list_key, tickets })
+        tags.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Tickets {
+            route: (route_key, route_ticket),
+            list_key,
+            tags,
+        })
     }
 
     /// Stamps for an answer with `tags` (sorted, as `tags::from_header`
-    /// returns them).
+    /// returns them): the route's ticket, then each tag's.
     pub fn stamp(&self, tags: &[String]) -> Stamp {
-        let mut stamps = Vec::with_capacity(tags.len());
+        let mut stamps = Vec::with_capacity(tags.len() + 1);
+        stamps.push(self.route.clone());
         for tag in tags {
-            match self.tickets.binary_search_by(|t| t.0.as_str().cmp(tag)) {
-                Ok(i) => stamps.push((self.tickets[i].1.clone(), self.tickets[i].2.clone())),
+            match self.tags.binary_search_by(|t| t.0.as_str().cmp(tag)) {
+                Ok(i) => stamps.push((self.tags[i].1.clone(), self.tags[i].2.clone())),
                 Err(_) => return Stamp::Unticketed(tags.to_vec()),
             }
         }
-        Stamp::Tags(stamps)
+        Stamp::Stamps(stamps)
     }
 }
 
@@ -129,19 +158,24 @@ mod tests {
     }
 
     #[test]
-    fn only_ticketed_tags_are_stamped() {
-        let t = TagTickets {
-            list_key: "sc:o:{a:1}:t".into(),
-            tickets: vec![
+    fn the_route_and_only_ticketed_tags_are_stamped() {
+        let route = ("sc:r:{a}:g".to_owned(), Bytes::from_static(b"gr"));
+        let t = Tickets {
+            route: route.clone(),
+            list_key: Some("sc:o:{a:1}:t".into()),
+            tags: vec![
                 ("a".into(), "sc:t:{a}:g".into(), Bytes::from_static(b"ga")),
                 ("b".into(), "sc:t:{b}:g".into(), Bytes::from_static(b"gb")),
             ],
         };
         assert_eq!(
             t.stamp(&["b".into()]),
-            Stamp::Tags(vec![("sc:t:{b}:g".into(), Bytes::from_static(b"gb"))])
+            Stamp::Stamps(vec![
+                route.clone(),
+                ("sc:t:{b}:g".into(), Bytes::from_static(b"gb"))
+            ])
         );
-        assert_eq!(t.stamp(&[]), Stamp::Tags(vec![]));
+        assert_eq!(t.stamp(&[]), Stamp::Stamps(vec![route]));
         assert_eq!(
             t.stamp(&["a".into(), "c".into()]),
             Stamp::Unticketed(vec!["a".into(), "c".into()])

@@ -21,6 +21,11 @@
 //! when it expired and how long it may still answer. The key carries the
 //! version (`e:v2:`), so v1 entries are simply never read (misses, not
 //! corrupt entries) and expire on their own.
+//!
+//! The key's `e:v3:` (same bytes as v2) marks entries that are always
+//! stamped with their route's generation (route-wide purges): an entry
+//! written before that, without the stamp, would survive a purge, so it is
+//! never read.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};

@@ -10,7 +10,7 @@
 //! same fill under a lease tried once ([`start_refresh`], `stale`).
 
 use super::answer::{hit_status, one_client};
-use super::depends::{self, Stamp, TagTickets};
+use super::depends::{self, Stamp, Tickets};
 use super::entry::Entry;
 use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
 use super::flight::{Answer, FlightKey, Flights};
@@ -168,18 +168,21 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         Some((validators.apply(&fill.request), entry))
     });
     let request = revalidating.as_ref().map_or(&fill.request, |(r, _)| r);
-    // Likewise the tickets of the tags the object's last answer carried.
-    let tag_tickets = match &route.tags_from {
-        None => None,
-        Some(_) => {
-            let (ns, nonce) = (&fill.cfg.store.namespace, nonce());
-            let taken =
-                TagTickets::take(&sh.store, ns, &fill.key.identity, &nonce, fill.cfg.gen_ttl);
-            match taken.await {
-                Ok(t) => Some(t),
-                Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
-            }
-        }
+    // Likewise the route's ticket and those of the tags the object's last
+    // answer carried.
+    let (ns, nonce) = (&fill.cfg.store.namespace, nonce());
+    let taken = Tickets::take(
+        &sh.store,
+        ns,
+        &route.name,
+        &fill.key.identity,
+        route.tags_from.is_some(),
+        &nonce,
+        fill.cfg.gen_ttl,
+    );
+    let tickets = match taken.await {
+        Ok(t) => t,
+        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
     };
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
@@ -221,7 +224,7 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     }
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
-        let checks = match publish_checks(fill, tag_tickets.as_ref(), &mut entry, deps).await {
+        let checks = match publish_checks(fill, &tickets, &mut entry, deps).await {
             Some(checks) => checks,
             None => {
                 count_publish(fill, FillOutcome::TagsUnticketed);
@@ -276,13 +279,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
 }
 
 /// What stage 8 checks besides generation and lease (`depends`): the
-/// object's floor (`version_from`), and the answer's tags (`tags_from`),
-/// stamped into `entry` with the tickets the fill took. `None`: the answer
-/// carries a tag the fill has no ticket for; it is not stored, and its tags
-/// are remembered so the next fill takes their tickets.
+/// object's floor (`version_from`), the route's generation and the
+/// answer's tags (`tags_from`), stamped into `entry` with the tickets the
+/// fill took. `None`: the answer carries a tag the fill has no ticket for;
+/// it is not stored, and its tags are remembered so the next fill takes
+/// their tickets.
 async fn publish_checks(
     fill: &Fill,
-    tag_tickets: Option<&TagTickets>,
+    tickets: &Tickets,
     entry: &mut Entry,
     deps: Deps,
 ) -> Option<PublishChecks> {
@@ -292,11 +296,8 @@ async fn publish_checks(
         checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
         checks.version = deps.version;
     }
-    let Some(tag_tickets) = tag_tickets else {
-        return Some(checks);
-    };
-    match tag_tickets.stamp(&deps.tags) {
-        Stamp::Tags(stamps) => {
+    match tickets.stamp(&deps.tags) {
+        Stamp::Stamps(stamps) => {
             entry.tags = stamps
                 .iter()
                 .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
@@ -305,11 +306,13 @@ async fn publish_checks(
             Some(checks)
         }
         Stamp::Unticketed(tags) => {
-            let list = tags.join(" ");
-            let store = &fill.shared.store;
-            let remembered = store.remember_tags(&tag_tickets.list_key, &list, fill.cfg.gen_ttl);
-            if let Err(e) = remembered.await {
-                tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
+            if let Some(list_key) = &tickets.list_key {
+                let list = tags.join(" ");
+                let store = &fill.shared.store;
+                let remembered = store.remember_tags(list_key, &list, fill.cfg.gen_ttl);
+                if let Err(e) = remembered.await {
+                    tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
+                }
             }
             None
         }

@@ -737,6 +737,84 @@ async fn private_answers_are_never_shared_with_coalesced_requests(b: Backend) {
     assert_eq!(origin.hits(personal), 3, "one upstream call per client");
 }
 
+/// `POST /admin/invalidate` for every object of `route` (no params).
+async fn purge(sc: &Sidecache, route: &str) -> client::Resp {
+    client::request(
+        "POST",
+        &sc.admin_url("/admin/invalidate"),
+        &[("content-type", "application/json")],
+        format!(r#"{{"route":"{route}"}}"#),
+    )
+    .await
+}
+
+/// A route-wide purge (`{"route":"app"}`): every object and variant of the
+/// route misses, other routes keep their entries.
+async fn a_route_purge_misses_every_object_of_the_route(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let objects = [
+        "/api/tenants/acme/apps/1",
+        "/api/tenants/globex/apps/2",
+        "/ignoreq/7",
+    ];
+    for p in objects {
+        client::get(&sc.url(p)).await;
+        assert_eq!(x_cache(&client::get(&sc.url(p)).await), "HIT", "{p}");
+    }
+    let r = purge(&sc, "app").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for p in &objects[..2] {
+        assert_eq!(
+            x_cache(&client::get(&sc.url(p)).await),
+            "MISS",
+            "{p} after the purge"
+        );
+        assert_eq!(
+            x_cache(&client::get(&sc.url(p)).await),
+            "HIT",
+            "{p} refilled"
+        );
+    }
+    assert_eq!(
+        x_cache(&client::get(&sc.url(objects[2])).await),
+        "HIT",
+        "another route"
+    );
+    assert_eq!(
+        sc.metric_sum(
+            "sidecache_invalidations_total",
+            &[("source", "admin"), ("kind", "route")]
+        )
+        .await,
+        1.0
+    );
+    // Partial params name no route-wide scope: refused (cache tags do that).
+    let partial = invalidate(&sc, "app", r#"{"tenant":"acme"}"#).await;
+    assert_eq!(partial.status, 400);
+}
+
+/// A fill that began before a route-wide purge is never served after it:
+/// its reader gets the answer, the publish is refused, the next read fills.
+async fn a_fill_that_began_before_a_route_purge_is_not_stored(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b.start(&origin).await;
+    let old = origin.default_body(P);
+    let (gate, reader) = get_held(&origin, P, sc.url(P)).await;
+    origin.bump(P);
+    assert_eq!(purge(&sc, "app").await.status, 200);
+    gate.release();
+    let r = reader.await.expect("reader task");
+    assert_eq!((x_cache(&r), r.text()), ("MISS".into(), old));
+    let r = client::get(&sc.url(P)).await;
+    assert_eq!(
+        (x_cache(&r), r.text()),
+        ("MISS".into(), origin.default_body(P)),
+        "the answer fetched before the purge was not stored"
+    );
+    assert_eq!(x_cache(&client::get(&sc.url(P)).await), "HIT");
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod embedded {
@@ -777,4 +855,6 @@ on_both_stores!(
     coalesces_concurrent_misses_in_one_instance,
     successful_writes_invalidate_the_object,
     private_answers_are_never_shared_with_coalesced_requests,
+    a_route_purge_misses_every_object_of_the_route,
+    a_fill_that_began_before_a_route_purge_is_not_stored,
 );

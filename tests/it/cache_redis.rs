@@ -498,8 +498,8 @@ async fn corrupt_and_misplaced_entries_are_removed_and_refetched() {
     let other = "/api/tenants/acme/apps/2";
     client::get(&sc.url(P)).await;
     client::get(&sc.url(other)).await;
-    let entry = only_key(&redis, &format!("{OBJECT}:e:v2:*"));
-    let other_entry = only_key(&redis, "sc:o:{app:acme:2}:e:v2:*");
+    let entry = only_key(&redis, &format!("{OBJECT}:e:v3:*"));
+    let other_entry = only_key(&redis, "sc:o:{app:acme:2}:e:v3:*");
 
     redis.cli(&["SET", &entry, "garbage"]).expect("SET");
     let r = client::get(&sc.url(P)).await;

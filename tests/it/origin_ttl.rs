@@ -42,7 +42,7 @@ const ROUTES: &str = r#"routes:
 
 /// The entry key of an object without query or vary headers.
 fn entry_key(route: &str, id: &str) -> String {
-    format!("sc:o:{{{route}:{id}}}:e:v2:e3b0c44298fc1c149afbf4c8996fb924")
+    format!("sc:o:{{{route}:{id}}}:e:v3:e3b0c44298fc1c149afbf4c8996fb924")
 }
 
 /// Fills `path` (MISS, then HIT) and polls until a read is a MISS again:

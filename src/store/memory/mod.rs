@@ -371,6 +371,20 @@ impl FeedStore for MemoryStore {
 }
 
 impl TagStore for MemoryStore {
+    /// In process, so always known: the hit check of a stamped entry
+    /// (every entry carries its route's generation) costs a lookup, not a
+    /// future.
+    fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        Some(stamped.iter().all(|(key, generation)| {
+            std::str::from_utf8(key)
+                .ok()
+                .and_then(|k| inner.get(k, now))
+                .is_some_and(|current| current == generation)
+        }))
+    }
+
     fn tag_tickets<'a>(
         &'a self,
         tag_keys: &'a [String],

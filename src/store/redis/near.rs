@@ -586,7 +586,7 @@ mod tests {
         let k = object_keys("sc:", "app:acme:1", "v1");
         assert_eq!(
             split_key(k.entry()),
-            Some(("sc:o:{app:acme:1}", ":e:v2:v1"))
+            Some(("sc:o:{app:acme:1}", ":e:v3:v1"))
         );
         assert_eq!(split_key(k.generation()), Some(("sc:o:{app:acme:1}", ":g")));
         assert_eq!(split_key("no-braces"), None);

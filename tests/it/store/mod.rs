@@ -44,7 +44,7 @@ const EVENTUALLY: Duration = Duration::from_secs(5);
 /// slot per object).
 fn keys(id: &str) -> ObjectKeys {
     ObjectKeys::from_parts(
-        &format!("sc:o:{{app:{id}}}:e:v2:var"),
+        &format!("sc:o:{{app:{id}}}:e:v3:var"),
         &format!("sc:o:{{app:{id}}}:g"),
         &format!("sc:o:{{app:{id}}}:l:var"),
     )
