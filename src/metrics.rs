@@ -54,6 +54,7 @@ pub mod names {
     pub const STREAM_PENDING: &str = "sidecache_stream_pending";
     pub const FEED_WITNESS: &str = "sidecache_feed_witness";
     pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
+    pub const CAPTURE_STREAMING: &str = "sidecache_capture_streaming";
     pub const CAPTURE_LAG_BYTES: &str = "sidecache_capture_lag_bytes";
     pub const CAPTURE_LAG_SECONDS: &str = "sidecache_capture_lag_seconds";
     pub const CAPTURE_DEAD_LETTERS: &str = "sidecache_capture_dead_letters_total";
@@ -182,6 +183,8 @@ pub struct Metrics {
     pub stream_pending: IntGauge,
     /// `{source}`: events dead-lettered (poison), by source.
     pub dead_letters: IntCounterVec,
+    /// Change capture (logical): 1 while this instance streams the slot.
+    pub capture_streaming: IntGauge,
     /// Change capture (logical): WAL bytes written that the consumer has
     /// not applied yet (0 on instances that do not hold the slot).
     pub capture_lag_bytes: IntGauge,
@@ -567,6 +570,14 @@ impl Metrics {
                 "Invalidation events dead-lettered as poison, by source.",
                 &["source"],
             ),
+            capture_streaming: reg(
+                &registry,
+                IntGauge::new(
+                    CAPTURE_STREAMING,
+                    "Change capture: 1 while this instance streams the replication slot.",
+                )
+                .expect("valid metric"),
+            ),
             capture_lag_bytes: reg(
                 &registry,
                 IntGauge::new(
@@ -686,6 +697,11 @@ impl Metrics {
         };
         // The running config is the file's until a reload says otherwise.
         metrics.config_reload_ok.set(1);
+        // Exported at 0 from the start, so an alert on an increase sees the
+        // first one.
+        for reason in ["missing", "lost"] {
+            metrics.capture_slot_created.with_label_values(&[reason]);
+        }
         metrics
     }
 

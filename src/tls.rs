@@ -1,9 +1,19 @@
-//! What the Postgres and Redis connections share about TLS: recognising a
-//! failed certificate check inside a client library's error, so it can be
-//! reported naming the setting to fix instead of as a generic I/O failure.
+//! What the Postgres and Redis connections share about TLS: the one crypto
+//! provider (ring), and recognising a failed certificate check inside a
+//! client library's error, so it can be reported naming the setting to fix
+//! instead of as a generic I/O failure.
 
 use std::error::Error;
 use std::sync::Arc;
+
+/// Makes ring the process-wide rustls provider, for the clients that take
+/// the default (redis-rs; `pg` names ring itself). Needed because a
+/// dependency (pgwire-replication, through tokio-rustls' default features)
+/// also enables rustls' aws-lc-rs provider, and with two compiled in rustls
+/// picks neither. Idempotent; call before building any TLS client.
+pub fn use_ring() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 
 /// The rustls error in `e` or its source chain (the libraries wrap it in an
 /// `io::Error`; redis-rs's source is that error behind an `Arc`), as text.

@@ -415,6 +415,9 @@ impl Config {
         }
         // The worker and the consumer hold connections and a consumer group
         // made from these settings; they are started once.
+        if self.invalidation.capture != next.invalidation.capture {
+            changed.push("invalidation.capture");
+        }
         if self.invalidation.outbox != next.invalidation.outbox {
             changed.push("invalidation.outbox");
         }

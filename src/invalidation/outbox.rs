@@ -125,18 +125,26 @@ impl OutboxError {
     /// (SQLSTATE 57P03, "the database system is starting up" during crash
     /// recovery). Either way it is about to be back.
     fn is_restarting(&self) -> bool {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
-        while let Some(err) = source {
-            if let Some(io) = err.downcast_ref::<std::io::Error>() {
-                return io.kind() == std::io::ErrorKind::ConnectionRefused;
-            }
-            if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
-                return db.code() == &tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW;
-            }
-            source = err.source();
-        }
-        false
+        is_restarting(self)
     }
+}
+
+/// Whether Postgres is restarting, read off an error's chain: nothing
+/// listens on its port (the connect was refused), or the postmaster is up
+/// but not yet accepting sessions (SQLSTATE 57P03, "the database system is
+/// starting up" during crash recovery). Either way it is about to be back.
+pub(crate) fn is_restarting(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+            return db.code() == &tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// What one wake-up found.

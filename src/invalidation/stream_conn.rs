@@ -74,6 +74,7 @@ impl StreamConn {
     /// A connection of its own to the stream's node, whose response timeout
     /// exceeds `block`.
     pub async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
+        crate::tls::use_ring();
         match &self.target {
             StreamTarget::Single(url) => open(url.as_str(), self.tls.as_ref(), block).await,
             StreamTarget::Sentinel(target) => {

@@ -72,6 +72,7 @@ use std::time::Duration;
 /// because Redis is unreachable at start: sidecache starts degraded and the
 /// connection is (re)established in the background.
 pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedStore>, StoreError> {
+    crate::tls::use_ring();
     let cooldown = cfg.breaker_cooldown;
     let guarded = match &cfg.redis {
         None => GuardedStore::new(Arc::new(MemoryStore::new()), None, cooldown, metrics),

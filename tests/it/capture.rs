@@ -8,7 +8,7 @@
 use crate::support::client::{self, Resp};
 use crate::support::postgres::PostgresServer;
 use crate::support::redis::RedisServer;
-use crate::support::sidecache::{binary, Sidecache};
+use crate::support::sidecache::{capture_ddl, Sidecache};
 use crate::support::upstream::{build_example, Upstream};
 use crate::support::{eventually, SidecacheBuilder};
 use std::process::Command;
@@ -58,29 +58,6 @@ fn psql(pg: &PostgresServer, sql: &str) {
         "psql {sql}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// `sidecache capture-ddl` for the builder's config.
-fn capture_ddl(builder: &SidecacheBuilder) -> String {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("sidecache.yaml");
-    // Any two addresses: capture-ddl binds nothing.
-    let builder = builder.clone().addrs(
-        "127.0.0.1:1".parse().expect("addr"),
-        "127.0.0.1:2".parse().expect("addr"),
-    );
-    std::fs::write(&path, builder.render()).expect("write config");
-    let out = Command::new(binary())
-        .args(["capture-ddl", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run sidecache capture-ddl");
-    assert!(
-        out.status.success(),
-        "capture-ddl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("SQL is UTF-8")
 }
 
 /// Polls GET through sidecache until `done(response)`.

@@ -18,6 +18,15 @@
 //!   its commit and its event's append (the entry ID's time): sidecache
 //!   cannot know of it before, and while Redis is down the relay cannot
 //!   append.
+//! - **capture_triggers** / **capture_logical**: the unchanged service
+//!   (the upstream with `--no-outbox` writes only `app_config`), and every
+//!   fourth write is a separate `psql` process updating the table directly.
+//!   Change capture learns of both: the capture triggers' outbox rows, or
+//!   the logical replication slot. With one consumer per slot, the sidecache
+//!   nemeses of `capture_logical` stop or kill the instance holding the
+//!   slot, and a change committed from shortly before that (100 ms: what
+//!   the stopped consumer may have received and not applied) until a
+//!   standby streams counts from then, the takeover (printed per phase).
 //! - **write-through**: writers `PUT` through instance 0, which invalidates
 //!   before it answers. The nemeses target instances 1 and 2 only: a
 //!   write-through invalidation happens in the process that forwarded the
@@ -79,7 +88,19 @@ enum Feed {
     Outbox,
     Stream,
     WriteThrough,
+    CaptureTriggers,
+    CaptureLogical,
 }
+
+impl Feed {
+    fn captures(self) -> bool {
+        matches!(self, Feed::CaptureTriggers | Feed::CaptureLogical)
+    }
+}
+
+/// How far before a stop or kill of the slot holder a commit may still be
+/// in its buffers, unapplied (`capture_logical`).
+const HOLDER_BUFFERED: i64 = 100_000;
 
 /// One phase each, in this order. The slow origin comes last: it replaces
 /// the fleet (the upstream is start-up config).
@@ -136,6 +157,18 @@ async fn write_through_history_is_consistent_under_nemeses() {
     run(Feed::WriteThrough).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run alone by scripts/test (its 50 ms bound needs the machine to itself)"]
+async fn capture_triggers_history_is_consistent_under_nemeses() {
+    run(Feed::CaptureTriggers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run alone by scripts/test (its 50 ms bound needs the machine to itself)"]
+async fn capture_logical_history_is_consistent_under_nemeses() {
+    run(Feed::CaptureLogical).await;
+}
+
 fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -181,6 +214,12 @@ impl Env {
             ),
             // Routes invalidate on write by default.
             Feed::WriteThrough => String::new(),
+            Feed::CaptureTriggers | Feed::CaptureLogical => format!(
+                "invalidation:\n  capture:\n    mode: {}\n    url: \"{}\"\n    tables:\n      \
+                 - table: app_config\n        route: app\n        params: {{ tenant: \"{{tenant}}\", id: \"{{id}}\" }}\n",
+                if self.feed == Feed::CaptureLogical { "logical" } else { "triggers" },
+                self.pg.url()
+            ),
         };
         SidecacheBuilder::new(upstream.url(""))
             .store(&self.redis.store_yaml())
@@ -205,6 +244,13 @@ impl Env {
             let sc = builder.clone().start().await;
             self.fleet.push(sc);
         }
+        if self.feed == Feed::CaptureLogical {
+            let fleet = &self.fleet;
+            eventually("an instance streams the slot", Duration::from_secs(10), || async move {
+                holder(fleet).await.is_some()
+            })
+            .await;
+        }
         if self.feed == Feed::Stream {
             let redis = &self.redis;
             eventually(
@@ -214,6 +260,33 @@ impl Env {
             )
             .await;
         }
+    }
+
+    /// The instance a sidecache nemesis hits: `default`, or with
+    /// `capture_logical` the one streaming the slot.
+    async fn victim(&self, default: usize) -> usize {
+        match self.feed {
+            Feed::CaptureLogical => holder(&self.fleet).await.unwrap_or(default),
+            _ => default,
+        }
+    }
+
+    /// `capture_logical`: waits for a standby to stream after the holder
+    /// `gone` was stopped or killed at `down`, and counts the changes
+    /// committed meanwhile (and shortly before) from then.
+    async fn took_over(&self, gone: usize, down: i64) {
+        if self.feed != Feed::CaptureLogical {
+            return;
+        }
+        let at = taken_over(&self.fleet, gone).await;
+        let (note, window) = (
+            format!("standby streams, {} ms after the holder went", (at - down) / 1000),
+            (down - HOLDER_BUFFERED, at),
+        );
+        record(&self.history, |h| {
+            h.notes.push((at, note));
+            h.feed_down.push(window);
+        });
     }
 
     /// Where writers send their `PUT`s: through instance 0 for
@@ -226,6 +299,43 @@ impl Env {
             Feed::WriteThrough => self.fleet[0].url(&path(object)),
             _ => self.fast.url(&path(object)),
         }
+    }
+}
+
+/// The instance streaming the replication slot (`capture_logical`).
+async fn holder(fleet: &[Sidecache]) -> Option<usize> {
+    for (i, sc) in fleet.iter().enumerate() {
+        let streaming = crate::support::client::try_get(
+            &sc.admin_url("/metrics"),
+            Duration::from_millis(200),
+        )
+        .await
+        .ok()
+        .is_some_and(|r| r.text().lines().any(|l| l == "sidecache_capture_streaming 1"));
+        if streaming {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Waits until an instance other than `gone` streams the slot; when (us).
+async fn taken_over(fleet: &[Sidecache], gone: usize) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let others: Vec<&Sidecache> = fleet
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != gone)
+            .map(|(_, sc)| sc)
+            .collect();
+        for sc in others {
+            if holder(std::slice::from_ref(sc)).await.is_some() {
+                return now_us();
+            }
+        }
+        assert!(Instant::now() < deadline, "no standby took the slot over within 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -246,14 +356,25 @@ async fn run(feed: Feed) {
     let binary = tokio::task::spawn_blocking(build_example)
         .await
         .expect("build task");
-    let pg = PostgresServer::start_with(&["track_commit_timestamp=on"]);
+    let pg = match feed {
+        Feed::CaptureLogical => {
+            PostgresServer::start_with(&["track_commit_timestamp=on", "wal_level=logical"])
+        }
+        _ => PostgresServer::start_with(&["track_commit_timestamp=on"]),
+    };
     let redis = RedisServer::start();
     let apps = OBJECTS.to_string();
-    let fast = Upstream::start(&binary, &pg.url(), &["--apps", &apps]).await;
+    // The unchanged service writes no outbox rows: change capture sees its
+    // changes.
+    let service: &[&str] = match feed.captures() {
+        true => &["--no-outbox"],
+        false => &[],
+    };
+    let fast = Upstream::start(&binary, &pg.url(), &[&["--apps", &apps], service].concat()).await;
     let slow = Upstream::start(
         &binary,
         &pg.url(),
-        &["--apps", &apps, "--delay-ms", SLOW_MS],
+        &[&["--apps", &apps, "--delay-ms", SLOW_MS], service].concat(),
     )
     .await;
     let mut env = Env {
@@ -265,6 +386,10 @@ async fn run(feed: Feed) {
         fleet: Vec::new(),
         history: Arc::default(),
     };
+    if feed.captures() {
+        let builder = env.instance(&env.fast);
+        env.pg.execute(&crate::support::sidecache::capture_ddl(&builder)).await;
+    }
     env.start_fleet(false).await;
     let (stop_watch, stopped) = watch::channel(false);
     let watcher = tokio::spawn(watch_generations(
@@ -380,18 +505,24 @@ async fn run_phase(env: &mut Env, index: usize, case: Case) {
         }
         Case::SidecacheKill => {
             at(500).await;
-            note("sidecache kill -9");
-            let builder = env.fleet[KILLED].builder();
-            env.fleet[KILLED].kill();
-            env.fleet[KILLED] = builder.start().await;
+            let killed = env.victim(KILLED).await;
+            note(&format!("sidecache {killed} kill -9"));
+            let builder = env.fleet[killed].builder();
+            let down = now_us();
+            env.fleet[killed].kill();
+            env.took_over(killed, down).await;
+            env.fleet[killed] = builder.start().await;
             note("sidecache ready");
         }
         Case::Stop => {
             at(300).await;
-            note("SIGSTOP");
-            env.fleet[STOPPED].signal("STOP");
+            let stopped = env.victim(STOPPED).await;
+            note(&format!("SIGSTOP {stopped}"));
+            let down = now_us();
+            env.fleet[stopped].signal("STOP");
+            env.took_over(stopped, down).await;
             at(300 + STOP_FOR.as_millis() as u64).await;
-            env.fleet[STOPPED].signal("CONT");
+            env.fleet[stopped].signal("CONT");
             note("SIGCONT");
         }
         Case::PostgresRestart => {
@@ -401,8 +532,22 @@ async fn run_phase(env: &mut Env, index: usize, case: Case) {
             tokio::task::block_in_place(|| env.pg.restart());
             let back = now_us();
             note("postgres up");
-            if env.feed == Feed::Outbox {
-                record(&env.history, |h| h.feed_down.push((down, back)));
+            match env.feed {
+                Feed::Outbox | Feed::CaptureTriggers => {
+                    record(&env.history, |h| h.feed_down.push((down, back)))
+                }
+                // The consumer reconnects and starts streaming again.
+                Feed::CaptureLogical => {
+                    let fleet = &env.fleet;
+                    eventually("the slot is streamed again", Duration::from_secs(10), || async move {
+                        holder(fleet).await.is_some()
+                    })
+                    .await;
+                    let streaming = now_us();
+                    note("capture streams again");
+                    record(&env.history, |h| h.feed_down.push((down, streaming)));
+                }
+                _ => {}
             }
         }
         Case::DelGenerations => {
@@ -579,12 +724,14 @@ impl Writer {
     /// timestamp of the version it created.
     async fn put(&mut self, url: &str, object: u64, phase: usize, n: u64) -> Write {
         let invoked = now_us();
-        let answer = request(&self.client, "PUT", url, &format!(r#"{{"n":{n}}}"#)).await;
-        let completed = now_us();
-        let version = match answer {
-            Some((200, _, Some(v))) => Some(v),
-            _ => None,
+        let version = match self.feed.captures() && n % 4 == 0 {
+            true => psql_update(&self.pg.url, object, n).await,
+            false => match request(&self.client, "PUT", url, &format!(r#"{{"n":{n}}}"#)).await {
+                Some((200, _, Some(v))) => Some(v),
+                _ => None,
+            },
         };
+        let completed = now_us();
         let appended = match (version, self.feed) {
             (Some(v), Feed::Stream) => Some(append_event(&mut self.redis, object, v).await),
             _ => None,
@@ -606,6 +753,23 @@ impl Writer {
             committed,
         }
     }
+}
+
+/// A change the service never sees: a `psql` process updates the row
+/// directly. The new version, or `None` if it failed.
+async fn psql_update(url: &str, object: u64, n: u64) -> Option<i64> {
+    let sql = format!(
+        "UPDATE app_config SET config = '{{\"n\":{n},\"by\":\"psql\"}}', version = version + 1, \
+         updated_at = now() WHERE tenant = 'acme' AND id = {object} RETURNING version"
+    );
+    let run = tokio::process::Command::new("psql")
+        .args([url, "-At", "-q", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+        .output();
+    let out = tokio::time::timeout(REQUEST_TIMEOUT, run).await.ok()?.ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 /// The relay's job for the stream feed: append the committed change's

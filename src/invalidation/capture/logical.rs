@@ -25,6 +25,7 @@
 
 use super::super::event::{Event, Poison};
 use super::super::invalidator::{ApplyOutcome, Invalidator, Source};
+use super::super::backoff::{self, Reconnect};
 use super::super::witness::Witness;
 use super::rows::{Change, Events, Row, Value};
 use crate::config::capture::{CaptureConfig, TableMapping};
@@ -41,9 +42,13 @@ use tracing::{error, info, warn};
 
 /// Events applied per store batch inside a large transaction.
 const BATCH: usize = 2048;
-/// Reconnect backoff after a failed session.
-const RETRY_BASE: Duration = Duration::from_millis(100);
+/// Reconnect after a failed session: 25 ms doubling to 5 s, jittered; at
+/// the 25 ms pace for the first 5 s of an outage while Postgres is
+/// restarting (refused, or 57P03), as the outbox worker does, so the
+/// changes committed at its return are streamed at once.
+const RETRY_BASE: Duration = Duration::from_millis(25);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+const FAST_RECONNECT_FOR: Duration = Duration::from_secs(5);
 /// How long a new holder waits for a stopped holder's walsender to exit
 /// after terminating it.
 const TAKEOVER_WITHIN: Duration = Duration::from_secs(5);
@@ -113,6 +118,22 @@ impl Row for Tuple<'_> {
     }
 }
 
+impl CaptureError {
+    /// Postgres is restarting: refused, or up but not accepting sessions
+    /// yet (57P03). The outbox worker's rule, on this error's chain.
+    fn is_restarting(&self) -> bool {
+        match self {
+            CaptureError::Replication(PgWireError::Io(io)) => {
+                io.kind() == std::io::ErrorKind::ConnectionRefused
+            }
+            CaptureError::Replication(PgWireError::Server(m)) => m.contains("57P03"),
+            CaptureError::Connect(e) => super::super::outbox::is_restarting(e),
+            CaptureError::Postgres(e) => super::super::outbox::is_restarting(e),
+            _ => false,
+        }
+    }
+}
+
 impl LogicalConsumer {
     pub fn new(cfg: CaptureConfig, invalidator: Arc<Invalidator>) -> LogicalConsumer {
         let metrics = invalidator.metrics().clone();
@@ -128,7 +149,7 @@ impl LogicalConsumer {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         info!(slot = %self.cfg.slot, publication = %self.cfg.publication, "change capture (logical) starting");
         let mut lease = Witness::new(self.invalidator.clone(), "capture", &self.cfg.slot, 1);
-        let mut failures = 0u32;
+        let mut reconnect = Reconnect::new(RETRY_BASE, RETRY_MAX, RETRY_BASE, FAST_RECONNECT_FOR);
         loop {
             if *shutdown.borrow() {
                 break;
@@ -140,23 +161,20 @@ impl LogicalConsumer {
                     _ = shutdown.changed() => break,
                 }
             }
-            let delay = match self.session(&mut shutdown, &mut lease).await {
+            let session = self.session(&mut shutdown, &mut lease, &mut reconnect).await;
+            self.metrics.capture_streaming.set(0);
+            let delay = match session {
                 Ok(()) => break,
                 Err(CaptureError::LeaseLost) => {
                     info!("change capture: lease lost; another instance streams now");
                     Duration::ZERO
                 }
                 Err(e) => {
-                    failures += 1;
-                    let level_error = matches!(e, CaptureError::Schema(_));
-                    if level_error {
-                        error!(error = %e, "change capture stopped; retrying");
-                    } else {
-                        warn!(error = %e, "change capture session failed; reconnecting");
+                    match &e {
+                        CaptureError::Schema(_) => error!(error = %e, "change capture stopped; retrying"),
+                        _ => warn!(error = %e, "change capture session failed; reconnecting"),
                     }
-                    super::super::backoff::jittered(super::super::backoff::exponential(
-                        RETRY_BASE, RETRY_MAX, failures,
-                    ))
+                    reconnect.next_delay(e.is_restarting())
                 }
             };
             tokio::select! {
@@ -175,6 +193,7 @@ impl LogicalConsumer {
         &self,
         shutdown: &mut watch::Receiver<bool>,
         lease: &mut Witness,
+        reconnect: &mut Reconnect,
     ) -> Result<(), CaptureError> {
         let mut pg = PgConnector::parse(&self.cfg.url)?;
         pg.config
@@ -194,6 +213,8 @@ impl LogicalConsumer {
             .with_status_interval(STATUS_INTERVAL)
             .with_wakeup_interval(Duration::from_secs(1));
         let mut client = self.start(&sql, replication, lease).await?;
+        reconnect.reset();
+        self.metrics.capture_streaming.set(1);
         info!(slot = %self.cfg.slot, "change capture: streaming");
         let result = self.stream(&sql, &mut client, shutdown, lease).await;
         client.abort();
@@ -416,11 +437,11 @@ impl LogicalConsumer {
                 }
                 // Between transactions a keepalive's position has nothing
                 // left to apply before it.
-                ReplicationEvent::KeepAlive { wal_end, .. } if reading_since.is_none() => {
-                    if wal_end > applied {
-                        client.update_applied_lsn(wal_end);
-                        applied = wal_end;
-                    }
+                ReplicationEvent::KeepAlive { wal_end, .. }
+                    if reading_since.is_none() && wal_end > applied =>
+                {
+                    client.update_applied_lsn(wal_end);
+                    applied = wal_end;
                 }
                 _ => {}
             }
@@ -536,7 +557,7 @@ impl LogicalConsumer {
                 return Ok(());
             }
             failures += 1;
-            let wait = super::super::backoff::exponential(RETRY_BASE, RETRY_MAX, failures);
+            let wait = backoff::exponential(RETRY_BASE, RETRY_MAX, failures);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.invalidator.feeds_ready() => {}
@@ -579,6 +600,10 @@ impl LogicalConsumer {
                     self.metrics
                         .capture_dead_letters
                         .with_label_values(&[p.reason()])
+                        .inc();
+                    self.metrics
+                        .dead_letters
+                        .with_label_values(&["capture"])
                         .inc();
                 }
                 ApplyOutcome::Failed(_) => failed.push(event),

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 
 /// A client for `info`, with the certificates of `tls` if given.
 pub fn client(info: impl IntoConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<Client> {
+    crate::tls::use_ring();
     match tls {
         Some(tls) => Client::build_with_tls(info, certificates(tls)),
         None => Client::open(info),

@@ -297,6 +297,9 @@ impl Drop for RedisServer {
 
 /// Runs one raw command on a fresh connection of `client`.
 pub fn command(client: &redis::Client, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    // As sidecache does (`tls::use_ring`): two rustls providers are
+    // compiled in, so the harness's TLS clients must name one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut cmd = redis::cmd(args[0]);

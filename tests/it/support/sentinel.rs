@@ -95,7 +95,11 @@ impl Sentinels {
     fn cli(&self, i: usize, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let url = format!("{}://127.0.0.1:{}", self.scheme(), self.nodes[i].port);
         let client = match &self.tls {
-            Some(tls) => redis::Client::build_with_tls(url, tls.clone())?,
+            Some(tls) => {
+                // See `support::redis::command`.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                redis::Client::build_with_tls(url, tls.clone())?
+            }
             None => redis::Client::open(url)?,
         };
         super::redis::command(&client, args)

@@ -179,6 +179,30 @@ pub fn free_addr() -> SocketAddr {
     l.local_addr().expect("local_addr")
 }
 
+/// `sidecache capture-ddl` for the builder's config: the SQL that change
+/// capture needs (`invalidation.capture`).
+pub fn capture_ddl(builder: &SidecacheBuilder) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sidecache.yaml");
+    // Any two addresses: capture-ddl binds nothing.
+    let builder = builder.clone().addrs(
+        "127.0.0.1:1".parse().expect("addr"),
+        "127.0.0.1:2".parse().expect("addr"),
+    );
+    fs::write(&path, builder.render()).expect("write config");
+    let out = Command::new(binary())
+        .args(["capture-ddl", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run sidecache capture-ddl");
+    assert!(
+        out.status.success(),
+        "capture-ddl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("SQL is UTF-8")
+}
+
 pub fn binary() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_BIN_EXE_sidecache"));
     assert!(
