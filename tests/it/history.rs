@@ -246,9 +246,11 @@ impl Env {
         }
         if self.feed == Feed::CaptureLogical {
             let fleet = &self.fleet;
-            eventually("an instance streams the slot", Duration::from_secs(10), || async move {
-                holder(fleet).await.is_some()
-            })
+            eventually(
+                "an instance streams the slot",
+                Duration::from_secs(10),
+                || async move { holder(fleet).await.is_some() },
+            )
             .await;
         }
         if self.feed == Feed::Stream {
@@ -280,9 +282,13 @@ impl Env {
         }
         let at = taken_over(&self.fleet, gone).await;
         let (note, window) = (
-            format!("standby streams, {} ms after the holder went", (at - down) / 1000),
+            format!(
+                "standby streams, {} ms after the holder went",
+                (at - down) / 1000
+            ),
             (down - HOLDER_BUFFERED, at),
         );
+        println!("  capture takeover: {note}");
         record(&self.history, |h| {
             h.notes.push((at, note));
             h.feed_down.push(window);
@@ -305,13 +311,15 @@ impl Env {
 /// The instance streaming the replication slot (`capture_logical`).
 async fn holder(fleet: &[Sidecache]) -> Option<usize> {
     for (i, sc) in fleet.iter().enumerate() {
-        let streaming = crate::support::client::try_get(
-            &sc.admin_url("/metrics"),
-            Duration::from_millis(200),
-        )
-        .await
-        .ok()
-        .is_some_and(|r| r.text().lines().any(|l| l == "sidecache_capture_streaming 1"));
+        let streaming =
+            crate::support::client::try_get(&sc.admin_url("/metrics"), Duration::from_millis(200))
+                .await
+                .ok()
+                .is_some_and(|r| {
+                    r.text()
+                        .lines()
+                        .any(|l| l == "sidecache_capture_streaming 1")
+                });
         if streaming {
             return Some(i);
         }
@@ -334,7 +342,10 @@ async fn taken_over(fleet: &[Sidecache], gone: usize) -> i64 {
                 return now_us();
             }
         }
-        assert!(Instant::now() < deadline, "no standby took the slot over within 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "no standby took the slot over within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -388,7 +399,9 @@ async fn run(feed: Feed) {
     };
     if feed.captures() {
         let builder = env.instance(&env.fast);
-        env.pg.execute(&crate::support::sidecache::capture_ddl(&builder)).await;
+        env.pg
+            .execute(&crate::support::sidecache::capture_ddl(&builder))
+            .await;
     }
     env.start_fleet(false).await;
     let (stop_watch, stopped) = watch::channel(false);
@@ -539,9 +552,11 @@ async fn run_phase(env: &mut Env, index: usize, case: Case) {
                 // The consumer reconnects and starts streaming again.
                 Feed::CaptureLogical => {
                     let fleet = &env.fleet;
-                    eventually("the slot is streamed again", Duration::from_secs(10), || async move {
-                        holder(fleet).await.is_some()
-                    })
+                    eventually(
+                        "the slot is streamed again",
+                        Duration::from_secs(10),
+                        || async move { holder(fleet).await.is_some() },
+                    )
                     .await;
                     let streaming = now_us();
                     note("capture streams again");
@@ -765,7 +780,10 @@ async fn psql_update(url: &str, object: u64, n: u64) -> Option<i64> {
     let run = tokio::process::Command::new("psql")
         .args([url, "-At", "-q", "-v", "ON_ERROR_STOP=1", "-c", &sql])
         .output();
-    let out = tokio::time::timeout(REQUEST_TIMEOUT, run).await.ok()?.ok()?;
+    let out = tokio::time::timeout(REQUEST_TIMEOUT, run)
+        .await
+        .ok()?
+        .ok()?;
     if !out.status.success() {
         return None;
     }

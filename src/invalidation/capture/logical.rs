@@ -23,14 +23,15 @@
 //!   current slot was done, so a crash between creating the slot and
 //!   purging is purged at the next start.
 
+use super::super::backoff::{self, Reconnect};
 use super::super::event::{Event, Poison};
 use super::super::invalidator::{ApplyOutcome, Invalidator, Source};
-use super::super::backoff::{self, Reconnect};
 use super::super::witness::Witness;
 use super::rows::{Change, Events, Row, Value};
 use crate::config::capture::{CaptureConfig, TableMapping};
 use crate::metrics::Metrics;
 use crate::pg::{PgConnector, PgError};
+use futures_util::FutureExt;
 use pg_walstream::{ColumnInfo, LogicalReplicationMessage, LogicalReplicationParser, TupleData};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 use std::collections::HashMap;
@@ -56,7 +57,10 @@ const TAKEOVER_WITHIN: Duration = Duration::from_secs(5);
 const LAG_EVERY: Duration = Duration::from_secs(1);
 /// Feedback to Postgres: an applied position reaches the server within
 /// this (the slot's `confirmed_flush_lsn`; WAL before it can be freed).
-const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+/// Short: a standby that takes over streams from the confirmed position,
+/// so this bounds what it applies again (at least once) before it is
+/// current. One small message per interval while changes flow.
+const STATUS_INTERVAL: Duration = Duration::from_millis(50);
 /// The purge marker's lifetime; renewed at every session start.
 const MARKER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -92,6 +96,37 @@ pub struct LogicalConsumer {
 struct Relation {
     columns: Vec<ColumnInfo>,
     mappings: Vec<usize>,
+}
+
+/// What the stream has been read into, between two applications.
+struct Reader {
+    parser: LogicalReplicationParser,
+    relations: HashMap<u32, Relation>,
+    /// Events read and not applied yet (possibly of several transactions).
+    events: Events,
+    /// The end and commit time of the last transaction read whole: what
+    /// may be confirmed once `events` are applied.
+    committed: Option<(Lsn, SystemTime)>,
+    /// The commit time of the transaction being read (lag in seconds).
+    reading_since: Option<SystemTime>,
+    /// The position confirmed (or to confirm) to Postgres.
+    applied: Lsn,
+    /// A keepalive's position to confirm, read with nothing pending.
+    idle_at: Option<Lsn>,
+}
+
+impl Default for Reader {
+    fn default() -> Reader {
+        Reader {
+            parser: LogicalReplicationParser::with_protocol_version(1),
+            relations: HashMap::new(),
+            events: Events::default(),
+            committed: None,
+            reading_since: None,
+            applied: Lsn::ZERO,
+            idle_at: None,
+        }
+    }
 }
 
 /// A pgoutput tuple as a [`Row`].
@@ -161,7 +196,9 @@ impl LogicalConsumer {
                     _ = shutdown.changed() => break,
                 }
             }
-            let session = self.session(&mut shutdown, &mut lease, &mut reconnect).await;
+            let session = self
+                .session(&mut shutdown, &mut lease, &mut reconnect)
+                .await;
             self.metrics.capture_streaming.set(0);
             let delay = match session {
                 Ok(()) => break,
@@ -171,7 +208,9 @@ impl LogicalConsumer {
                 }
                 Err(e) => {
                     match &e {
-                        CaptureError::Schema(_) => error!(error = %e, "change capture stopped; retrying"),
+                        CaptureError::Schema(_) => {
+                            error!(error = %e, "change capture stopped; retrying")
+                        }
                         _ => warn!(error = %e, "change capture session failed; reconnecting"),
                     }
                     reconnect.next_delay(e.is_restarting())
@@ -374,7 +413,12 @@ impl LogicalConsumer {
         }
     }
 
-    /// Streams until shutdown, a lost lease or an error.
+    /// Streams until shutdown, a lost lease or an error. Whatever has
+    /// arrived is read before applying: a backlog (a takeover replaying
+    /// from the last confirmed position, a bulk change) is applied in
+    /// batches of many transactions, one store call per `BATCH` events,
+    /// instead of one per transaction; an idle stream applies each
+    /// transaction as it commits.
     async fn stream(
         &self,
         sql: &tokio_postgres::Client,
@@ -382,12 +426,7 @@ impl LogicalConsumer {
         shutdown: &mut watch::Receiver<bool>,
         lease: &mut Witness,
     ) -> Result<(), CaptureError> {
-        let mut parser = LogicalReplicationParser::with_protocol_version(1);
-        let mut relations: HashMap<u32, Relation> = HashMap::new();
-        let mut events = Events::default();
-        // The commit time of the transaction being read (lag in seconds).
-        let mut reading_since: Option<SystemTime> = None;
-        let mut applied = Lsn::ZERO;
+        let mut reader = Reader::default();
         let mut next_lag = Instant::now();
         loop {
             let event = tokio::select! {
@@ -401,51 +440,77 @@ impl LogicalConsumer {
                 }
                 _ = tokio::time::sleep_until(next_lag) => {
                     next_lag = Instant::now() + LAG_EVERY;
-                    self.read_lag(sql, applied, reading_since).await;
+                    self.read_lag(sql, reader.applied, reader.reading_since).await;
                     continue;
                 }
                 _ = shutdown.changed() => return Ok(()),
             };
-            match event {
-                ReplicationEvent::Begin {
-                    commit_time_micros, ..
-                } => reading_since = Some(pg_time(commit_time_micros)),
-                ReplicationEvent::XLogData { data, .. } => {
-                    let message = parser
-                        .parse_wal_message(&data)
-                        .map_err(|e| CaptureError::Decode(e.to_string()))?;
-                    self.decode(message.message, &mut relations, &mut events);
-                    if events.len() >= BATCH {
-                        self.apply_or_lose(events.take(), lease).await?;
-                    }
+            self.read(&mut reader, event)?;
+            // The receiver is a channel: taking what is ready loses nothing.
+            while reader.events.len() < BATCH {
+                match client.recv().now_or_never() {
+                    Some(event) => self.read(&mut reader, event?.ok_or(CaptureError::Ended)?)?,
+                    None => break,
                 }
-                ReplicationEvent::Commit {
-                    end_lsn,
-                    commit_time_micros,
-                    ..
-                } => {
-                    if !events.is_empty() {
-                        self.apply_or_lose(events.take(), lease).await?;
-                    }
-                    client.update_applied_lsn(end_lsn);
-                    applied = end_lsn;
-                    let late = SystemTime::now()
-                        .duration_since(pg_time(commit_time_micros))
-                        .unwrap_or_default();
-                    self.metrics.capture_lag_seconds.set(late.as_secs_f64());
-                    reading_since = None;
-                }
+            }
+            if reader.committed.is_none() && reader.events.len() < BATCH {
                 // Between transactions a keepalive's position has nothing
                 // left to apply before it.
-                ReplicationEvent::KeepAlive { wal_end, .. }
-                    if reading_since.is_none() && wal_end > applied =>
-                {
-                    client.update_applied_lsn(wal_end);
-                    applied = wal_end;
+                if let Some(idle) = reader.idle_at.take() {
+                    client.update_applied_lsn(idle);
                 }
-                _ => {}
+                continue;
+            }
+            if !reader.events.is_empty() {
+                self.apply_or_lose(reader.events.take(), lease).await?;
+            }
+            if let Some((end, commit_time)) = reader.committed.take() {
+                client.update_applied_lsn(end);
+                reader.applied = end;
+                let late = SystemTime::now()
+                    .duration_since(commit_time)
+                    .unwrap_or_default();
+                self.metrics.capture_lag_seconds.set(late.as_secs_f64());
+            }
+            if lease.beat_if_due().await && !lease.is_witness() {
+                return Err(CaptureError::LeaseLost);
             }
         }
+    }
+
+    /// One replication event into `reader`.
+    fn read(&self, reader: &mut Reader, event: ReplicationEvent) -> Result<(), CaptureError> {
+        match event {
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => reader.reading_since = Some(pg_time(commit_time_micros)),
+            ReplicationEvent::XLogData { data, .. } => {
+                let message = reader
+                    .parser
+                    .parse_wal_message(&data)
+                    .map_err(|e| CaptureError::Decode(e.to_string()))?;
+                self.decode(message.message, &mut reader.relations, &mut reader.events);
+            }
+            ReplicationEvent::Commit {
+                end_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                reader.committed = Some((end_lsn, pg_time(commit_time_micros)));
+                reader.reading_since = None;
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. }
+                if reader.reading_since.is_none()
+                    && reader.committed.is_none()
+                    && reader.events.is_empty()
+                    && wal_end > reader.applied =>
+            {
+                reader.applied = wal_end;
+                reader.idle_at = Some(wal_end);
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The events of one pgoutput message.
