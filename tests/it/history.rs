@@ -739,7 +739,7 @@ impl Writer {
     /// timestamp of the version it created.
     async fn put(&mut self, url: &str, object: u64, phase: usize, n: u64) -> Write {
         let invoked = now_us();
-        let version = match self.feed.captures() && n % 4 == 0 {
+        let version = match self.feed.captures() && n.is_multiple_of(4) {
             true => psql_update(&self.pg.url, object, n).await,
             false => match request(&self.client, "PUT", url, &format!(r#"{{"n":{n}}}"#)).await {
                 Some((200, _, Some(v))) => Some(v),
