@@ -39,11 +39,13 @@ fn capture_yaml(mode: &str, pg: &PostgresServer, more: &str) -> String {
     )
 }
 
-/// A table whose key may be NULL (a poison row for the mapping).
+/// A table whose rows may name no object: a NULL key, a key that fails
+/// the route's pattern, a tag that is not a tag (poison rows).
 const LOOSE_TABLE: &str = "CREATE TABLE loose (tenant text, id bigint)";
 const LOOSE_MAPPING: &str = r#"      - table: loose
         route: app
         params: { tenant: "{tenant}", id: "{id}" }
+        tags: ["t:{tenant}"]
 "#;
 
 /// Runs SQL with the `psql` program, as an operator or a batch job would:
@@ -176,11 +178,15 @@ async fn writes_behind_the_service_reach_the_cache(s: &Setup, sc: &Sidecache) {
     );
     until(&nine, "the INSERT reaches the cache", |r| r.status == 200).await;
 
-    // A NULL key names no object: dead-lettered, and the rest of the same
-    // statement applies (its row invalidates acme/4: the next read fills).
+    // A NULL key, a key that fails its pattern and a malformed tag name no
+    // object: dead-lettered, and the rest of the same statement applies
+    // (its row invalidates acme/4: the next read fills).
     let four = sc.url("/api/tenants/acme/apps/4");
     assert_eq!(cached(&four).await.status, 200);
-    psql(&s.pg, "INSERT INTO loose VALUES (NULL, 7), ('acme', 4)");
+    psql(
+        &s.pg,
+        "INSERT INTO loose VALUES (NULL, 7), ('bad tenant!', 8), ('acme', 4)",
+    );
     until(&four, "the valid row of the statement applies", |r| {
         x_cache(r) == "MISS"
     })
@@ -200,21 +206,25 @@ async fn triggers_capture_writes_the_service_never_sees() {
     let s = setup("triggers").await;
     let sc = s.builder.clone().start().await;
     writes_behind_the_service_reach_the_cache(&s, &sc).await;
-    // The poison row is dead-lettered in the outbox, with its reason.
+    // The poison rows are dead-lettered in the outbox, with their reasons.
     let db = s.pg.client().await;
-    let dead = db
-        .query_one(
-            "SELECT count(*), max(last_error) FROM sidecache_outbox WHERE dead_at IS NOT NULL",
+    let reasons: Vec<String> = db
+        .query(
+            "SELECT last_error FROM sidecache_outbox WHERE dead_at IS NOT NULL",
             &[],
         )
         .await
-        .expect("dead rows");
-    assert_eq!(dead.get::<_, i64>(0), 1, "one dead-lettered row");
-    let reason: String = dead.get(1);
-    assert!(
-        reason.contains("tenant"),
-        "the reason names the param: {reason}"
-    );
+        .expect("dead rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(reasons.len(), 4, "four dead-lettered rows: {reasons:?}");
+    for says in ["tenant", "pattern", "tags"] {
+        assert!(
+            reasons.iter().any(|r| r.contains(says)),
+            "a reason names {says}: {reasons:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,15 +246,17 @@ async fn logical_capture_writes_the_service_never_sees() {
         outbox.is_none(),
         "logical mode writes nothing on the service's side"
     );
-    assert_eq!(
-        sc.metric_sum(
-            "sidecache_capture_dead_letters_total",
-            &[("reason", "null_value")]
-        )
-        .await,
-        1.0,
-        "the NULL key is dead-lettered with its reason"
-    );
+    for (reason, n) in [("null_value", 2.0), ("bad_param", 1.0), ("bad_tags", 1.0)] {
+        assert_eq!(
+            sc.metric_sum(
+                "sidecache_capture_dead_letters_total",
+                &[("reason", reason)]
+            )
+            .await,
+            n,
+            "dead-lettered with reason {reason}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,3 +154,111 @@ pub(super) fn capture(
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::capture::CaptureMode;
+    use crate::config::testing::{err, parse, APP};
+
+    /// `APP` with an `invalidation.capture` of `mode` whose one table
+    /// mapping has the lines `table` (each indented as a mapping key).
+    fn capture(mode: &str, table: &str) -> String {
+        let table: String = table.lines().map(|l| format!("        {l}\n")).collect();
+        format!(
+            "invalidation:\n  capture:\n    mode: {mode}\n    url: \"postgres://u@127.0.0.1/db\"\n    \
+             tables:\n      - table: app_config\n{table}{APP}"
+        )
+    }
+
+    const MAPPED: &str = "route: app\nparams: { tenant: \"{tenant}\", id: \"{id}\" }";
+
+    #[test]
+    fn a_mapping_becomes_the_capture_config_and_triggers_bring_an_outbox() {
+        let cfg = parse(&capture(
+            "triggers",
+            &format!("{MAPPED}\ntags: [\"t:{{tenant}}\"]"),
+        ))
+        .expect("valid");
+        let c = cfg.invalidation.capture.as_ref().expect("capture");
+        assert_eq!(c.mode, CaptureMode::Triggers);
+        assert_eq!(
+            (c.slot.as_str(), c.publication.as_str()),
+            ("sidecache", "sidecache")
+        );
+        let m = &c.tables[0];
+        assert_eq!(m.table.to_string(), "public.app_config");
+        assert_eq!(m.columns(), ["tenant", "id"]);
+        assert_eq!(m.params[0].0, "tenant", "in the route's param order");
+        let outbox = cfg
+            .invalidation
+            .outbox
+            .as_ref()
+            .expect("an outbox for the triggers");
+        assert_eq!(outbox.url, c.url);
+        assert_eq!(outbox.table, "sidecache_outbox");
+        let logical = parse(&capture("logical", MAPPED)).expect("valid");
+        assert!(
+            logical.invalidation.outbox.is_none(),
+            "logical needs no outbox"
+        );
+    }
+
+    #[test]
+    fn bad_mappings_are_refused_naming_the_yaml_path() {
+        for (table, path, says) in [
+            (
+                "route: nope\nparams: {}",
+                "tables[0].route",
+                "no route is named",
+            ),
+            (
+                "route: app\nparams: { tenant: \"{tenant}\" }",
+                "tables[0].params",
+                "misses route \"app\"'s param \"id\"",
+            ),
+            (
+                "route: app\nparams: { tenant: \"{tenant}\", id: \"{id}\", x: \"{x}\" }",
+                "tables[0].params.x",
+                "has no param",
+            ),
+            (
+                "route: app\nparams: { tenant: \"{tenant\", id: \"{id}\" }",
+                "tables[0].params.tenant",
+                "without its `}`",
+            ),
+            (
+                "route: app\nparams: { tenant: \"{Tenant}\", id: \"{id}\" }",
+                "tables[0].params.tenant",
+                "not a column name",
+            ),
+            (
+                &format!("{MAPPED}\ntags: [\"t:{{tenant}}\", \"fixed\"]"),
+                "tables[0].tags[1]",
+                "names no column",
+            ),
+            (
+                &format!("{MAPPED}\nrevision: version"),
+                "tables[0].revision",
+                "no version_from",
+            ),
+        ] {
+            let e = err(&capture("logical", table));
+            assert!(
+                e.contains(&format!("invalidation.capture.{path}")),
+                "{table}: {e}"
+            );
+            assert!(e.contains(says), "{table}: {e}");
+        }
+        let e = err(&capture("logical", MAPPED).replace("table: app_config", "table: \"a;b\""));
+        assert!(e.contains("invalidation.capture.tables[0].table"), "{e}");
+        let e =
+            err(&capture("logical", MAPPED)
+                .replace("mode: logical", "mode: logical\n    slot: Bad"));
+        assert!(e.contains("invalidation.capture.slot"), "{e}");
+        let e = err(&capture("sometimes", MAPPED));
+        assert!(e.contains("invalidation.capture.mode"), "{e}");
+        let no_url =
+            capture("logical", MAPPED).replace("    url: \"postgres://u@127.0.0.1/db\"\n", "");
+        assert!(err(&no_url).contains("invalidation.capture.url"));
+    }
+}
