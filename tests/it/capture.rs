@@ -116,7 +116,8 @@ async fn cached(url: &str) -> Resp {
 }
 
 async fn slots_created(sc: &Sidecache) -> f64 {
-    sc.metric_sum("sidecache_capture_slot_created_total", &[]).await
+    sc.metric_sum("sidecache_capture_slot_created_total", &[])
+        .await
 }
 
 /// Whether `sc` holds the capture lease (streams the slot).
@@ -175,14 +176,20 @@ async fn writes_behind_the_service_reach_the_cache(s: &Setup, sc: &Sidecache) {
     let twenty = sc.url("/api/tenants/acme/apps/20");
     assert_eq!(cached(&two).await.status, 200);
     assert_eq!(cached(&twenty).await.status, 404);
-    psql(&s.pg, "UPDATE app_config SET id = 20 WHERE tenant = 'acme' AND id = 2");
+    psql(
+        &s.pg,
+        "UPDATE app_config SET id = 20 WHERE tenant = 'acme' AND id = 2",
+    );
     until(&two, "the old key is invalidated", |r| r.status == 404).await;
     until(&twenty, "the new key is invalidated", |r| r.status == 200).await;
 
     // DELETE and INSERT (a cached 404 is replaced).
     let three = sc.url("/api/tenants/acme/apps/3");
     assert_eq!(cached(&three).await.status, 200);
-    psql(&s.pg, "DELETE FROM app_config WHERE tenant = 'acme' AND id = 3");
+    psql(
+        &s.pg,
+        "DELETE FROM app_config WHERE tenant = 'acme' AND id = 3",
+    );
     until(&three, "the DELETE reaches the cache", |r| r.status == 404).await;
     let nine = sc.url("/api/tenants/globex/apps/9");
     assert_eq!(cached(&nine).await.status, 404);
@@ -227,7 +234,10 @@ async fn triggers_capture_writes_the_service_never_sees() {
         .expect("dead rows");
     assert_eq!(dead.get::<_, i64>(0), 1, "one dead-lettered row");
     let reason: String = dead.get(1);
-    assert!(reason.contains("tenant"), "the reason names the param: {reason}");
+    assert!(
+        reason.contains("tenant"),
+        "the reason names the param: {reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,17 +246,25 @@ async fn logical_capture_writes_the_service_never_sees() {
     let sc = s.builder.clone().start().await;
     eventually("the consumer streams", FRESH_WITHIN, || holder(&sc)).await;
     writes_behind_the_service_reach_the_cache(&s, &sc).await;
-    let outbox = s
-        .pg
-        .client()
-        .await
-        .query_opt("SELECT 1 FROM pg_class WHERE relname = 'sidecache_outbox'", &[])
-        .await
-        .expect("query");
-    assert!(outbox.is_none(), "logical mode writes nothing on the service's side");
+    let outbox =
+        s.pg.client()
+            .await
+            .query_opt(
+                "SELECT 1 FROM pg_class WHERE relname = 'sidecache_outbox'",
+                &[],
+            )
+            .await
+            .expect("query");
+    assert!(
+        outbox.is_none(),
+        "logical mode writes nothing on the service's side"
+    );
     assert_eq!(
-        sc.metric_sum("sidecache_capture_dead_letters_total", &[("reason", "null_value")])
-            .await,
+        sc.metric_sum(
+            "sidecache_capture_dead_letters_total",
+            &[("reason", "null_value")]
+        )
+        .await,
         1.0,
         "the NULL key is dead-lettered with its reason"
     );
@@ -290,7 +308,11 @@ async fn a_lost_slot_is_recreated_and_every_mapped_route_purged() {
     })
     .await;
     assert_eq!(slots_created(&sc).await, 2.0, "recreated");
-    assert!(sc.metric_sum("sidecache_capture_route_purges_total", &[]).await >= 2.0);
+    assert!(
+        sc.metric_sum("sidecache_capture_route_purges_total", &[])
+            .await
+            >= 2.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -416,11 +416,11 @@ impl LogicalConsumer {
                 }
                 // Between transactions a keepalive's position has nothing
                 // left to apply before it.
-                ReplicationEvent::KeepAlive { wal_end, .. } if reading_since.is_none() => {
-                    if wal_end > applied {
-                        client.update_applied_lsn(wal_end);
-                        applied = wal_end;
-                    }
+                ReplicationEvent::KeepAlive { wal_end, .. }
+                    if reading_since.is_none() && wal_end > applied =>
+                {
+                    client.update_applied_lsn(wal_end);
+                    applied = wal_end;
                 }
                 _ => {}
             }
