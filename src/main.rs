@@ -86,7 +86,10 @@ fn main() -> ExitCode {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a process-wide allocator option; no other thread
         // runs yet.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+        #[allow(unsafe_code)]
+        unsafe {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0)
+        };
     }
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Run);

@@ -63,6 +63,7 @@ pub fn instance() -> &'static str {
     static INSTANCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let mut buf = [0u8; 256];
         // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+        #[allow(unsafe_code)]
         let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
         let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         let host = if ok {

@@ -200,6 +200,7 @@ impl RedisServer {
         let child = guard.as_ref().expect("the server is running");
         let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
         // SAFETY: kill(2) on our own child's pid; no memory is shared.
+        #[allow(unsafe_code)]
         let sent = unsafe { libc::kill(pid, signal) };
         assert_eq!(sent, 0, "kill({pid}, {signal})");
     }
