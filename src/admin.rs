@@ -44,7 +44,7 @@ pub struct AdminState {
     /// Set once the client listener is bound; cleared when draining.
     pub ready: Arc<AtomicBool>,
     /// For the status page's uptime.
-    pub started: std::time::Instant,
+    pub started: tokio::time::Instant,
 }
 
 /// Serves the admin listener until `shutdown`.

@@ -114,7 +114,7 @@ impl App {
             store,
             metrics: metrics.clone(),
             ready: ready.clone(),
-            started: std::time::Instant::now(),
+            started: tokio::time::Instant::now(),
         });
         // Started whether or not it is enabled: a reload can turn it on.
         let access_log = AccessLog::start(config.load().access_log.buffer, &metrics)

@@ -28,6 +28,10 @@
 //! reads, one pass over the request headers, and the line's formatting
 //! into its shard: no channel, no per-line wakeup, no cross-thread free.
 
+// std's clock, not tokio's: a line's start becomes wall-clock time next to
+// `SystemTime` (`writer::Clock`), on a writer thread outside the runtime.
+#![allow(clippy::disallowed_types)]
+
 pub mod format;
 pub mod writer;
 

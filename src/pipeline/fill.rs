@@ -37,8 +37,9 @@ use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// A fill request's inputs, detached from the client request so the fill can
 /// run in its own task and outlive a client that goes away.
@@ -312,7 +313,7 @@ pub async fn fetch(
     *req.uri_mut() = uri;
     *req.headers_mut() = fill.headers.clone();
 
-    let deadline = tokio::time::Instant::now() + cfg.upstream.timeout;
+    let deadline = Instant::now() + cfg.upstream.timeout;
     let (resp, took) = client.send(req, cfg.upstream.timeout).await;
     metrics
         .upstream_duration

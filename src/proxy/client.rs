@@ -25,8 +25,9 @@ use hyper_util::rt::TokioIo;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tracing::debug;
 
 /// Idle pooled connections are dropped after this long; kept short so a

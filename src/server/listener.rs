@@ -10,9 +10,10 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// The admin listener's header timeout: a client that sends no complete

@@ -49,9 +49,10 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::debug;
 
 /// An HTTP/1 connection idle this long is parked (see the module doc).
@@ -273,7 +274,7 @@ async fn serve_h2<S>(
 /// flight counts as idle at once.
 async fn h2_watch(state: &FramingState, limits: &LimitsConfig, mut shed: listener::Shed) -> H2End {
     let tick = (limits.idle_timeout.min(limits.send_timeout) / 4).max(Duration::from_millis(20));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let mut ticks = tokio::time::interval_at(Instant::now() + tick, tick);
     let (mut idle_for, mut stalled_for) = (Duration::ZERO, Duration::ZERO);
     let mut last = (state.requests(), state.body_progress().0);
     loop {
@@ -431,7 +432,6 @@ async fn sniff(
     draining: &mut Draining,
 ) -> Result<(bool, Vec<u8>), SniffEnd> {
     const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let deadline = tokio::time::Instant::from_std(deadline);
     let mut buf = [0u8; 24];
     let peeked = tokio::select! {
         peeked = stream.peek(&mut buf) => peeked,

@@ -16,7 +16,8 @@ use crate::metrics::{names, Metrics};
 use prometheus::proto::MetricFamily;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 
 /// The page, served as is.
 pub const PAGE: &str = include_str!("page.html");

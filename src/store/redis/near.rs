@@ -60,8 +60,9 @@ use redis::{PushInfo, PushKind, Value};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Epoch buckets: a push refuses the in-flight inserts of 1/64th of the
 /// objects, not of all of them.

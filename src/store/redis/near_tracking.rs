@@ -27,8 +27,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo, RedisResult};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
 
 /// A tracked connection's client, with the resolver of
 /// `store.redis.tls.server_name` when one is set.
