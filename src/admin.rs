@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 /// Admin request bodies are small JSON documents.
 const MAX_BODY: usize = 64 * 1024;
 
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub config: Arc<ArcSwap<Config>>,
     pub invalidator: Arc<Invalidator>,
     pub blooms: Arc<Blooms>,
@@ -48,7 +48,7 @@ pub struct AdminState {
 }
 
 /// Serves the admin listener until `shutdown`.
-pub async fn run(
+pub(crate) async fn run(
     listener: TcpListener,
     state: Arc<AdminState>,
     shutdown: watch::Receiver<bool>,

@@ -37,20 +37,24 @@
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
-pub mod app;
+pub(crate) mod app;
 pub mod bloom;
 pub(crate) mod body;
 pub mod config;
 pub(crate) mod error;
-pub mod explain;
+pub(crate) mod explain;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
-pub mod pg;
+pub(crate) mod pg;
 pub(crate) mod pipeline;
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod status;
 pub mod store;
-pub mod tags;
+pub(crate) mod tags;
 pub(crate) mod tls;
+
+pub use app::{shutdown_signal, App};
+pub use explain::cli as lookup;
+pub use pg::{PgConnector, PgError};

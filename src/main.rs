@@ -2,7 +2,7 @@
 //! a shutdown signal. Everything else lives in the library.
 
 use clap::{Parser, Subcommand};
-use sidecache::config::file::FileLogFormat;
+use sidecache::config::FileLogFormat;
 use sidecache::config::{Config, QueryMode, RuntimeLayout, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -140,7 +140,7 @@ fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
 }
 
 fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
-    use sidecache::config::capture::CaptureMode;
+    use sidecache::config::CaptureMode;
     use sidecache::invalidation::capture::ddl;
     let Some(capture) = &cfg.invalidation.capture else {
         eprintln!("sidecache capture-ddl: the config has no invalidation.capture");
@@ -206,7 +206,7 @@ fn check_db(cfg: &Config) -> ExitCode {
 }
 
 fn lookup(cfg: &Config, url: &str, headers: &[String], json: bool) -> ExitCode {
-    use sidecache::explain::cli;
+    use sidecache::lookup;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -217,13 +217,13 @@ fn lookup(cfg: &Config, url: &str, headers: &[String], json: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::fetch(cfg, url, headers)) {
+    match runtime.block_on(lookup::fetch(cfg, url, headers)) {
         Ok(answer) if json => {
             println!("{answer:#}");
             ExitCode::SUCCESS
         }
         Ok(answer) => {
-            print!("{}", cli::table(&answer));
+            print!("{}", lookup::table(&answer));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -260,9 +260,9 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
                 Err(e) => tracing::warn!(error = %e, "cannot check the capture database yet"),
             }
         }
-        match sidecache::app::App::start(path, cfg).await {
+        match sidecache::App::start(path, cfg).await {
             Ok(app) => {
-                app.run_until(sidecache::app::shutdown_signal()).await;
+                app.run_until(sidecache::shutdown_signal()).await;
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// The rustls error in `e` or its source chain (the libraries wrap it in an
 /// `io::Error`; redis-rs's source is that error behind an `Arc`), as text.
-pub fn rustls_failure(e: &(dyn Error + 'static)) -> Option<String> {
+pub(crate) fn rustls_failure(e: &(dyn Error + 'static)) -> Option<String> {
     let mut next = Some(e);
     while let Some(mut err) = next {
         if let Some(shared) = err.downcast_ref::<Arc<dyn Error + Send + Sync>>() {

@@ -12,12 +12,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// Client-sent ids longer than this are cut (and marked with `…`).
-pub const MAX_ID: usize = 128;
+pub(crate) const MAX_ID: usize = 128;
 
 /// A line's id as written: the trace id as it is; a request id with every
 /// byte that is not printable ASCII as `?`, cut at [`MAX_ID`] bytes (and
 /// marked with `…`). Borrowed when there is nothing to change.
-pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+pub(crate) fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
     match kind {
         IdKind::None => None,
         IdKind::Trace => Some(Cow::Borrowed(raw)),
@@ -43,7 +43,7 @@ pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
 /// The trace id of a `traceparent` value (W3C Trace Context §3.2:
 /// `version-traceid-parentid-flags`, lower-case hex, neither id all zeros,
 /// version `ff` invalid; later versions may append fields).
-pub fn trace_id(value: &[u8]) -> Option<&str> {
+pub(crate) fn trace_id(value: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(value).ok()?.trim();
     let mut parts = text.split('-');
     let (version, trace, parent, flags) =
@@ -68,7 +68,7 @@ pub fn trace_id(value: &[u8]) -> Option<&str> {
 /// Formats lines; remembers the text of the current second, so a busy log
 /// formats a date once per second, not once per line.
 #[derive(Default)]
-pub struct Formatter {
+pub(crate) struct Formatter {
     /// The second `stamp` is for; `None` before the first line.
     second: Option<u64>,
     /// `YYYY-MM-DDTHH:MM:SS.` of `second`.
@@ -256,7 +256,7 @@ fn millis(d: Duration, out: &mut Vec<u8>) {
 impl Formatter {
     /// Appends `line`, which started at `time` (since the Unix epoch), in
     /// its format, with a final newline.
-    pub fn write_line(&mut self, line: &Line, time: Duration, out: &mut Vec<u8>) {
+    pub(crate) fn write_line(&mut self, line: &Line, time: Duration, out: &mut Vec<u8>) {
         match line.format {
             FileLogFormat::Json => self.write::<Json>(line, time, out),
             FileLogFormat::Text => self.write::<Logfmt>(line, time, out),
@@ -400,7 +400,7 @@ fn status(code: u16, out: &mut Vec<u8>) {
 /// Appends `line` in its format, with a final newline (a one-off
 /// [`Formatter`]; each shard keeps one).
 #[cfg(test)]
-pub fn write_line(line: &Line, time: std::time::SystemTime, out: &mut Vec<u8>) {
+pub(crate) fn write_line(line: &Line, time: std::time::SystemTime, out: &mut Vec<u8>) {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     Formatter::default().write_line(line, since, out);
 }

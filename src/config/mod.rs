@@ -9,26 +9,29 @@
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
 //! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
 
-pub mod bloom;
-pub mod bloom_sizing;
-pub mod capture;
-pub mod file;
-pub mod interpolate;
-pub mod path;
-pub mod pattern;
-pub mod relations;
-pub mod route;
-pub mod units;
-pub mod validate;
-pub mod watch;
+pub(crate) mod bloom;
+pub(crate) mod bloom_sizing;
+pub(crate) mod capture;
+pub(crate) mod file;
+pub(crate) mod interpolate;
+pub(crate) mod path;
+pub(crate) mod pattern;
+pub(crate) mod relations;
+pub(crate) mod route;
+pub(crate) mod units;
+pub(crate) mod validate;
+pub(crate) mod watch;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use bloom_sizing::Sizing;
+pub use capture::CaptureMode;
+pub use file::FileLogFormat;
+pub(crate) use route::RouteMatch;
 pub use route::{
-    ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteMatch,
-    RouteTable, Ttl,
+    ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteTable, Ttl,
 };
 
 /// A validated, typed configuration. Immutable once built; a reload builds a
@@ -316,7 +319,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             file: "config".to_owned(),
             path: path.into(),
@@ -348,7 +351,7 @@ impl Config {
     }
 
     /// The file's text, for a caller that looks at it before parsing.
-    pub fn read(path: &Path) -> Result<String, ConfigError> {
+    pub(crate) fn read(path: &Path) -> Result<String, ConfigError> {
         std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             file: path.display().to_string(),
             source,
@@ -357,13 +360,13 @@ impl Config {
 
     /// Parses `text` read from `path` (errors name the file), with
     /// `${VAR}` taken from the process environment.
-    pub fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    pub(crate) fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, &|k| std::env::var(k).ok())
             .map_err(|e| e.in_file(&path.display().to_string()))
     }
 
     /// The digest a config parsed from `text` carries.
-    pub fn digest_of(text: &str) -> [u8; 32] {
+    pub(crate) fn digest_of(text: &str) -> [u8; 32] {
         use sha2::Digest;
         sha2::Sha256::digest(text.as_bytes()).into()
     }
@@ -391,7 +394,7 @@ impl Config {
     }
 
     /// Names of settings that differ and cannot change without a restart.
-    pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
+    pub(crate) fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
         let mut changed = Vec::new();
         if self.listen != next.listen {
             changed.push("listen");

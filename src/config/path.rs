@@ -26,7 +26,7 @@ use std::borrow::Cow;
 
 /// Why a path has no normal form sidecache trusts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Ambiguous {
+pub(crate) enum Ambiguous {
     #[error("a '%' not followed by two hex digits")]
     BadEscape,
     #[error("an encoded '/' or '\\' inside a segment")]
@@ -41,7 +41,7 @@ pub enum Ambiguous {
 
 /// The normal form of `path` (which starts with `/`; anything else is
 /// returned unchanged and matches no template).
-pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
+pub(crate) fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
     if is_normal(path) {
         return Ok(Cow::Borrowed(path));
     }
@@ -67,7 +67,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
 /// segment. `None`: no path that matches the route could carry this value
 /// (empty, a `/` in a one-segment value, a `..` that climbs out of the
 /// value into the template, ambiguous).
-pub fn normalize_value(value: &str, prefix: bool) -> Option<String> {
+pub(crate) fn normalize_value(value: &str, prefix: bool) -> Option<String> {
     let Resolved { segments, trailing } = resolve(value, Above::Refuse).ok()??;
     let fits = !segments.is_empty() && (prefix || (segments.len() == 1 && !trailing));
     if !fits {
@@ -123,7 +123,7 @@ fn resolve(rest: &str, above: Above) -> Result<Option<Resolved>, Ambiguous> {
 
 /// True if `segment` is a template literal that a normal path can contain:
 /// non-empty, not a dot segment, and its own normal form.
-pub fn is_normal_segment(segment: &str) -> bool {
+pub(crate) fn is_normal_segment(segment: &str) -> bool {
     !matches!(segment, "" | "." | "..")
         && !segment.starts_with(".;")
         && !segment.starts_with("..;")

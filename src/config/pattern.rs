@@ -28,7 +28,7 @@ pub struct ParamPattern {
 
 impl ParamPattern {
     /// Compiles a param's pattern, anchored at both ends.
-    pub fn new(pattern: &str) -> Result<ParamPattern, regex::Error> {
+    pub(crate) fn new(pattern: &str) -> Result<ParamPattern, regex::Error> {
         let anchored = format!("^(?:{pattern})$");
         let regex = Regex::new(&anchored)?;
         // `All`: any match counts, as for `Regex::is_match` (no branch is
@@ -46,7 +46,7 @@ impl ParamPattern {
     }
 
     /// Whether all of `value` matches.
-    pub fn is_match(&self, value: &str) -> bool {
+    pub(crate) fn is_match(&self, value: &str) -> bool {
         match &self.dfa {
             Some(dfa) => walk(dfa, value).unwrap_or_else(|| self.regex.is_match(value)),
             None => self.regex.is_match(value),
@@ -54,7 +54,7 @@ impl ParamPattern {
     }
 
     /// The anchored pattern, `^(?:...)$`.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.regex.as_str()
     }
 

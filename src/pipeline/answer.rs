@@ -29,14 +29,14 @@ use http::{Method, Response, StatusCode};
 /// What the client asked beyond the object itself, kept from its request
 /// (a fill's answer arrives after the request is gone).
 #[derive(Debug, Default, Clone)]
-pub struct ClientAsk {
+pub(crate) struct ClientAsk {
     pub head: bool,
     conditions: Conditions,
     range: RangeAsk,
 }
 
 impl ClientAsk {
-    pub fn from_request(method: &Method, headers: &HeaderMap) -> ClientAsk {
+    pub(crate) fn from_request(method: &Method, headers: &HeaderMap) -> ClientAsk {
         let head = method == Method::HEAD;
         // The hot path: most reads carry none of these, and one pass over
         // the few request headers is cheaper than six hashed lookups.
@@ -75,7 +75,7 @@ fn is_shaping(name: &header::HeaderName) -> bool {
 /// `sidecache_client_answers_total`. Carried as a response extension from
 /// here to where the request is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shaped {
+pub(crate) enum Shaped {
     /// 304 to a matching `If-None-Match` / `If-Modified-Since`.
     NotModified,
     /// 412 to a failing `If-Match` / `If-Unmodified-Since`.
@@ -87,7 +87,7 @@ pub enum Shaped {
 }
 
 impl Shaped {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Shaped::NotModified => "not_modified",
             Shaped::PreconditionFailed => "precondition_failed",
@@ -101,7 +101,7 @@ impl Shaped {
 /// entry alone: its stored headers, `Content-Length`, and `Accept-Ranges`
 /// where ranges are served from it; with room for what each answer adds
 /// (`Age`, `X-Cache`).
-pub fn entry_head(entry: &Entry) -> HeaderMap {
+pub(crate) fn entry_head(entry: &Entry) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(entry.headers.len() + 4);
     for (name, value) in &entry.headers {
         h.append(name.clone(), value.clone());
@@ -116,14 +116,14 @@ pub fn entry_head(entry: &Entry) -> HeaderMap {
 /// An entry as the near cache's memo keeps it ([`crate::store::Memo`]):
 /// decoded, and its head built, once per copy; every near hit on the copy
 /// clones the head instead of building one.
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub entry: Entry,
     /// [`entry_head`].
     pub head: HeaderMap,
 }
 
 impl Prepared {
-    pub fn new(entry: Entry) -> Prepared {
+    pub(crate) fn new(entry: Entry) -> Prepared {
         Prepared {
             head: entry_head(&entry),
             entry,
@@ -263,7 +263,7 @@ fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
 
 /// Completes `resp` — the entry's status and [`entry_head`], no body yet — for
 /// this client: 412, 304, 206, 416, or the full answer (no body for HEAD).
-pub fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
+pub(crate) fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
     let conditional = representation(entry) && !ask.conditions.is_empty();
     let ranged = whole_200(entry) && !ask.range.is_empty();
     if conditional || ranged {

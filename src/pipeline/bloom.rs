@@ -15,11 +15,11 @@ use http::{Response, StatusCode};
 use std::sync::Arc;
 
 /// The body of a Bloom rejection.
-pub const NOT_FOUND_BODY: &str = "not found\n";
+pub(crate) const NOT_FOUND_BODY: &str = "not found\n";
 
 /// Returns the rejection when the filter says the member certainly does not
 /// exist; `None` means continue.
-pub async fn stage(
+pub(crate) async fn stage(
     blooms: &Arc<Blooms>,
     cfg: &Arc<Config>,
     route: &Arc<Route>,

@@ -30,7 +30,7 @@ const FLAG_NEGATIVE: u8 = 1;
 const FLAG_TAGGED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub status: u16,
     pub negative: bool,
     /// Unix time in milliseconds when the response was fetched.
@@ -56,10 +56,10 @@ pub struct Entry {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("corrupt cache entry: {0}")]
-pub struct CorruptEntry(pub &'static str);
+pub(crate) struct CorruptEntry(pub &'static str);
 
 impl Entry {
-    pub fn encode(&self) -> Bytes {
+    pub(crate) fn encode(&self) -> Bytes {
         let headers_len: usize = self
             .headers
             .iter()
@@ -107,17 +107,17 @@ impl Entry {
     }
 
     /// Past its freshness at `now_ms`: no longer a HIT.
-    pub fn expired(&self, now_ms: u64) -> bool {
+    pub(crate) fn expired(&self, now_ms: u64) -> bool {
         now_ms >= self.fresh_until_ms
     }
 
     /// Expired, but within its grace window at `now_ms`.
-    pub fn within_grace(&self, now_ms: u64) -> bool {
+    pub(crate) fn within_grace(&self, now_ms: u64) -> bool {
         self.expired(now_ms) && now_ms < self.fresh_until_ms.saturating_add(self.grace_ms.into())
     }
 
     /// Expired, but within its stale-if-error window at `now_ms`.
-    pub fn within_stale_if_error(&self, now_ms: u64) -> bool {
+    pub(crate) fn within_stale_if_error(&self, now_ms: u64) -> bool {
         self.expired(now_ms)
             && now_ms
                 < self
@@ -129,7 +129,7 @@ impl Entry {
     /// values, body, tags) are slices of `raw`, not copies; everything else
     /// is read through a borrowed cursor, so a hit pays a reference count
     /// only for what it keeps.
-    pub fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
+    pub(crate) fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
         let mut r = Reader { raw, at: 0 };
         if raw.len() < MAGIC.len() + 1 + 2 + 8 + 8 + 4 + 4 || &raw[..4] != MAGIC {
             return Err(CorruptEntry("bad magic or too short"));

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The outcome of one fill, as seen by every request that joined it.
-pub enum Answer {
+pub(crate) enum Answer {
     /// A response any coalesced request may receive.
     Shared(CacheStatus, Arc<Entry>),
     /// A response for one client only (streamed, or private to the client
@@ -43,7 +43,7 @@ type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;
 
 /// What a flight is for; requests join a running flight with an equal key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum FlightKey {
+pub(crate) enum FlightKey {
     /// A fill (stages 5-9) for the requests that read `generation`.
     Fill { entry: String, generation: Bytes },
     /// The grace refresh of an expired entry of `generation`. Never joined
@@ -54,14 +54,14 @@ pub enum FlightKey {
 }
 
 #[derive(Default)]
-pub struct Flights {
+pub(crate) struct Flights {
     inflight: Mutex<HashMap<FlightKey, SharedAnswer>>,
 }
 
 impl Flights {
     /// Joins the flight for `key`, starting it with `start` if none is
     /// running. The flag is true for the request that started it.
-    pub fn join(
+    pub(crate) fn join(
         self: &Arc<Self>,
         key: FlightKey,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,

@@ -26,7 +26,7 @@ use bytes::Bytes;
 /// Why an expired entry was served: the `reason` label of
 /// `sidecache_stale_served_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StaleReason {
+pub(crate) enum StaleReason {
     /// Within grace; a refresh runs (or is running) in the background.
     Revalidating,
     /// The refill failed upstream: connect error, timeout, a 5xx.
@@ -38,7 +38,7 @@ pub enum StaleReason {
 }
 
 impl StaleReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StaleReason::Revalidating => "revalidating",
             StaleReason::UpstreamError => "upstream_error",
@@ -51,7 +51,7 @@ impl StaleReason {
 /// What a background refresh did: the `outcome` label of
 /// `sidecache_background_refresh_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefreshOutcome {
+pub(crate) enum RefreshOutcome {
     /// Upstream answered and the answer went to stage 8 (whether it was
     /// stored is counted in `sidecache_publish_total`).
     Fetched,
@@ -66,7 +66,7 @@ pub enum RefreshOutcome {
 }
 
 impl RefreshOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RefreshOutcome::Fetched => "fetched",
             RefreshOutcome::Busy => "busy",
@@ -82,7 +82,7 @@ impl RefreshOutcome {
 /// never joins (and inherits the "busy" answer of) a refresh that found the
 /// lease taken; and per generation, so a refresh of an invalidated entry
 /// still running never stands in for one of the current entry.
-pub fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
+pub(crate) fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
     FlightKey::Refresh {
         entry: entry_key.to_owned(),
         generation,
@@ -91,7 +91,7 @@ pub fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
 
 /// Why a refill's answer counts as failed for stale-if-error, if it does.
 /// The origin's 5xx is never cached: stage 8 stores only listed statuses.
-pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
+pub(crate) fn failure_reason(answer: &Answer) -> Option<StaleReason> {
     match answer {
         Answer::Failed(_, ProxyError::Overloaded(why)) if *why == LEASE_WAIT_SPENT => {
             Some(StaleReason::LeaseWait)
@@ -170,14 +170,14 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
 /// after the failure (`found`, at `now_ms`): never the entry the request
 /// read before its refill, whose generation may have been replaced since.
 #[derive(Debug, PartialEq, Eq)]
-pub enum AfterFailure {
+pub(crate) enum AfterFailure {
     /// Another fill published meanwhile: a hit.
     Fresh(Entry),
     /// Expired, of the current generation, within its `stale_if_error`.
     Stale(Entry),
 }
 
-pub fn usable_after_failure(found: Found, now_ms: u64) -> Option<AfterFailure> {
+pub(crate) fn usable_after_failure(found: Found, now_ms: u64) -> Option<AfterFailure> {
     match found {
         Found::Fresh(e) => Some(AfterFailure::Fresh(e)),
         Found::Expired(e) if e.within_stale_if_error(now_ms) => Some(AfterFailure::Stale(e)),

@@ -3,7 +3,7 @@
 //! tracing field, so the three never disagree.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CacheStatus {
+pub(crate) enum CacheStatus {
     /// Served from a valid entry.
     Hit,
     /// Fetched from upstream for this request (and published if cacheable).
@@ -22,14 +22,14 @@ pub enum CacheStatus {
 }
 
 /// The `X-Cache` response header's name, parsed once.
-pub static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
+pub(crate) static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
 
 impl CacheStatus {
     /// How many values there are (see [`CacheStatus::index`]).
-    pub const COUNT: usize = 7;
+    pub(crate) const COUNT: usize = 7;
 
     /// 0..[`CacheStatus::COUNT`], for arrays with a slot per value.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             CacheStatus::Hit => 0,
             CacheStatus::Miss => 1,
@@ -41,7 +41,7 @@ impl CacheStatus {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CacheStatus::Hit => "HIT",
             CacheStatus::Miss => "MISS",
@@ -53,7 +53,7 @@ impl CacheStatus {
         }
     }
 
-    pub fn header_value(self) -> http::HeaderValue {
+    pub(crate) fn header_value(self) -> http::HeaderValue {
         http::HeaderValue::from_static(self.as_str())
     }
 }

@@ -36,7 +36,7 @@ use tracing::debug;
 const POOL_IDLE: Duration = Duration::from_secs(4);
 
 #[derive(Clone)]
-pub struct UpstreamClient {
+pub(crate) struct UpstreamClient {
     pool: Arc<Pool>,
 }
 
@@ -56,7 +56,7 @@ struct Pool {
 }
 
 impl UpstreamClient {
-    pub fn new(cfg: &UpstreamConfig) -> UpstreamClient {
+    pub(crate) fn new(cfg: &UpstreamConfig) -> UpstreamClient {
         let authority = &cfg.authority;
         let port = authority.port_u16().unwrap_or(80);
         let host = authority.host();
@@ -91,7 +91,7 @@ impl UpstreamClient {
     }
 
     /// The absolute upstream URI for a request's path and query.
-    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
+    pub(crate) fn uri_for(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
         Uri::builder()
             .scheme(self.pool.scheme.clone())
             .authority(self.pool.authority.clone())
@@ -107,7 +107,7 @@ impl UpstreamClient {
     /// covered by `timeout`: it streams. Also returns how long the response
     /// head took (one clock for the caller's metrics, the access log's
     /// upstream time and the pool's idle check).
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         mut req: Request<Body>,
         timeout: Duration,
@@ -249,7 +249,7 @@ fn origin_form(uri: &mut Uri) {
 /// An upstream response body that hands its connection back to the pool
 /// once it has ended. A body dropped before its end leaves the connection
 /// unusable (hyper closes it), so then it is simply dropped.
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     body: Incoming,
     pool: Option<(SendRequest<Body>, Arc<Pool>)>,
 }
@@ -319,7 +319,7 @@ impl Drop for UpstreamBody {
 /// mid-body) from one the upstream failed.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub(crate) struct ClientBodyError(#[source] pub hyper::Error);
 
 /// Whether `E` is somewhere in `e`'s source chain.
 fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {

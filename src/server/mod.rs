@@ -16,9 +16,9 @@
 //! listener shares; [`framing`] the connection-level framing guard;
 //! [`layout`] the threads and runtimes the listener runs on.
 
-pub mod framing;
-pub mod layout;
-pub mod listener;
+pub(crate) mod framing;
+pub(crate) mod layout;
+pub(crate) mod listener;
 
 use crate::access_log::{self, AccessLog};
 use crate::body::Body;
@@ -66,7 +66,7 @@ const PARK_AFTER: Duration = Duration::from_millis(200);
 const H2_GOODBYE: Duration = Duration::from_secs(1);
 
 /// Everything a request handler needs; shared by all connections.
-pub struct ProxyState {
+pub(crate) struct ProxyState {
     /// The live config; each request loads one snapshot and keeps it.
     pub config: Arc<ArcSwap<Config>>,
     pub pipeline: Arc<Pipeline>,
@@ -79,7 +79,10 @@ pub struct ProxyState {
 
 /// The cap on open client connections (`limits.max_connections`), one
 /// for all the client listener's accept loops.
-pub fn connection_limit(config: Arc<ArcSwap<Config>>, metrics: &Metrics) -> Arc<ConnectionLimit> {
+pub(crate) fn connection_limit(
+    config: Arc<ArcSwap<Config>>,
+    metrics: &Metrics,
+) -> Arc<ConnectionLimit> {
     ConnectionLimit::new(
         move || config.load().limits.max_connections,
         metrics.client_connections.clone(),
@@ -88,7 +91,7 @@ pub fn connection_limit(config: Arc<ArcSwap<Config>>, metrics: &Metrics) -> Arc<
 }
 
 /// Serves one client-facing listener under `limit` until `shutdown`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<ProxyState>,
     limit: Arc<ConnectionLimit>,

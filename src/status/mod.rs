@@ -20,10 +20,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// The page, served as is.
-pub const PAGE: &str = include_str!("page.html");
+pub(crate) const PAGE: &str = include_str!("page.html");
 
 /// What the JSON is built from.
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     pub cfg: &'a Config,
     pub metrics: &'a Metrics,
     pub invalidator: &'a Invalidator,
@@ -63,7 +63,7 @@ fn samples(families: &[MetricFamily]) -> HashMap<&str, Samples> {
 }
 
 /// The status snapshot as JSON.
-pub fn snapshot(src: &Sources<'_>) -> Value {
+pub(crate) fn snapshot(src: &Sources<'_>) -> Value {
     let families = src.metrics.registry.gather();
     let s = samples(&families);
     let get = |name: &str| s.get(name).map(Vec::as_slice).unwrap_or_default();

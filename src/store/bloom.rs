@@ -29,7 +29,7 @@ pub enum BloomAnswer {
 
 impl BloomAnswer {
     /// The script's integer: 0, 1, -1.
-    pub fn from_code(code: i64) -> Result<BloomAnswer, StoreError> {
+    pub(crate) fn from_code(code: i64) -> Result<BloomAnswer, StoreError> {
         match code {
             0 => Ok(BloomAnswer::Absent),
             1 => Ok(BloomAnswer::Maybe),
@@ -41,7 +41,7 @@ impl BloomAnswer {
     }
 
     /// Metric label: `reject`, `maybe`, `unknown`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BloomAnswer::Absent => "reject",
             BloomAnswer::Maybe => "maybe",

@@ -39,30 +39,29 @@
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
 //!   growth (SPEC §6).
 
-pub mod backend;
-pub mod bloom;
-pub mod feeds;
-pub mod guarded;
-pub mod memory;
-pub mod object;
-pub mod protocol;
-pub mod redis;
-pub mod slot_map;
-pub mod tags;
+pub(crate) mod backend;
+pub(crate) mod bloom;
+pub(crate) mod feeds;
+pub(crate) mod guarded;
+pub(crate) mod memory;
+pub(crate) mod object;
+pub(crate) mod protocol;
+pub(crate) mod redis;
+pub(crate) mod slot_map;
+pub(crate) mod tags;
 
 pub use backend::Store;
-pub use bloom::BloomStore;
+pub use bloom::{BloomAnswer, BloomStore};
 pub use feeds::FeedStore;
 pub use guarded::GuardedStore;
+pub use memory::MemoryStore;
 pub use object::ObjectStore;
 pub use protocol::{
-    covers, lease_ticket, Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot,
-    StoreError, WitnessSlot, NO_CHECKS,
+    Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot, StoreError, WitnessSlot,
 };
+pub use redis::RedisStore;
 pub use tags::TagStore;
 
-use self::memory::MemoryStore;
-use self::redis::RedisStore;
 use crate::config::StoreConfig;
 use crate::metrics::Metrics;
 use std::sync::Arc;

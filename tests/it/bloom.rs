@@ -11,15 +11,12 @@ use crate::support::redis::RedisServer;
 use crate::support::{app_routes, client, eventually, Origin, Sidecache, SidecacheBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sidecache::bloom::build::BuildOutcome;
-use sidecache::bloom::source::{BoxFuture, IdSource, IdStream, SourceError, StaticSource};
-use sidecache::bloom::Blooms;
+use sidecache::bloom::{
+    Blooms, BoxFuture, BuildOutcome, IdSource, IdStream, SourceError, StaticSource,
+};
 use sidecache::config::{Config, RedisConfig, RedisTarget, Route};
 use sidecache::metrics::Metrics;
-use sidecache::store::bloom::BloomAnswer;
-use sidecache::store::memory::MemoryStore;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, Store};
+use sidecache::store::{BloomAnswer, GuardedStore, MemoryStore, RedisStore, Store};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

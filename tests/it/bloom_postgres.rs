@@ -335,7 +335,7 @@ async fn created_ids_pass_once_applied_also_during_a_rebuild() {
 /// activates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_killed_midway_keeps_the_old_filter_and_the_next_build_activates() {
-    use sidecache::bloom::build::{CANDIDATE_TTL, LOCK_TTL};
+    use sidecache::bloom::{CANDIDATE_TTL, LOCK_TTL};
     let origin = Origin::start().await;
     let redis = RedisServer::start();
     let pg = PostgresServer::start();

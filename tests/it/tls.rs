@@ -188,10 +188,10 @@ mod postgres {
     use crate::support::redis::RedisServer;
     use crate::support::{eventually, library_config, Background};
     use futures_util::StreamExt;
-    use sidecache::bloom::source::{IdSource, PgSource};
+    use sidecache::bloom::{IdSource, PgSource};
     use sidecache::invalidation::ddl::outbox_ddl;
     use sidecache::keys;
-    use sidecache::pg::{PgConnector, PgError};
+    use sidecache::{PgConnector, PgError};
     use std::time::Duration;
 
     fn query(certs: &Certs, mode: &str, ca: &str) -> String {

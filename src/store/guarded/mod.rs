@@ -24,8 +24,8 @@
 //! calls it wraps are in one file per capability, as the traits are:
 //! `object.rs`, `feeds.rs`, `tags.rs`, `bloom.rs`.
 
-pub mod breaker;
-pub mod node_breakers;
+pub(crate) mod breaker;
+pub(crate) mod node_breakers;
 
 mod bloom;
 mod feed_breakers;
@@ -173,7 +173,7 @@ impl GuardedStore {
 
     /// Invalidations may take `wait` longer than other calls: they wait for
     /// replicas (`store.redis.replicas_timeout`).
-    pub fn with_replicas_wait(mut self, wait: Duration) -> GuardedStore {
+    pub(crate) fn with_replicas_wait(mut self, wait: Duration) -> GuardedStore {
         self.replicas_wait = wait;
         self
     }

@@ -28,13 +28,13 @@
 //!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
 //!   so it is set in both places. The cluster test fails without them.
 
-pub mod client;
-pub mod near;
-pub mod near_tracking;
-pub mod node;
-pub mod scripts;
-pub mod sentinel;
-pub mod slots;
+pub(crate) mod client;
+pub(crate) mod near;
+pub(crate) mod near_tracking;
+pub(crate) mod node;
+pub(crate) mod scripts;
+pub(crate) mod sentinel;
+pub(crate) mod slots;
 
 mod bloom;
 mod connection;

@@ -21,7 +21,7 @@ macro_rules! scripts {
     ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
         $(
             $(#[$doc])*
-            pub static $name: LazyLock<Script> =
+            pub(crate) static $name: LazyLock<Script> =
                 LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file))));
         )*
         /// (file, source) of every script.
@@ -80,14 +80,14 @@ static BY_HASH: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
 });
 
 /// The source of `script`, one of these.
-pub fn source_of(script: &Script) -> Option<&'static str> {
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
     BY_HASH.get(script.get_hash()).copied()
 }
 
 /// `EVALSHA <sha> <numkeys> <keys and args>` of one of these scripts as
 /// `EVAL <source> ...` (the same keys, so it is routed to the same node);
 /// `None` for any other command.
-pub fn eval_of(cmd: &Cmd) -> Option<Cmd> {
+pub(crate) fn eval_of(cmd: &Cmd) -> Option<Cmd> {
     let mut args = cmd.args_iter();
     match args.next()? {
         Arg::Simple(name) if name.eq_ignore_ascii_case(b"EVALSHA") => {}

@@ -3,11 +3,10 @@
 //! active filter and a running build, a crashed build.
 
 use super::eventually;
-use sidecache::bloom::hash::{positions, signature};
-use sidecache::config::bloom_sizing::Sizing;
+use sidecache::bloom::{positions, signature};
+use sidecache::config::Sizing;
 use sidecache::keys::BloomKeys;
-use sidecache::store::bloom::BloomAnswer;
-use sidecache::store::Store;
+use sidecache::store::{BloomAnswer, Store};
 use std::time::Duration;
 
 const BLOOM_SIZE: Sizing = Sizing { m: 1024, k: 4 };

@@ -28,8 +28,7 @@ use bytes::Bytes;
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{LeaseReply, Store};
+use sidecache::store::{LeaseReply, RedisStore, Store};
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -143,7 +142,7 @@ macro_rules! suite {
             $(
                 #[tokio::test(start_paused = true)]
                 async fn $name() {
-                    let store = sidecache::store::memory::MemoryStore::new();
+                    let store = sidecache::store::MemoryStore::new();
                     super::$concern::$name(&store).await;
                 }
             )*

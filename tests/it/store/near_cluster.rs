@@ -11,8 +11,7 @@ use bytes::Bytes;
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{FeedStore, GuardedStore, ObjectStore, TagStore};
+use sidecache::store::{FeedStore, GuardedStore, ObjectStore, RedisStore, TagStore};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -8,8 +8,7 @@ use crate::support::redis::RedisServer;
 use crate::support::sentinel::{Sentinels, MASTER};
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget, SentinelTarget};
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{FeedStore, ObjectStore};
+use sidecache::store::{FeedStore, ObjectStore, RedisStore};
 use std::time::{Duration, Instant};
 
 fn sentinel_store(
