@@ -21,7 +21,7 @@ use http::HeaderMap;
 
 /// Tag tickets a fill took before its upstream call.
 #[derive(Debug, Clone, Default)]
-pub struct TagTickets {
+pub(crate) struct TagTickets {
     /// The object's tag list key.
     pub list_key: String,
     /// (tag, tag generation key, ticket), sorted by tag.
@@ -30,7 +30,7 @@ pub struct TagTickets {
 
 /// What a fill's answer carries, judged against the tickets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stamp {
+pub(crate) enum Stamp {
     /// (tag generation key, ticket) per tag of the answer.
     Tags(Vec<(String, Bytes)>),
     /// The answer carries tags the fill holds no ticket for: these are its
@@ -40,7 +40,7 @@ pub enum Stamp {
 
 impl TagTickets {
     /// Reads the object's last tag list and takes tickets for its tags.
-    pub async fn take(
+    pub(crate) async fn take(
         store: &GuardedStore,
         namespace: &str,
         identity: &str,
@@ -82,7 +82,7 @@ impl TagTickets {
 
     /// Stamps for an answer with `tags` (sorted, as `tags::from_header`
     /// returns them).
-    pub fn stamp(&self, tags: &[String]) -> Stamp {
+    pub(crate) fn stamp(&self, tags: &[String]) -> Stamp {
         let mut stamps = Vec::with_capacity(tags.len());
         for tag in tags {
             match self.tickets.binary_search_by(|t| t.0.as_str().cmp(tag)) {
@@ -96,7 +96,7 @@ impl TagTickets {
 
 /// The answer's version from `header`: an integer, or an `ETag` whose
 /// opaque value is one (`"7"`, `W/"7"`). `None`: absent or not a number.
-pub fn version(headers: &HeaderMap, header: &http::HeaderName) -> Option<i64> {
+pub(crate) fn version(headers: &HeaderMap, header: &http::HeaderName) -> Option<i64> {
     let text = headers.get(header)?.to_str().ok()?.trim();
     let text = text.strip_prefix("W/").unwrap_or(text);
     let text = text

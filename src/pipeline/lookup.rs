@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 /// The verdict of stage 3 on one snapshot.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Hit(Entry),
     /// No entry, or one stamped with an old generation; with the
     /// generation read (none if the key is missing).
@@ -29,7 +29,7 @@ pub enum Verdict {
 }
 
 /// Stage 3, pure: judges a snapshot for `key`.
-pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
+pub(crate) fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
     let Some(raw) = snapshot.entry else {
         return Verdict::Miss(snapshot.generation);
     };
@@ -61,7 +61,7 @@ fn current(
 
 /// What stages 2+3 found for a key.
 #[derive(Debug)]
-pub enum Found {
+pub(crate) enum Found {
     /// Current generation and fresh: a HIT.
     Fresh(Entry),
     /// Current generation but past its freshness: servable only as STALE,
@@ -74,7 +74,7 @@ pub enum Found {
 
 impl Found {
     /// The fresh entry, if any (an expired one is not a hit).
-    pub fn fresh(self) -> Option<Entry> {
+    pub(crate) fn fresh(self) -> Option<Entry> {
         match self {
             Found::Fresh(e) => Some(e),
             Found::Expired(_) | Found::Miss(_) => None,
@@ -83,7 +83,7 @@ impl Found {
 }
 
 /// Splits a current-generation entry by its freshness at `now_ms`.
-pub fn by_freshness(entry: Entry, now_ms: u64) -> Found {
+pub(crate) fn by_freshness(entry: Entry, now_ms: u64) -> Found {
     if entry.expired(now_ms) {
         Found::Expired(entry)
     } else {
@@ -92,7 +92,7 @@ pub fn by_freshness(entry: Entry, now_ms: u64) -> Found {
 }
 
 /// Stages 2+3: read, judge, and remove a corrupt entry.
-pub async fn lookup(
+pub(crate) async fn lookup(
     store: &GuardedStore,
     key: &CacheKey,
     route: &str,
@@ -104,7 +104,7 @@ pub async fn lookup(
 
 /// What the near cache said about a key before [`lookup_from`] runs.
 #[derive(Debug, Default)]
-pub enum Near {
+pub(crate) enum Near {
     /// Not asked: the read asks it.
     #[default]
     Unasked,
@@ -121,7 +121,7 @@ pub enum Near {
 /// [`lookup_from`]. The entry is decoded (and its head built) once per
 /// near-cache copy, in its [`crate::store::Memo`], and shared by every
 /// hit on it; each hit still makes every check.
-pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, Near> {
+pub(crate) fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, Near> {
     let snapshot = store.read_near(&key.keys).ok_or(Near::Nothing)?;
     let prepared = match (&snapshot.memo, &snapshot.entry) {
         (Some(memo), Some(raw)) => memo.get_or_make(|| Entry::decode(raw).ok().map(Prepared::new)),
@@ -143,7 +143,7 @@ pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, N
 }
 
 /// [`lookup`], going on from what the near cache said.
-pub async fn lookup_from(
+pub(crate) async fn lookup_from(
     store: &GuardedStore,
     key: &CacheKey,
     near: Near,

@@ -34,25 +34,25 @@
 //! is the result of every request: the `X-Cache` header, the metric label
 //! and the log field.
 
-pub mod answer;
-pub mod bloom;
-pub mod cache_control;
-pub mod client_cc;
-pub mod conditional;
-pub mod depends;
-pub mod entry;
-pub mod etag;
-pub mod fill;
+pub(crate) mod answer;
+pub(crate) mod bloom;
+pub(crate) mod cache_control;
+pub(crate) mod client_cc;
+pub(crate) mod conditional;
+pub(crate) mod depends;
+pub(crate) mod entry;
+pub(crate) mod etag;
+pub(crate) mod fill;
 mod filler;
-pub mod flight;
-pub mod lease;
-pub mod lookup;
-pub mod publish;
-pub mod range;
-pub mod revalidate;
-pub mod stale;
-pub mod status;
-pub mod vary;
+pub(crate) mod flight;
+pub(crate) mod lease;
+pub(crate) mod lookup;
+pub(crate) mod publish;
+pub(crate) mod range;
+pub(crate) mod revalidate;
+pub(crate) mod stale;
+pub(crate) mod status;
+pub(crate) mod vary;
 
 use crate::bloom::Blooms;
 use crate::body::Body;
@@ -76,7 +76,7 @@ use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     shared: Arc<Shared>,
     flights: Arc<Flights>,
 }
@@ -98,7 +98,7 @@ struct CacheRead<'a> {
 /// What [`Pipeline::try_hit`] did on its way to a miss, handed to
 /// [`Pipeline::serve`] so that it is not done twice. Boxed where it is
 /// passed: the futures it goes through are moved whole.
-pub struct Early {
+pub(crate) struct Early {
     key: CacheKey,
     near: lookup::Near,
 }
@@ -122,7 +122,7 @@ enum Keyed {
 }
 
 impl Pipeline {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<GuardedStore>,
         client: UpstreamClient,
         blooms: Arc<Blooms>,
@@ -143,7 +143,7 @@ impl Pipeline {
 
     /// Applies limits from a reloaded config (fill permits; route budgets
     /// are read from the route at each fill) and logs its warnings.
-    pub fn reconfigure(&self, cfg: &Config) {
+    pub(crate) fn reconfigure(&self, cfg: &Config) {
         self.shared.permits.reconfigure(&cfg.fill);
         for w in &cfg.warnings {
             tracing::warn!(path = %w.path, "config: {}", w.message);
@@ -156,7 +156,7 @@ impl Pipeline {
     /// box and move. `Err`: not such a hit; what was done so far, for
     /// `serve` (`None`: nothing, e.g. a bypass or a route that keys on
     /// learned `Vary` names, which needs the store first).
-    pub fn try_hit(
+    pub(crate) fn try_hit(
         &self,
         cfg: &Config,
         route: &Route,
@@ -188,7 +188,7 @@ impl Pipeline {
     /// template order, already validated against their patterns; `early`:
     /// what [`Pipeline::try_hit`] did. Also returns what it did (the
     /// response's `X-Cache`), for the access log.
-    pub async fn serve(
+    pub(crate) async fn serve(
         &self,
         cfg: Arc<Config>,
         route: Arc<Route>,
@@ -479,7 +479,7 @@ impl Pipeline {
 /// Stage 0: a request carrying credentials is cached only if the route
 /// makes them part of the key, and one whose query names a parameter
 /// outside the route's `query: [..]` list is not cached at all.
-pub fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
+pub(crate) fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
     [header::AUTHORIZATION, header::COOKIE]
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
