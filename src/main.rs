@@ -171,7 +171,7 @@ fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
 
 /// `check --db`: the capture database fits the mapping.
 fn check_db(cfg: &Config) -> ExitCode {
-    use sidecache::invalidation::capture::{self, logical::CaptureError};
+    use sidecache::invalidation::capture::{self, CaptureError};
     let Some(capture) = &cfg.invalidation.capture else {
         println!("no invalidation.capture: no database to check");
         return ExitCode::SUCCESS;
@@ -250,7 +250,7 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
         // capture nothing: refused by name. A database that is down is the
         // capture's own business (it retries).
         if let Some(capture) = &cfg.invalidation.capture {
-            use sidecache::invalidation::capture::{self, logical::CaptureError};
+            use sidecache::invalidation::capture::{self, CaptureError};
             match capture::check(capture).await {
                 Ok(()) => {}
                 Err(e @ CaptureError::Schema(_)) => {

@@ -11,7 +11,7 @@ pub(crate) const MAX_TAG_LEN: usize = 128;
 
 /// Why a tag list is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TagError {
+pub(crate) enum TagError {
     #[error("more than {MAX_TAGS} tags")]
     TooMany,
     #[error("tag {0:?} is empty, longer than {MAX_TAG_LEN} bytes, or has whitespace or control characters")]

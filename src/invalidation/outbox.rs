@@ -106,7 +106,7 @@ const MAX_ERROR_TEXT: usize = 500;
 
 /// Why a worker session ended.
 #[derive(Debug, thiserror::Error)]
-pub enum OutboxError {
+pub(crate) enum OutboxError {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
     #[error(transparent)]
@@ -150,7 +150,7 @@ struct WokeUp {
 
 /// What one cycle did, for draining decisions and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct CycleReport {
+pub(crate) struct CycleReport {
     pub claimed: usize,
     pub applied: usize,
     pub failed: usize,
@@ -260,7 +260,7 @@ impl OutboxWorker {
     }
 
     /// `invalidation.witnesses` (default 2).
-    pub fn with_witnesses(mut self, k: u32) -> OutboxWorker {
+    pub(crate) fn with_witnesses(mut self, k: u32) -> OutboxWorker {
         self.witnesses = k;
         self
     }

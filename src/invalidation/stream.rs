@@ -123,14 +123,9 @@ impl StreamConsumer {
     }
 
     /// `invalidation.witnesses` (default 2).
-    pub fn with_witnesses(mut self, k: u32) -> StreamConsumer {
+    pub(crate) fn with_witnesses(mut self, k: u32) -> StreamConsumer {
         self.witnesses = k;
         self
-    }
-
-    /// This process's consumer name in the group.
-    pub fn consumer_name(&self) -> &str {
-        &self.consumer
     }
 
     fn dead_stream(&self) -> String {

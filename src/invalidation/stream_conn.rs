@@ -53,7 +53,7 @@ pub enum StreamTarget {
 }
 
 /// Opens the consumer's connections (see the module doc).
-pub struct StreamConn {
+pub(crate) struct StreamConn {
     target: StreamTarget,
     tls: Option<RedisTls>,
     stream: String,
@@ -62,7 +62,7 @@ pub struct StreamConn {
 }
 
 impl StreamConn {
-    pub fn new(target: StreamTarget, tls: Option<RedisTls>, stream: String) -> StreamConn {
+    pub(crate) fn new(target: StreamTarget, tls: Option<RedisTls>, stream: String) -> StreamConn {
         StreamConn {
             target,
             tls,
@@ -73,7 +73,10 @@ impl StreamConn {
 
     /// A connection of its own to the stream's node, whose response timeout
     /// exceeds `block`.
-    pub async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
+    pub(crate) async fn connect(
+        &self,
+        block: Duration,
+    ) -> Result<MultiplexedConnection, RedisError> {
         match &self.target {
             StreamTarget::Single(url) => open(url.as_str(), self.tls.as_ref(), block).await,
             StreamTarget::Sentinel(target) => {
@@ -120,7 +123,7 @@ impl StreamConn {
     /// Learns from a session's error: a `MOVED` names the stream's new
     /// master, anything else (an `ASK`, a dead node) means "ask the cluster
     /// again" on the next connect.
-    pub fn follow(&self, error: &RedisError) {
+    pub(crate) fn follow(&self, error: &RedisError) {
         if !matches!(self.target, StreamTarget::Cluster(_)) {
             return;
         }

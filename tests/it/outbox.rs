@@ -9,7 +9,7 @@ use crate::support::redis::RedisServer;
 use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
-use sidecache::invalidation::outbox::OutboxWorker;
+use sidecache::invalidation::OutboxWorker;
 use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;

@@ -7,9 +7,9 @@
 use crate::support::redis::RedisServer;
 use crate::support::{eventually, Background};
 use sidecache::config::Config;
-use sidecache::invalidation::stream::StreamConsumer;
-use sidecache::invalidation::stream_conn::StreamTarget;
 use sidecache::invalidation::Source;
+use sidecache::invalidation::StreamConsumer;
+use sidecache::invalidation::StreamTarget;
 use sidecache::keys;
 use std::time::Duration;
 use tokio::time::Instant;
