@@ -44,7 +44,7 @@ pub(crate) struct Reconnect {
     backoff: Backoff,
     refused_pace: Duration,
     fast_for: Duration,
-    outage_since: Option<std::time::Instant>,
+    outage_since: Option<tokio::time::Instant>,
 }
 
 impl Reconnect {
@@ -68,7 +68,7 @@ impl Reconnect {
     pub(crate) fn next_delay(&mut self, refused: bool) -> Duration {
         let since = *self
             .outage_since
-            .get_or_insert_with(std::time::Instant::now);
+            .get_or_insert_with(tokio::time::Instant::now);
         if refused && since.elapsed() < self.fast_for {
             jittered(self.refused_pace)
         } else {

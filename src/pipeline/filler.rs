@@ -147,7 +147,7 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
 
 /// Stages 6-8 while holding the lease.
 pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
