@@ -46,6 +46,7 @@ pub(crate) mod explain;
 pub mod invalidation;
 pub mod keys;
 pub mod metrics;
+pub(crate) mod outcome;
 pub(crate) mod pg;
 pub(crate) mod pipeline;
 pub(crate) mod proxy;

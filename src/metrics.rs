@@ -2,7 +2,7 @@
 //! the admin listener exports. Label handles that sit on the request path are
 //! looked up once per request, never formatted.
 
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -97,7 +97,7 @@ pub(crate) mod client_error {
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    /// `{route, result}`: result is a `CacheStatus` string, or `forward`.
+    /// `{route, result}`: result is a `CacheOutcome` string, or `forward`.
     pub requests: IntCounterVec,
     /// `{route, status_class}`: `2xx`..`5xx`, or `error`.
     pub upstream_requests: IntCounterVec,
@@ -269,19 +269,19 @@ impl ForwardMetrics {
 }
 
 /// A cache route's `sidecache_requests_total{route, result}` series, one
-/// per [`CacheStatus`], looked up on first use like [`ForwardMetrics`]'s.
+/// per [`CacheOutcome`], looked up on first use like [`ForwardMetrics`]'s.
 /// Held by the route ([`crate::config::Route`]), so a reload starts with
 /// empty slots; a slot remembers which [`Metrics`] it came from, so a
 /// route shared by two (tests run several proxies on one config) counts
 /// into each one's own registry.
 #[derive(Default)]
 pub struct RouteCounters {
-    requests: [OnceLock<(usize, IntCounter)>; CacheStatus::COUNT],
+    requests: [OnceLock<(usize, IntCounter)>; CacheOutcome::COUNT],
 }
 
 impl RouteCounters {
     /// Counts one request of `route` answered with `status` in `m`.
-    pub(crate) fn count(&self, m: &Metrics, route: &str, status: CacheStatus) {
+    pub(crate) fn count(&self, m: &Metrics, route: &str, status: CacheOutcome) {
         let lookup = || m.requests.with_label_values(&[route, status.as_str()]);
         match self.requests[status.index()].get_or_init(|| (m.id(), lookup())) {
             (owner, counter) if *owner == m.id() => counter.inc(),
@@ -816,15 +816,15 @@ mod tests {
         // not count the second's requests.
         let counters = RouteCounters::default();
         let (a, b) = (Metrics::new(), Metrics::new());
-        counters.count(&a, "app", CacheStatus::Hit);
-        counters.count(&b, "app", CacheStatus::Hit);
-        counters.count(&b, "app", CacheStatus::Hit);
-        counters.count(&a.clone(), "app", CacheStatus::Miss);
+        counters.count(&a, "app", CacheOutcome::Hit);
+        counters.count(&b, "app", CacheOutcome::Hit);
+        counters.count(&b, "app", CacheOutcome::Hit);
+        counters.count(&a.clone(), "app", CacheOutcome::Miss);
         let get =
-            |m: &Metrics, s: CacheStatus| m.requests.with_label_values(&["app", s.as_str()]).get();
-        assert_eq!(get(&a, CacheStatus::Hit), 1);
-        assert_eq!(get(&b, CacheStatus::Hit), 2);
-        assert_eq!(get(&a, CacheStatus::Miss), 1);
-        assert_eq!(get(&b, CacheStatus::Miss), 0);
+            |m: &Metrics, s: CacheOutcome| m.requests.with_label_values(&["app", s.as_str()]).get();
+        assert_eq!(get(&a, CacheOutcome::Hit), 1);
+        assert_eq!(get(&b, CacheOutcome::Hit), 2);
+        assert_eq!(get(&a, CacheOutcome::Miss), 1);
+        assert_eq!(get(&b, CacheOutcome::Miss), 0);
     }
 }

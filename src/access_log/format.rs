@@ -5,7 +5,7 @@
 
 use super::{IdKind, Line};
 use crate::config::file::FileLogFormat;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -282,7 +282,7 @@ impl Formatter {
         status(line.status, out);
         // The cache word: sidecache's own (see `plain_value`).
         out.extend_from_slice(S::CACHE);
-        out.extend_from_slice(line.cache.map_or("-", CacheStatus::as_str).as_bytes());
+        out.extend_from_slice(line.cache.map_or("-", CacheOutcome::as_str).as_bytes());
         out.extend_from_slice(S::ROUTE);
         let route = line.route.as_ref().map_or("-", |r| r.name.as_str());
         value::<S>(route.as_bytes(), out);
@@ -440,7 +440,7 @@ mod tests {
             method: http::Method::GET,
             format,
             status: 200,
-            cache: Some(CacheStatus::Miss),
+            cache: Some(CacheOutcome::Miss),
             route: Some(crate::config::testing::route(
                 "  - name: app\n    path: /api/tenants/{t}/apps/{id}\n    params: { t: \".+\", id: \".+\" }\n    ttl: 1s\n",
             )),

@@ -39,7 +39,7 @@ use crate::body::BoxError;
 use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
@@ -123,7 +123,7 @@ pub(crate) struct Line {
     pub status: u16,
     /// What the pipeline did (the `X-Cache` word) for requests on a cache
     /// route; `None` otherwise.
-    pub cache: Option<CacheStatus>,
+    pub cache: Option<CacheOutcome>,
     pub route: Option<Arc<Route>>,
     pub duration: Duration,
     pub upstream: Option<Duration>,
@@ -465,7 +465,7 @@ impl Pending {
         mut self,
         resp: &Response<B>,
         route: Option<Arc<Route>>,
-        cache: Option<CacheStatus>,
+        cache: Option<CacheOutcome>,
         upstream: Option<Duration>,
     ) -> Tail {
         self.line.status = resp.status().as_u16();
@@ -651,7 +651,7 @@ mod tests {
     async fn the_line_counts_body_bytes_and_is_written_when_the_body_ends() {
         let metrics = Metrics::new();
         let log = AccessLog::new(1, 0, &metrics);
-        for cache in [Some(CacheStatus::Negative), None] {
+        for cache in [Some(CacheOutcome::Negative), None] {
             let mut req = Request::get("/a/b?secret=1")
                 .header("x-request-id", "not this one")
                 .header(
@@ -677,7 +677,7 @@ mod tests {
             assert_eq!(line["peer"], "192.0.2.7:4711");
             assert_eq!(line["id"], "4bf92f3577b34da6a3ce929d0e0e4736");
             assert!(line["upstream_ms"].is_null());
-            let word = cache.map_or("-", CacheStatus::as_str);
+            let word = cache.map_or("-", CacheOutcome::as_str);
             assert_eq!(line["cache"], word);
         }
     }

@@ -18,10 +18,10 @@ use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
 use super::flight::Answer;
 use super::range::{self, RangeAnswer, RangeAsk};
-use super::status::CacheStatus;
 use super::{cache_control, client_cc, publish};
 use crate::body::{self, Body};
 use crate::config::Route;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -174,11 +174,11 @@ fn whole_200(entry: &Entry) -> bool {
 }
 
 /// The status of an answer from a fresh entry.
-pub(super) fn hit_status(entry: &Entry) -> CacheStatus {
+pub(super) fn hit_status(entry: &Entry) -> CacheOutcome {
     if entry.negative {
-        CacheStatus::Negative
+        CacheOutcome::Negative
     } else {
-        CacheStatus::Hit
+        CacheOutcome::Hit
     }
 }
 
@@ -196,7 +196,7 @@ pub(super) fn one_client(code: StatusCode, headers: HeaderMap, body: Bytes) -> R
 pub(super) fn respond(
     route: &Route,
     entry: &Entry,
-    status: CacheStatus,
+    status: CacheOutcome,
     ask: &ClientAsk,
 ) -> Response<Body> {
     respond_with(route, entry, entry_head(entry), status, ask)
@@ -207,7 +207,7 @@ pub(super) fn respond_with(
     route: &Route,
     entry: &Entry,
     head: HeaderMap,
-    status: CacheStatus,
+    status: CacheOutcome,
     ask: &ClientAsk,
 ) -> Response<Body> {
     let mut resp = Response::new(body::empty());
@@ -222,7 +222,7 @@ pub(super) fn respond_with(
     if age > 0
         || matches!(
             status,
-            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+            CacheOutcome::Hit | CacheOutcome::Negative | CacheOutcome::Stale
         )
     {
         h.insert(header::AGE, int_value(age));
@@ -240,7 +240,7 @@ pub(super) fn to_client(
     answer: &Answer,
     started: bool,
     ask: &ClientAsk,
-) -> Option<(CacheStatus, Response<Body>)> {
+) -> Option<(CacheOutcome, Response<Body>)> {
     match answer {
         Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),

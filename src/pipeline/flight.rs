@@ -12,9 +12,9 @@
 //! answer.
 
 use super::entry::Entry;
-use super::status::CacheStatus;
 use crate::body::Body;
 use crate::error::ProxyError;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Response;
@@ -24,19 +24,19 @@ use std::sync::{Arc, Mutex};
 /// The outcome of one fill, as seen by every request that joined it.
 pub(crate) enum Answer {
     /// A response any coalesced request may receive.
-    Shared(CacheStatus, Arc<Entry>),
+    Shared(CacheOutcome, Arc<Entry>),
     /// A response for one client only (streamed, or private to the client
     /// whose request was sent upstream): only the request that started the
     /// flight takes it; the others fetch their own.
-    Exclusive(CacheStatus, Mutex<Option<Response<Body>>>),
+    Exclusive(CacheOutcome, Mutex<Option<Response<Body>>>),
     /// An entry only the request that started the flight may receive: a
     /// tag of the object was invalidated while the fill ran (or the fill
     /// had no ticket for the tags its answer carries), and a request that
     /// joined after that invalidation must not be handed an answer fetched
     /// before it (issue 13: flights are keyed by the object's generation,
     /// which a tag invalidation leaves alone). The others fetch their own.
-    Starter(CacheStatus, Arc<Entry>),
-    Failed(CacheStatus, ProxyError),
+    Starter(CacheOutcome, Arc<Entry>),
+    Failed(CacheOutcome, ProxyError),
 }
 
 type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;
@@ -82,7 +82,7 @@ impl Flights {
         let shared = async move {
             task.await.unwrap_or_else(|e| {
                 Arc::new(Answer::Failed(
-                    CacheStatus::Miss,
+                    CacheOutcome::Miss,
                     ProxyError::Bug(format!("fill task failed: {e}")),
                 ))
             })

@@ -30,9 +30,8 @@
 //!                       answer::shape: the client's preconditions
 //!                       (conditional) and range (range) against the entry
 //! ```
-//! `status::CacheStatus`
-//! is the result of every request: the `X-Cache` header, the metric label
-//! and the log field.
+//! [`CacheOutcome`] is the result of every request: the `X-Cache` header,
+//! the metric label and the log field.
 
 pub(crate) mod answer;
 pub(crate) mod bloom;
@@ -51,7 +50,6 @@ pub(crate) mod publish;
 pub(crate) mod range;
 pub(crate) mod revalidate;
 pub(crate) mod stale;
-pub(crate) mod status;
 pub(crate) mod vary;
 
 use crate::bloom::Blooms;
@@ -60,6 +58,7 @@ use crate::config::{Config, Route};
 use crate::error::ProxyError;
 use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
+use crate::outcome::{CacheOutcome, X_CACHE};
 use crate::proxy::client::UpstreamClient;
 use crate::store::GuardedStore;
 use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
@@ -72,7 +71,6 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use lookup::Found;
 use stale::{AfterFailure, StaleReason};
-use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -115,7 +113,7 @@ struct Missed {
 
 /// What [`Pipeline::serve_keyed`] did with one key.
 enum Keyed {
-    Served(CacheStatus, Response<Body>),
+    Served(CacheOutcome, Response<Body>),
     /// `vary_from_origin`: the answer varies on names the key did not
     /// include and is not this client's variant: key again with these.
     Relearn(Vec<HeaderName>),
@@ -162,7 +160,7 @@ impl Pipeline {
         route: &Route,
         params: &[String],
         req: &Request<Incoming>,
-    ) -> Result<(CacheStatus, Response<Body>), Option<Box<Early>>> {
+    ) -> Result<(CacheOutcome, Response<Body>), Option<Box<Early>>> {
         let (headers, query) = (req.headers(), req.uri().query());
         // Without a near cache every read waits for the store: nothing to
         // do here that `serve` would not then carry along for nothing.
@@ -196,7 +194,7 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
         early: Option<Box<Early>>,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         let (status, resp) = self
             .serve_inner(cfg, &route, params, req, peer, early)
             .await;
@@ -207,11 +205,11 @@ impl Pipeline {
     fn finish(
         &self,
         route: &Route,
-        status: CacheStatus,
+        status: CacheOutcome,
         mut resp: Response<Body>,
     ) -> Response<Body> {
         resp.headers_mut()
-            .insert(status::X_CACHE.clone(), status.header_value());
+            .insert(X_CACHE.clone(), status.header_value());
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
             self.shared
                 .metrics
@@ -241,7 +239,7 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
         mut early: Option<Box<Early>>,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
         // response personal, and a query parameter outside the route's
@@ -256,7 +254,7 @@ impl Pipeline {
                 &sh.metrics,
             )
             .await;
-            return (CacheStatus::Bypass, resp);
+            return (CacheOutcome::Bypass, resp);
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
@@ -289,7 +287,7 @@ impl Pipeline {
                     let resp =
                         crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
                             .await;
-                    return (CacheStatus::Bypass, resp);
+                    return (CacheOutcome::Bypass, resp);
                 }
             }
             let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
@@ -449,10 +447,10 @@ impl Pipeline {
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
-        let own = filler::fetch_only(&fill, CacheStatus::Miss).await;
+        let own = filler::fetch_only(&fill, CacheOutcome::Miss).await;
         let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
-                CacheStatus::Miss,
+                CacheOutcome::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
         });
@@ -465,13 +463,13 @@ impl Pipeline {
         entry: &Entry,
         reason: StaleReason,
         ask: &ClientAsk,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         self.shared
             .metrics
             .stale_served
             .with_label_values(&[&route.name, reason.as_str()])
             .inc();
-        let status = CacheStatus::Stale;
+        let status = CacheOutcome::Stale;
         (status, respond(route, entry, status, ask))
     }
 }

@@ -335,7 +335,7 @@ pub(crate) fn replayable_headers(mut headers: HeaderMap) -> Vec<(HeaderName, Hea
     for h in [header::SET_COOKIE, header::CONTENT_LENGTH, header::AGE] {
         headers.remove(h);
     }
-    headers.remove(&super::status::X_CACHE);
+    headers.remove(&crate::outcome::X_CACHE);
     let mut out = Vec::with_capacity(headers.len());
     let mut last: Option<HeaderName> = None;
     for (name, value) in headers {

@@ -19,8 +19,8 @@ use super::filler::{fill_holding_lease, Fill};
 use super::flight::{Answer, FlightKey};
 use super::lease;
 use super::lookup::Found;
-use super::status::CacheStatus;
 use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 
 /// Why an expired entry was served: the `reason` label of
@@ -148,7 +148,7 @@ pub(super) async fn refresh(fill: &Fill) -> Answer {
 
 fn busy() -> Answer {
     Answer::Failed(
-        CacheStatus::Miss,
+        CacheOutcome::Miss,
         ProxyError::Overloaded("refresh running elsewhere"),
     )
 }
@@ -158,8 +158,10 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
         return RefreshOutcome::Failed;
     }
     match answer {
-        Answer::Shared(CacheStatus::Hit | CacheStatus::Negative, _) => RefreshOutcome::AlreadyFresh,
-        Answer::Shared(CacheStatus::Degraded, _) | Answer::Failed(CacheStatus::Degraded, _) => {
+        Answer::Shared(CacheOutcome::Hit | CacheOutcome::Negative, _) => {
+            RefreshOutcome::AlreadyFresh
+        }
+        Answer::Shared(CacheOutcome::Degraded, _) | Answer::Failed(CacheOutcome::Degraded, _) => {
             RefreshOutcome::StoreError
         }
         _ => RefreshOutcome::Fetched,
@@ -209,7 +211,7 @@ mod tests {
 
     #[test]
     fn which_failures_may_be_answered_stale() {
-        let failed = |e| failure_reason(&Answer::Failed(CacheStatus::Miss, e));
+        let failed = |e| failure_reason(&Answer::Failed(CacheOutcome::Miss, e));
         assert_eq!(
             failed(ProxyError::Overloaded(LEASE_WAIT_SPENT)),
             Some(StaleReason::LeaseWait)
@@ -233,13 +235,13 @@ mod tests {
             failed(ProxyError::Upstream(UpstreamError::ClientBody("x".into()))),
             None
         );
-        let shared = |s| failure_reason(&Answer::Shared(CacheStatus::Miss, entry(s)));
+        let shared = |s| failure_reason(&Answer::Shared(CacheOutcome::Miss, entry(s)));
         assert_eq!(shared(503), Some(StaleReason::UpstreamError));
         assert_eq!(shared(200), None);
         assert_eq!(shared(404), None);
         let mut resp = http::Response::new(crate::body::empty());
         *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
-        let exclusive = Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        let exclusive = Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         assert_eq!(failure_reason(&exclusive), Some(StaleReason::UpstreamError));
     }
 

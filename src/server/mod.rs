@@ -27,7 +27,7 @@ use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
 use crate::metrics::Metrics;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
@@ -626,7 +626,7 @@ struct Routed {
     wanted: bool,
     route: Option<Arc<Route>>,
     /// What the pipeline did, for a read on a cache route (its `X-Cache`).
-    cache: Option<CacheStatus>,
+    cache: Option<CacheOutcome>,
 }
 
 impl Routed {

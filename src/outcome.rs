@@ -1,9 +1,10 @@
-//! [`CacheStatus`]: what the pipeline did with a request. One string per
-//! value, used as the `X-Cache` header, the `result` metric label and the
-//! tracing field, so the three never disagree.
+//! [`CacheOutcome`]: what the pipeline did with a request. One string per
+//! value, used as the `X-Cache` header, the `result` metric label, the
+//! access log's `cache` field and the tracing field, so they never
+//! disagree. Below `metrics` and the access log, which both speak it.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum CacheStatus {
+pub(crate) enum CacheOutcome {
     /// Served from a valid entry.
     Hit,
     /// Fetched from upstream for this request (and published if cacheable).
@@ -24,32 +25,32 @@ pub(crate) enum CacheStatus {
 /// The `X-Cache` response header's name, parsed once.
 pub(crate) static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
 
-impl CacheStatus {
-    /// How many values there are (see [`CacheStatus::index`]).
+impl CacheOutcome {
+    /// How many values there are (see [`CacheOutcome::index`]).
     pub(crate) const COUNT: usize = 7;
 
-    /// 0..[`CacheStatus::COUNT`], for arrays with a slot per value.
+    /// 0..[`CacheOutcome::COUNT`], for arrays with a slot per value.
     pub(crate) fn index(self) -> usize {
         match self {
-            CacheStatus::Hit => 0,
-            CacheStatus::Miss => 1,
-            CacheStatus::Negative => 2,
-            CacheStatus::Bloom => 3,
-            CacheStatus::Bypass => 4,
-            CacheStatus::Degraded => 5,
-            CacheStatus::Stale => 6,
+            CacheOutcome::Hit => 0,
+            CacheOutcome::Miss => 1,
+            CacheOutcome::Negative => 2,
+            CacheOutcome::Bloom => 3,
+            CacheOutcome::Bypass => 4,
+            CacheOutcome::Degraded => 5,
+            CacheOutcome::Stale => 6,
         }
     }
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            CacheStatus::Hit => "HIT",
-            CacheStatus::Miss => "MISS",
-            CacheStatus::Negative => "NEGATIVE",
-            CacheStatus::Bloom => "BLOOM",
-            CacheStatus::Bypass => "BYPASS",
-            CacheStatus::Degraded => "DEGRADED",
-            CacheStatus::Stale => "STALE",
+            CacheOutcome::Hit => "HIT",
+            CacheOutcome::Miss => "MISS",
+            CacheOutcome::Negative => "NEGATIVE",
+            CacheOutcome::Bloom => "BLOOM",
+            CacheOutcome::Bypass => "BYPASS",
+            CacheOutcome::Degraded => "DEGRADED",
+            CacheOutcome::Stale => "STALE",
         }
     }
 
