@@ -33,8 +33,25 @@ struct Cli {
     command: Option<Command>,
 }
 
+/// The subcommands: the one that needs no config, and the others.
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Configured(Configured),
+    /// Print the SQL that installs the outbox table and its NOTIFY trigger.
+    OutboxDdl {
+        /// Table name (`name` or `schema.name`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_TABLE)]
+        table: String,
+        /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
+        channel: String,
+    },
+}
+
+/// The subcommands that read the config.
+#[derive(Subcommand)]
+enum Configured {
     /// Serve (the default).
     Run,
     /// Validate the config, print the route table, exit 0; invalid: exit 2.
@@ -66,15 +83,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the SQL that installs the outbox table and its NOTIFY trigger.
-    OutboxDdl {
-        /// Table name (`name` or `schema.name`).
-        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_TABLE)]
-        table: String,
-        /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
-        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
-        channel: String,
-    },
 }
 
 fn main() -> ExitCode {
@@ -92,11 +100,12 @@ fn main() -> ExitCode {
         };
     }
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Command::Run);
-    // Needs no config: prints SQL for the operator to install.
-    if let Command::OutboxDdl { table, channel } = &command {
-        return print_outbox_ddl(table, channel);
-    }
+    let command = match cli.command {
+        None => Configured::Run,
+        Some(Command::Configured(command)) => command,
+        // Needs no config: prints SQL for the operator to install.
+        Some(Command::OutboxDdl { table, channel }) => return print_outbox_ddl(&table, &channel),
+    };
     let Some(path) = cli.config else {
         eprintln!("sidecache: --config PATH (or SIDECACHE_CONFIG) is required");
         return ExitCode::from(EXIT_CONFIG);
@@ -109,7 +118,7 @@ fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Check { db } => {
+        Configured::Check { db } => {
             for w in &cfg.warnings {
                 eprintln!("sidecache: warning: {w}");
             }
@@ -119,10 +128,9 @@ fn main() -> ExitCode {
                 false => ExitCode::SUCCESS,
             }
         }
-        Command::CaptureDdl { drop } => print_capture_ddl(&cfg, drop),
-        Command::Run => run(path, cfg),
-        Command::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
-        Command::OutboxDdl { table, channel } => print_outbox_ddl(&table, &channel),
+        Configured::CaptureDdl { drop } => print_capture_ddl(&cfg, drop),
+        Configured::Run => run(path, cfg),
+        Configured::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
     }
 }
 
