@@ -205,8 +205,9 @@ impl std::fmt::Debug for RedisTls {
     }
 }
 
-/// The in-process copy of hot entries in front of a single-node Redis,
-/// kept coherent by Redis invalidation pushes (see `store::near`).
+/// The in-process copy of hot entries in front of Redis (single node,
+/// Sentinel or Cluster), kept coherent by Redis invalidation pushes (see
+/// `store::redis::near`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NearCacheConfig {
     pub max_bytes: u64,

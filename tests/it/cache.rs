@@ -393,7 +393,7 @@ async fn fills_drop_poisoning_headers(b: Backend) {
             "{h} reached the origin on a fill"
         );
     }
-    // Fills carry only keyed and allow-listed headers (tests/fill_hardening.rs).
+    // Fills carry only keyed and allow-listed headers (tests/it/fill_hardening.rs).
     assert!(seen.headers.get("user-agent").is_none());
     assert!(seen.headers.get("x-forwarded-for").is_none());
     assert_eq!(
