@@ -194,7 +194,7 @@ impl Invalidator {
     }
 
     /// [`Invalidator::apply`] for feed events, each with its mark (its
-    /// position in the feed, see `store::covers`): an event whose mark the
+    /// position in the feed, see `store::protocol::covers`): an event whose mark the
     /// generation already covers is left applied as it is (outcome
     /// `Applied`), so delivering an event to every instance costs one
     /// generation replacement, not one per instance.
