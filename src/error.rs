@@ -1,5 +1,6 @@
 //! Error kinds by meaning, and the one place that turns them into HTTP
-//! answers. The classification is the degradation policy (SPEC §5):
+//! answers. The classification is the degradation policy
+//! (docs/architecture.md#degradation-policy):
 //! - store unavailable -> never an error to the client: the degraded path;
 //! - upstream unreachable / timed out -> 502 / 504;
 //! - overload (fill permits, lease wait budget) -> 503 with `Retry-After`;

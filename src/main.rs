@@ -388,7 +388,8 @@ fn print_routes(path: &Path, cfg: &Config) {
         );
     }
     println!("{} route(s)", cfg.routes.routes.len());
-    // Dependent invalidation (issue 13), for routes that use it.
+    // Dependent invalidation (docs/invalidation.md#dependent-invalidation), for
+    // routes that use it.
     for r in &cfg.routes.routes {
         let mut deps = Vec::new();
         if !r.also_invalidates.is_empty() {

@@ -112,8 +112,9 @@ pub struct Metrics {
     pub breaker_open: IntGauge,
     /// `{node}`: Redis Cluster only, 1 while that master's breaker is open.
     pub node_breaker_open: IntGaugeVec,
-    /// The invalidation feeds' own breaker (issue 20); on Redis Cluster,
-    /// how many masters' feed breakers are open.
+    /// The invalidation feeds' own breaker
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events); on
+    /// Redis Cluster, how many masters' feed breakers are open.
     pub feed_breaker_open: IntGauge,
     /// `{node}`: Redis Cluster only, 1 while that master's feed breaker is
     /// open (invalidations of its keys wait; the others go on).
@@ -719,9 +720,9 @@ pub(crate) fn status_class(status: u16) -> &'static str {
     }
 }
 
-/// The Bloom filter's metrics (SPEC §6, §8). Registered into the process
-/// registry by `bloom::Blooms::new`, kept apart from [`Metrics`] so the
-/// filter owns its series.
+/// The Bloom filter's metrics (docs/metrics.md#bloom-filter). Registered into
+/// the process registry by `bloom::Blooms::new`, kept apart from [`Metrics`] so
+/// the filter owns its series.
 #[derive(Clone)]
 pub struct BloomMetrics {
     /// `{route, scope}`: 0 unready (unknown), 1 ready, 2 building.

@@ -1,6 +1,6 @@
-//! One build of one filter (SPEC §6): take the build lock and create the
-//! empty candidate (one script, so growth never misses a running build),
-//! stream the members from the source into the candidate in bounded
+//! One build of one filter (docs/bloom.md#builds): take the build lock and
+//! create the empty candidate (one script, so growth never misses a running
+//! build), stream the members from the source into the candidate in bounded
 //! pipelined batches, then activate: the script checks that the lock is
 //! still ours, renames the candidate over `bits` and writes `ready`.
 //!

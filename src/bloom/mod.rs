@@ -1,6 +1,6 @@
-//! The Bloom filter (SPEC §6): per route and scope value, a bitmap in the
-//! store that lets stage 4 of the read pipeline reject ids that certainly
-//! do not exist, without ever rejecting a real object.
+//! The Bloom filter (docs/architecture.md#bloom-filter): per route and scope
+//! value, a bitmap in the store that lets stage 4 of the read pipeline reject
+//! ids that certainly do not exist, without ever rejecting a real object.
 //!
 //! - [`hash`]: bit positions (double hashing over SHA-256, pinned by test
 //!   vectors) and the signature written to `ready`.
@@ -345,10 +345,10 @@ impl Blooms {
         result
     }
 
-    /// A scheduled rebuild (issue 21): every instance that tracks the scope
-    /// comes due once per `rebuild_every`, so the first to claim the
-    /// interval builds and the others take `Busy` for one Redis command. A
-    /// claim whose build did not activate is given back, so the next
+    /// A scheduled rebuild (docs/bloom.md#fleet-wide-rebuilds): every instance
+    /// that tracks the scope comes due once per `rebuild_every`, so the first
+    /// to claim the interval builds and the others take `Busy` for one Redis
+    /// command. A claim whose build did not activate is given back, so the next
     /// instance due may build.
     async fn build_once_per_interval(
         &self,

@@ -35,7 +35,8 @@ pub(crate) struct FileConfig {
     pub routes: Vec<FileRoute>,
 }
 
-/// `server`: how the client listener is run (issue 17).
+/// `server`: how the client listener is run
+/// (docs/configuration.md#runtime-layout).
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileServer {
@@ -58,7 +59,8 @@ pub enum FileRuntime {
     PerCore,
 }
 
-/// `access_log`: one line per client request on stdout (issue 16).
+/// `access_log`: one line per client request on stdout
+/// (docs/configuration.md#access-log).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileAccessLog {
@@ -105,7 +107,8 @@ pub enum FileRequestId {
     Generate,
 }
 
-/// `limits`: what one client connection may cost (issue 11).
+/// `limits`: what one client connection may cost
+/// (docs/configuration.md#limits).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileLimits {

@@ -53,9 +53,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// TTL of generation keys: max(ttl + jitter (or max_ttl) + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
-    /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
-    /// that a kept entry's generation outlives it: a lost generation would
-    /// make the entry unprovable, and so never served stale.
+    /// lasts that long) + 60 s (docs/architecture.md#generation-protocol). The
+    /// stale window is included so that a kept entry's generation outlives it:
+    /// a lost generation would make the entry unprovable, and so never served
+    /// stale.
     pub gen_ttl: Duration,
     /// Valid but doubtful settings, logged at start, on `check` and on
     /// reload (never an error).
@@ -234,15 +235,16 @@ pub struct FillConfig {
     pub max_queued: usize,
 }
 
-/// Change feeds that invalidate cached objects (SPEC §7). Both optional,
-/// both may run at once.
+/// Change feeds that invalidate cached objects (docs/invalidation.md#sources).
+/// Both optional, both may run at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidationConfig {
     pub outbox: Option<OutboxConfig>,
     pub stream: Option<StreamConfig>,
-    /// Instances per feed that run its fan-out (issue 21): every event is
-    /// applied by its consumer plus at most this many witnesses, whatever
-    /// the number of instances (`crate::invalidation::witness`).
+    /// Instances per feed that run its fan-out: every event is applied by its
+    /// consumer plus at most this many witnesses, whatever the number of
+    /// instances (`crate::invalidation::witness`,
+    /// docs/invalidation.md#witnesses-k-instances-fan-out-not-all-of-them).
     pub witnesses: u32,
     /// Change capture from the service's own tables.
     pub capture: Option<capture::CaptureConfig>,
@@ -260,7 +262,7 @@ pub struct OutboxConfig {
     /// worker, not applied yet).
     pub poll_interval: Duration,
     /// Poll period while nothing is pending and LISTEN is up: a safety net
-    /// for a lost NOTIFY (issue 21).
+    /// for a lost NOTIFY (docs/invalidation.md#what-the-worker-does).
     pub idle_poll_interval: Duration,
     /// Rows claimed per transaction.
     pub batch: u32,

@@ -1,8 +1,9 @@
 //! The normal form of a request path, in which route templates are matched
-//! (README "Path normalisation"). Normalising first means that no spelling
-//! of a path (`/static/../admin`, `/static/%2e%2e/admin`, `/static//x`)
-//! can match a cached route that the path does not name once resolved, and
-//! that every spelling of one object reads and fills the same entry.
+//! (docs/configuration.md#path-normalisation). Normalising first means that no
+//! spelling of a path (`/static/../admin`, `/static/%2e%2e/admin`,
+//! `/static//x`) can match a cached route that the path does not name once
+//! resolved, and that every spelling of one object reads and fills the same
+//! entry.
 //!
 //! Rules, in order, per segment:
 //! 1. percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are

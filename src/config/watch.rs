@@ -1,7 +1,7 @@
-//! Hot reload (SPEC §9): watches the config file's directory, debounces,
-//! re-reads, and swaps the whole [`Config`] atomically when the new file is
-//! valid, different, and changes nothing that needs a restart. SIGHUP
-//! triggers the same reload.
+//! Hot reload (docs/architecture.md#hot-reload): watches the config file's
+//! directory, debounces, re-reads, and swaps the whole [`Config`] atomically
+//! when the new file is valid, different, and changes nothing that needs a
+//! restart. SIGHUP triggers the same reload.
 //!
 //! The directory, not the file, is watched: editors save by writing a temp
 //! file and renaming it over the old one (the old inode's watch goes dead),

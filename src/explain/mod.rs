@@ -135,7 +135,7 @@ pub(crate) struct Sources<'a> {
     pub admin_headers: &'a HeaderMap,
 }
 
-/// The explanation as JSON (see the README's "Explain one URL").
+/// The explanation as JSON (docs/operations.md#explain-one-url).
 pub(crate) async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
     let cfg = src.cfg;
     let path = subject.path();

@@ -10,11 +10,11 @@
 //! | u32 body length | body
 //! [ | u8 tag count | (str16 tag generation key | str16 tag generation)* ]  (flag bit1)
 //! ```
-//! The tag section (issue 13) exists only with flag bit 1, so an untagged
-//! entry is byte for byte what it was, and a binary from before tags
-//! finds trailing bytes in a tagged one: corrupt, never served unchecked.
-//! Anything that does not decode exactly (bad magic, short read, trailing
-//! bytes, invalid header) is [`CorruptEntry`].
+//! The tag section (docs/architecture.md#entry-format) exists only with flag
+//! bit 1, so an untagged entry is byte for byte what it was, and a binary from
+//! before tags finds trailing bytes in a tagged one: corrupt, never served
+//! unchecked. Anything that does not decode exactly (bad magic, short read,
+//! trailing bytes, invalid header) is [`CorruptEntry`].
 //!
 //! v2 added the freshness and stale windows (grace, stale-if-error): the
 //! store keeps an entry past its freshness, so the entry itself must say

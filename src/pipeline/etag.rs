@@ -1,7 +1,8 @@
-//! `etag: auto` (issue 14): the strong `ETag` stored with an entry whose
-//! origin sent none, derived from the body at publish time so a HIT never
-//! hashes. An origin's own `ETag`, weak or strong, is kept as it is: clients
-//! may also use it against the origin (`If-Match` on a write).
+//! `etag: auto` (docs/caching.md#conditional-requests-and-ranges): the strong
+//! `ETag` stored with an entry whose origin sent none, derived from the body at
+//! publish time so a HIT never hashes. An origin's own `ETag`, weak or strong,
+//! is kept as it is: clients may also use it against the origin (`If-Match` on
+//! a write).
 
 use crate::config::EtagMode;
 use http::header::{self, HeaderName, HeaderValue};

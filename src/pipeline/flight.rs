@@ -6,10 +6,11 @@
 //! A fill is joined only by requests that read the same generation of the
 //! object ([`FlightKey::Fill`]): one that started before an invalidation
 //! fetched before it, and a request that read the new generation must not
-//! be handed that answer (issue 19). Its fill's ticket is taken after its
-//! requests' reads, so it is their generation or a newer one; an
-//! invalidation in between only costs a fill of its own, never an older
-//! answer.
+//! be handed that answer
+//! (docs/architecture.md#no-older-answer-after-an-invalidation). Its fill's
+//! ticket is taken after its requests' reads, so it is their generation or a
+//! newer one; an invalidation in between only costs a fill of its own, never an
+//! older answer.
 
 use super::entry::Entry;
 use crate::body::Body;
@@ -33,8 +34,10 @@ pub(crate) enum Answer {
     /// tag of the object was invalidated while the fill ran (or the fill
     /// had no ticket for the tags its answer carries), and a request that
     /// joined after that invalidation must not be handed an answer fetched
-    /// before it (issue 13: flights are keyed by the object's generation,
-    /// which a tag invalidation leaves alone). The others fetch their own.
+    /// before it: flights are keyed by the object's generation, which a tag
+    /// invalidation leaves alone
+    /// (docs/architecture.md#no-older-answer-after-an-invalidation). The others
+    /// fetch their own.
     Starter(CacheOutcome, Arc<Entry>),
     Failed(CacheOutcome, ProxyError),
 }

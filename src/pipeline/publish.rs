@@ -138,7 +138,7 @@ impl FillOutcome {
 }
 
 /// Stage 8's verdict on an upstream answer. `Set-Cookie`, `private` and
-/// `no-store` always keep it out (SPEC §5 stage 8); with
+/// `no-store` always keep it out (docs/caching.md#origin-refusals); with
 /// `origin_cache_control: honor` so do `no-cache`, a zero shared freshness
 /// lifetime and a `Vary` beyond the route's key; with `ttl: origin` also a
 /// lifetime already spent, or none without a `default_ttl`.

@@ -9,9 +9,9 @@
 //! generation ticket; any other answer replaces the entry as a plain fill
 //! would.
 //!
-//! Only an entry of the fill's own generation is revalidated (SPEC §5.1's
-//! last rule): after an invalidation the old body must not come back with
-//! fresh headers, so the fill is a full `GET`.
+//! Only an entry of the fill's own generation is revalidated
+//! (docs/architecture.md#the-serving-rule): after an invalidation the old body
+//! must not come back with fresh headers, so the fill is a full `GET`.
 
 use super::entry::Entry;
 use super::fill::{Fetched, FillRequest};

@@ -1,9 +1,9 @@
-//! Serving expired entries (issue 12): grace (stale-while-revalidate) and
-//! stale-if-error. Only an entry that [`super::lookup`] returned as
-//! `Found::Expired` is ever considered here, i.e. one that decodes, names
-//! this object and variant, and carries the *current* generation: an
-//! invalidated entry, or one whose generation cannot be read, never reaches
-//! this module (SPEC §5.1's last rule).
+//! Serving expired entries (docs/caching.md#serving-stale): grace
+//! (stale-while-revalidate) and stale-if-error. Only an entry that
+//! [`super::lookup`] returned as `Found::Expired` is ever considered here, i.e.
+//! one that decodes, names this object and variant, and carries the *current*
+//! generation: an invalidated entry, or one whose generation cannot be read,
+//! never reaches this module (docs/architecture.md#the-serving-rule).
 //!
 //! - grace: the expired entry answers at once and one background refresh
 //!   starts, unless one is running in this process for the same generation

@@ -2,8 +2,9 @@
 //! object's answers name in `Vary`, learned per object and stored beside
 //! its entries under the object's hash tag (`keys::vary_names_key`).
 //!
-//! What keeps the cache-poisoning defence (SPEC §5 stage 7): names come
-//! only from the origin's answers, never from a client, and are bounded
+//! What keeps the cache-poisoning defence
+//! (docs/architecture.md#fills-are-built-from-the-key): names come only from
+//! the origin's answers, never from a client, and are bounded
 //! (`max_vary_headers`); a fill carries exactly the learned names' values
 //! from the client, and the variant hashes the names with those values. An
 //! answer is stored under the variant of the names *it* declares and the

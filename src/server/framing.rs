@@ -3,11 +3,11 @@
 //!
 //! Why it exists: hyper's parser accepts such a request by silently dropping
 //! the `Content-Length` (RFC 9112 §6.3 allows that), so the handler can no
-//! longer see the ambiguity. SPEC §4 wants it refused with 400 and never
-//! forwarded. The guard follows the byte stream exactly as an HTTP/1 server
-//! must (head, then a `Content-Length` or chunked body) and records the index
-//! of the first ambiguous request; the handler counts its requests and
-//! refuses that one. Differing `Content-Length`s and non-chunked
+//! longer see the ambiguity, which must be refused with 400 and never forwarded
+//! (docs/architecture.md#forwarding). The guard follows the byte stream exactly
+//! as an HTTP/1 server must (head, then a `Content-Length` or chunked body) and
+//! records the index of the first ambiguous request; the handler counts its
+//! requests and refuses that one. Differing `Content-Length`s and non-chunked
 //! `Transfer-Encoding` are rejected by hyper itself and need nothing here.
 //!
 //! The guard stops following (and stays silent) on HTTP/2, on a request that

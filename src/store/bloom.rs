@@ -1,8 +1,8 @@
-//! The Bloom filter's part of the store contract (SPEC §6), as a supertrait
-//! of [`super::Store`] so both backends implement it with the same
-//! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
-//! `SETBIT`s (`redis/bloom.rs`), the embedded store with in-memory bitmaps
-//! (`memory/bloom.rs`).
+//! The Bloom filter's part of the store contract
+//! (docs/architecture.md#bloom-filter), as a supertrait of [`super::Store`] so
+//! both backends implement it with the same semantics: the Redis backend with
+//! `lua/bloom_*.lua` and pipelined `SETBIT`s (`redis/bloom.rs`), the embedded
+//! store with in-memory bitmaps (`memory/bloom.rs`).
 //!
 //! One filter's keys share the hash tag `{<route>:<scope>}`, so every
 //! Bloom script and pipeline runs in one Cluster slot.

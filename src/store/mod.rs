@@ -16,7 +16,8 @@
 //!   a folder that implements the contract and one arm of its `match`.
 //!
 //! The traits speak in keys the caller built ([`crate::keys`]), so both
-//! backends implement exactly the same protocol (SPEC §5.1):
+//! backends implement exactly the same protocol
+//! (docs/architecture.md#generation-protocol):
 //! - `read`: one round trip for the entry and the object's generation
 //!   (`read_near`: the same answer from process memory, where the backend
 //!   keeps a coherent copy: the Redis near cache, [`redis::near`]);
@@ -34,10 +35,11 @@
 //!   instance, a no-op where the event (or a later stream entry) already
 //!   replaced the generation;
 //! - `publish_checked`, `tag_tickets`, `read_tags`, `raise_floors`: the
-//!   same protocol for version floors and cache tags (issue 13);
+//!   same protocol for version floors and cache tags
+//!   (docs/invalidation.md#dependent-invalidation);
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
-//!   growth (SPEC §6).
+//!   growth (docs/architecture.md#bloom-filter).
 
 pub(crate) mod backend;
 pub(crate) mod bloom;

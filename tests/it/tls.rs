@@ -1,8 +1,8 @@
-//! TLS to the stores (issue 15): Redis with `--tls-port` only and Postgres
-//! with `ssl=on` and `hostssl` only, certificates made by `openssl` in the
-//! test. A certificate the peer cannot prove is an error naming the
-//! setting, and the request path degrades; nothing falls back to plain text
-//! (the servers have no plain-text listener to fall back to).
+//! TLS to the stores (docs/configuration.md#tls): Redis with `--tls-port` only
+//! and Postgres with `ssl=on` and `hostssl` only, certificates made by
+//! `openssl` in the test. A certificate the peer cannot prove is an error
+//! naming the setting, and the request path degrades; nothing falls back to
+//! plain text (the servers have no plain-text listener to fall back to).
 
 use crate::support::certs::{Certs, NAMED};
 use crate::support::client::{self, x_cache};

@@ -1,4 +1,4 @@
-//! The store circuit breaker (SPEC §5.5).
+//! The store circuit breaker (docs/architecture.md#circuit-breaker).
 //!
 //! ```text
 //!            failure                 cooldown over: next call is THE probe

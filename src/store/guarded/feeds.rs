@@ -145,9 +145,9 @@ mod tests {
         results.remove(0)
     }
 
-    /// Issue 20: one slow read opens the request path's breaker; the
-    /// feeds' invalidations still reach the store, and a feed failure opens
-    /// only the feeds' breaker.
+    /// One slow read opens the request path's breaker; the feeds' invalidations
+    /// still reach the store, and a feed failure opens only the feeds' breaker
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events).
     #[tokio::test(start_paused = true)]
     async fn feeds_keep_their_own_breaker() {
         let metrics = Metrics::new();

@@ -4,8 +4,8 @@
 //! around the backend call -> outcome reported to the breaker, failures
 //! counted in `sidecache_store_errors_total{op}`. The timeout is what bounds
 //! a request's wait on a dead or paused Redis; the client's own reconnect
-//! backoff never decides it (CRATES.md: a killed server held commands for
-//! 8 s+ otherwise).
+//! backoff never decides it (a killed server held commands for 8 s+ otherwise:
+//! docs/architecture.md#redis-rs).
 //!
 //! A business "no" (lease taken, publish rejected, compare-and-delete
 //! mismatch) is a successful call. So, for the breaker, is a write the store

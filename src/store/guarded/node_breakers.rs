@@ -1,7 +1,7 @@
-//! One breaker per Redis Cluster master (issue 15): a call is admitted by
-//! the breaker of the master serving its key's slot ([`SlotMap`]), so a
-//! dead master degrades only the keys of its own slots while the others go
-//! on being served.
+//! One breaker per Redis Cluster master (docs/operations.md#redis-cluster): a
+//! call is admitted by the breaker of the master serving its key's slot
+//! ([`SlotMap`]), so a dead master degrades only the keys of its own slots
+//! while the others go on being served.
 //!
 //! Breakers are made on first use per `host:port` and kept (a handful per
 //! cluster; a failover adds one). Each has its own gauge

@@ -1,5 +1,6 @@
-//! The Lua scripts of the generation protocol (SPEC §5.3), embedded from
-//! `lua/*.lua` at build time so the binary and its scripts cannot drift.
+//! The Lua scripts of the generation protocol
+//! (docs/architecture.md#lua-scripts), embedded from `lua/*.lua` at build time
+//! so the binary and its scripts cannot drift.
 //!
 //! Each script is a [`redis::Script`]: `invoke_async` sends `EVALSHA` and, on
 //! `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`, failover to a replica that
@@ -110,7 +111,8 @@ pub(crate) fn eval_of(cmd: &Cmd) -> Option<Cmd> {
 mod tests {
     use super::*;
 
-    /// SPEC §5.3: every script documents KEYS, ARGV and its return values.
+    /// Every script documents KEYS, ARGV and its return values
+    /// (docs/architecture.md#lua-scripts).
     #[test]
     fn scripts_have_contract_headers() {
         for (name, src) in SOURCES {

@@ -1,6 +1,6 @@
-//! Bloom filter operations of the store (SPEC §6): activation, signature
-//! and size checks, the build lock and its renewal, adds that reach the
-//! active filter and a running build, a crashed build.
+//! Bloom filter operations of the store (docs/architecture.md#bloom-filter):
+//! activation, signature and size checks, the build lock and its renewal, adds
+//! that reach the active filter and a running build, a crashed build.
 
 use super::eventually;
 use sidecache::bloom::{positions, signature};

@@ -1,6 +1,6 @@
-//! Redis Sentinel with the near cache (issue 15): the tracked connection
-//! goes to the primary Sentinel names; a switch drops everything read
-//! from the old primary and tracking follows to the new one.
+//! Redis Sentinel with the near cache (docs/operations.md#redis-sentinel): the
+//! tracked connection goes to the primary Sentinel names; a switch drops
+//! everything read from the old primary and tracking follows to the new one.
 
 use super::near_cache::publish_through;
 use super::{binary_entry, eventually, keys, GEN_TTL};
