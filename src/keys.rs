@@ -1,8 +1,8 @@
-//! The key layout (SPEC §5.2), shared by the read pipeline (stage 1:
-//! [`cache_key`]), invalidation (generation keys) and the Bloom filter
-//! ([`bloom_keys`]). Identity = route name + param values; variant = a hash
-//! of the normalized query (per the route's `query` mode) and the values of
-//! the route's `vary` headers. Object keys are
+//! The key layout (docs/architecture.md#key-layout), shared by the read
+//! pipeline (stage 1: [`cache_key`]), invalidation (generation keys) and the
+//! Bloom filter ([`bloom_keys`]). Identity = route name + param values; variant
+//! = a hash of the normalized query (per the route's `query` mode) and the
+//! values of the route's `vary` headers. Object keys are
 //! `<ns>o:{<route>:<p1>:<p2>…}:e:v2:<variant>` (entry), `…:g` (generation),
 //! `…:l:<variant>` (lease), `…:f` (version floor); tag generations
 //! `<ns>t:{<tag>}:g`; Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
@@ -14,7 +14,8 @@ use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 use std::fmt::Write;
 
-/// The keys of one object variant (SPEC §5.2), all in one hash slot.
+/// The keys of one object variant, all in one hash slot
+/// (docs/architecture.md#key-layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectKeys {
     /// The three keys one after another: one allocation per read, not
@@ -53,8 +54,8 @@ impl ObjectKeys {
     }
 }
 
-/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
-/// Built by [`bloom_keys`].
+/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`,
+/// docs/architecture.md#key-layout). Built by [`bloom_keys`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BloomKeys {
     /// `…:bits`: the active bitmap.

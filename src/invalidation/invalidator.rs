@@ -4,8 +4,8 @@
 //! a reload that adds a route also makes its events valid), replace the
 //! generations of every valid event in one store call (its object's and
 //! those of the objects its route relates to, or its tags'; version floors
-//! first), grow the route's Bloom filter on `create` (SPEC §6), count
-//! `sidecache_invalidations_total{source,outcome,kind}` and the fan-out,
+//! first), grow the route's Bloom filter on `create` (docs/bloom.md#growth),
+//! count `sidecache_invalidations_total{source,outcome,kind}` and the fan-out,
 //! and tell the source each event's outcome so it can acknowledge, retry
 //! or dead-letter it.
 //!
@@ -164,7 +164,8 @@ impl Invalidator {
 
     /// `None` while the feeds' store calls go through; else when the feeds'
     /// breaker lets the next one probe. A feed takes no events before then
-    /// (issue 20): instances whose store works take them meanwhile.
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events):
+    /// instances whose store works take them meanwhile.
     pub(crate) fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
         self.store.feeds_ready_at()
     }
@@ -230,10 +231,10 @@ impl Invalidator {
         }
     }
 
-    /// Write-through (SPEC §7): a 2xx answer to a write on a cached
-    /// object's path invalidates the object. `params` were validated by the
-    /// route match. Failure is logged and counted only; the outbox or stream
-    /// stays the reliable path.
+    /// Write-through (docs/invalidation.md#sources): a 2xx answer to a write on
+    /// a cached object's path invalidates the object. `params` were validated
+    /// by the route match. Failure is logged and counted only; the outbox or
+    /// stream stays the reliable path.
     pub(crate) async fn write_through(
         &self,
         cfg: &Config,

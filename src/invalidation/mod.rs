@@ -1,4 +1,4 @@
-//! Invalidation: how caches learn of changes (SPEC §7).
+//! Invalidation: how caches learn of changes (docs/invalidation.md).
 //!
 //! - [`event`]: the model every source shares (`{route, params, kind,
 //!   revision?}`, validated against the live route table; invalid events

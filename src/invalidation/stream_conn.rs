@@ -1,6 +1,7 @@
-//! Where the stream consumer's own connections go (issue 15): to the single
-//! node, to the primary Sentinel names now, or on Redis Cluster to the
-//! master serving the stream key's slot.
+//! Where the stream consumer's own connections go
+//! (docs/invalidation.md#redis-stream): to the single node, to the primary
+//! Sentinel names now, or on Redis Cluster to the master serving the stream
+//! key's slot.
 //!
 //! With Sentinel every connect asks the sentinels. After a failover the
 //! session's connection fails (the old primary is gone, or answers
@@ -10,12 +11,12 @@
 //! pending entries it knows are retried.
 //!
 //! The consumer's commands block (`XREADGROUP`/`XREAD ... BLOCK`), so they
-//! cannot share the store's cluster connection (CRATES.md); each path opens
-//! a plain connection of its own to the stream's master instead. The master
-//! is found with `CLUSTER SLOTS` from the first seed node that answers. A
-//! `MOVED` reply (failover, slot migrated) ends the session; the next
-//! connect goes to the node it names. An `ASK` (the slot is migrating) makes
-//! the next connect resolve again: the session resumes on the stream's
+//! cannot share the store's cluster connection (docs/architecture.md#redis-rs);
+//! each path opens a plain connection of its own to the stream's master
+//! instead. The master is found with `CLUSTER SLOTS` from the first seed node
+//! that answers. A `MOVED` reply (failover, slot migrated) ends the session;
+//! the next connect goes to the node it names. An `ASK` (the slot is migrating)
+//! makes the next connect resolve again: the session resumes on the stream's
 //! owner once the migration is over.
 //!
 //! The dead-letter stream `<stream>:dead` must share the stream's slot

@@ -1,13 +1,14 @@
-//! Witnesses (issue 21): which instances run a feed's fan-out.
+//! Witnesses: which instances run a feed's fan-out
+//! (docs/invalidation.md#witnesses-k-instances-fan-out-not-all-of-them).
 //!
-//! The fan-out (issue 19) is what keeps a stopped consumer from delaying an
-//! invalidation: instances besides the one the feed handed the event to
-//! apply it as soon as they see it. Run by every instance, it costs each
-//! event N applications (and with the outbox N reads of the pending rows);
-//! run by `k` instances (`invalidation.witnesses`, default 2), it costs the
-//! consumer's application plus `k` covered checks, whatever N. With k ≥ 2,
-//! one stopped instance, witness or not, still never delays an event: the
-//! other witness applies it.
+//! The fan-out (docs/invalidation.md#no-feed-waits-for-one-instance) is what
+//! keeps a stopped consumer from delaying an invalidation: instances besides
+//! the one the feed handed the event to apply it as soon as they see it. Run by
+//! every instance, it costs each event N applications (and with the outbox N
+//! reads of the pending rows); run by `k` instances (`invalidation.witnesses`,
+//! default 2), it costs the consumer's application plus `k` covered checks,
+//! whatever N. With k ≥ 2, one stopped instance, witness or not, still never
+//! delays an event: the other witness applies it.
 //!
 //! A witness holds one of the feed's `k` slots in the store
 //! (`lua/witness.lua`: keys `<ns>w:{<feed>}:<i>`, value this process's

@@ -1,6 +1,7 @@
-//! What an entry depends on besides its object's generation (issue 13):
-//! the object's version floor (`version_from`) and cache tags
-//! (`tags_from`). Both keep SPEC §5.1's guarantee:
+//! What an entry depends on besides its object's generation
+//! (docs/invalidation.md#dependent-invalidation): the object's version floor
+//! (`version_from`) and cache tags (`tags_from`). Both keep the guarantee of
+//! docs/architecture.md#fills-cannot-backfill-stale-data:
 //!
 //! - **Tags.** Before its upstream call a fill reads the tags the object's
 //!   last answer carried (`…:t`) and takes their tickets (current tag

@@ -5,8 +5,8 @@
 //! of the current generation is returned as [`Found::Expired`] for the
 //! stale rules (grace, stale-if-error) to judge. An entry of another
 //! generation, or with no readable generation, is a miss in every mode
-//! (SPEC §5.1's last rule). So is an entry stamped with a tag generation
-//! that is no longer current (issue 13). A corrupt entry is removed with a
+//! (docs/architecture.md#the-serving-rule). So is an entry stamped with a tag
+//! generation that is no longer current. A corrupt entry is removed with a
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
 use super::answer::Prepared;
@@ -68,7 +68,8 @@ pub(crate) enum Found {
     /// within its windows.
     Expired(Entry),
     /// Nothing servable; the object's generation as read (none: the key is
-    /// missing). A miss joins only fills of this generation (issue 19).
+    /// missing). A miss joins only fills of this generation
+    /// (docs/architecture.md#no-older-answer-after-an-invalidation).
     Miss(Option<Bytes>),
 }
 

@@ -1,9 +1,9 @@
-//! The read pipeline for requests that match a cache route (SPEC §5). Each
-//! stage is a named function in its own file; this file is the chart that
-//! chooses between them ([`Pipeline::try_hit`] for a near-cache hit,
-//! else `serve`: stage 0, then `serve_keyed` for stages 1-3 and
-//! `serve_missed` for 4-10), and `filler` runs a fill once one is chosen
-//! (stages 5-9):
+//! The read pipeline for requests that match a cache route
+//! (docs/architecture.md#read-pipeline). Each stage is a named function in its
+//! own file; this file is the chart that chooses between them
+//! ([`Pipeline::try_hit`] for a near-cache hit, else `serve`: stage 0, then
+//! `serve_keyed` for stages 1-3 and `serve_missed` for 4-10), and `filler` runs
+//! a fill once one is chosen (stages 5-9):
 //!
 //! ```text
 //! 0 validate + bypass   (route match in server; bypass() here)
