@@ -228,9 +228,9 @@ pub struct Metrics {
 /// The series every forwarded request touches (route `-`), each looked up
 /// in its vector once, on first use, instead of per request: a
 /// `with_label_values` hashes the label values and takes the vector's lock
-/// (~125 instructions each, three per forwarded request; callgrind).
-/// Created on first use so that `/metrics` shows a series only once it
-/// has counted something, as before.
+/// three times per forwarded request (bench/README.md). Created on first use so
+/// that `/metrics` shows a series only once it has counted something, as
+/// before.
 #[derive(Default)]
 pub struct ForwardMetrics {
     requests: OnceLock<IntCounter>,

@@ -174,8 +174,8 @@ static PRINTABLE: [bool; 256] = {
 
 /// Whether every byte of `v` is plain in the format (`json`: see
 /// [`plain_table`]). Eight bytes at a time (a path is checked for every
-/// line; a table lookup per byte cost ~5 instructions a byte), the tail
-/// through the table.
+/// line; a table lookup per byte cost more: bench/README.md), the tail through
+/// the table.
 fn plain(v: &[u8], json: bool) -> bool {
     let mut words = v.chunks_exact(8);
     for word in &mut words {

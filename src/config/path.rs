@@ -136,10 +136,9 @@ pub(crate) fn is_normal_segment(segment: &str) -> bool {
 /// normal as it is. Anything else takes the slow path, which judges it (a
 /// segment like `.well-known` comes back unchanged from there).
 ///
-/// Eight bytes at a time (SWAR): a byte loop cost 250-390 instructions per
-/// hit on a 24-byte path, over the hit path's 1 % budget (callgrind,
-/// bench/README.md). [`is_normal_bytewise`] is the plain statement of the
-/// same rule; a test holds them equal.
+/// Eight bytes at a time (SWAR): a byte loop was over the hit path's budget
+/// (bench/README.md). [`is_normal_bytewise`] is the plain statement of the same
+/// rule; a test holds them equal.
 fn is_normal(path: &str) -> bool {
     let bytes = path.as_bytes();
     let mut chunks = bytes.chunks_exact(8);

@@ -6,11 +6,11 @@
 //! Why not hyper-util's legacy `Client`: it is built for many hosts and
 //! HTTP/2, and per request it hashed its pool key (scheme + authority, byte
 //! by byte through SipHash) three times, raced a checkout against a connect
-//! and spawned a task to hand the connection back; together ~9 500
-//! instructions of a ~47 600-instruction pass-through (callgrind). sidecache
-//! talks HTTP/1.1 to one upstream, so a stack of idle connections does the
-//! same job: the most recently used one is reused (LIFO, as hyper-util did),
-//! and a connection goes back when its response body has ended.
+//! and spawned a task to hand the connection back: together a large share of a
+//! pass-through's instructions (bench/README.md). sidecache talks HTTP/1.1 to
+//! one upstream, so a stack of idle connections does the same job: the most
+//! recently used one is reused (LIFO, as hyper-util did), and a connection goes
+//! back when its response body has ended.
 
 use crate::body::Body;
 use crate::config::UpstreamConfig;

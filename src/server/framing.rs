@@ -243,8 +243,7 @@ impl<IO> FramingGuard<IO> {
     /// From now on a request head must be whole `after` after the
     /// connection starts waiting for it, or the read fails with
     /// `TimedOut` ([`HeadTimedOut`]). hyper's own header timer would do
-    /// the same, but it makes a new timer for every head (~1 600
-    /// instructions a request, bench/README).
+    /// the same, but it makes a new timer for every head (bench/README.md).
     pub(crate) fn head_timeout(&mut self, after: Duration) {
         self.head_timeout = Some(after);
         self.head_since = None;

@@ -58,7 +58,7 @@ use tracing::debug;
 /// An HTTP/1 connection idle this long is parked (see the module doc).
 /// Long enough that a busy keep-alive client (its next request within
 /// milliseconds) stays with hyper; each parking costs a new hyper
-/// connection (two buffers, a few thousand instructions) on the next request.
+/// connection (two buffers) on the next request (bench/README.md).
 const PARK_AFTER: Duration = Duration::from_millis(200);
 
 /// How long an idle HTTP/2 connection gets to say goodbye (GOAWAY flushed,
@@ -686,9 +686,9 @@ async fn answer(
     // Matched on the path's normal form; the request itself, forwarded
     // below, keeps the path exactly as the client sent it. The URI clone
     // (it shares the request's bytes) lives until the answer is built:
-    // without it the same requests cost ~1 400 more instructions each
-    // (callgrind, pass-through GET; all of it allocator work under hyper's
-    // read buffer), so it stays although classify needs no borrow.
+    // without it a pass-through costs more, all of it allocator work under
+    // hyper's read buffer (bench/README.md), so it stays although classify
+    // needs no borrow.
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {
