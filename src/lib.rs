@@ -4,9 +4,11 @@
 //!
 //! The library exists for the `sidecache` binary (`src/main.rs`), the
 //! integration tests (`tests/it`) and the example service
-//! (`examples/upstream.rs`); `pub` means one of them uses it, and
-//! everything else is `pub(crate)` (the `unreachable_pub` lint keeps it so,
-//! and rustc then reports what nothing uses). What is public:
+//! (`examples/upstream.rs`). A function, method or constant is `pub` only
+//! if one of them uses it; the typed config and the metrics registry are
+//! public with all their fields, as data. Everything else is `pub(crate)`
+//! (the `unreachable_pub` lint keeps it so, and rustc then reports what
+//! nothing uses). What is public:
 //! - for the binary: [`App`] and [`shutdown_signal`] (serve until a
 //!   signal), [`lookup`] (`sidecache lookup`'s client side),
 //!   [`invalidation::ddl`] and [`invalidation::capture`] (`outbox-ddl`,
@@ -23,7 +25,8 @@
 //!   (Postgres over TLS).
 //!
 //! Each of those modules re-exports at its root what is public and keeps
-//! its submodules crate-private.
+//! its submodules crate-private (`invalidation::ddl` and
+//! `invalidation::capture::ddl`, small and whole, are public modules).
 //!
 //! # Layers
 //!
