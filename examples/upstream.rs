@@ -584,7 +584,7 @@ mod pg {
     /// One connection for the whole service, used by one request at a time:
     /// enough for an example. A real service uses a pool (deadpool-postgres,
     /// bb8), the transaction code stays the same.
-    pub struct Db {
+    pub(super) struct Db {
         url: String,
         client: Mutex<Client>,
         /// Whether changes write their outbox row (`--no-outbox`: never).
@@ -594,7 +594,7 @@ mod pg {
     impl Db {
         /// Connects (retrying for 30 s while Postgres starts), creates
         /// `app_config` and the outbox if missing, seeds an empty table.
-        pub async fn open(url: &str, apps: u64, outbox: bool) -> anyhow::Result<Db> {
+        pub(super) async fn open(url: &str, apps: u64, outbox: bool) -> anyhow::Result<Db> {
             let mut attempt = 0;
             let client = loop {
                 match connect(url).await {
@@ -671,7 +671,7 @@ mod pg {
         }
     }
 
-    pub async fn get(
+    pub(super) async fn get(
         state: &State,
         db: &Db,
         tenant: &str,
@@ -686,7 +686,7 @@ mod pg {
         })
     }
 
-    pub async fn list(
+    pub(super) async fn list(
         state: &State,
         db: &Db,
         tenant: &str,
@@ -706,7 +706,7 @@ mod pg {
     }
 
     /// `PUT`: the update and its outbox row commit together, or neither does.
-    pub async fn update(
+    pub(super) async fn update(
         state: &State,
         db: &Db,
         tenant: &str,
@@ -740,7 +740,7 @@ mod pg {
     /// `POST`: a new app with the next free id. Its `create` event also
     /// replaces a negative cache entry (a 404 sidecache may have cached for
     /// that id) and, with a Bloom filter on the route, adds the id to it.
-    pub async fn create(
+    pub(super) async fn create(
         state: &State,
         db: &Db,
         tenant: &str,
@@ -770,7 +770,7 @@ mod pg {
     }
 
     /// `DELETE`: the row goes and its `delete` event is written, together.
-    pub async fn delete(db: &Db, tenant: &str, id: u64) -> Result<Response<Full<Bytes>>> {
+    pub(super) async fn delete(db: &Db, tenant: &str, id: u64) -> Result<Response<Full<Bytes>>> {
         let mut client = db.client().await?;
         let tx = client.transaction().await?;
         let row = tx

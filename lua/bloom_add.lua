@@ -1,7 +1,7 @@
--- bloom_add: growth (SPEC 6). Sets a new member's bits in the active filter
--- and, if a build is running, in its candidate, so the member survives the
--- candidate's activation. The caller names the candidate from the lock
--- owner it read just before; if the lock changed since, nothing is written
+-- bloom_add: growth (docs/bloom.md#growth). Sets a new member's bits in the
+-- active filter and, if a build is running, in its candidate, so the member
+-- survives the candidate's activation. The caller names the candidate from the
+-- lock owner it read just before; if the lock changed since, nothing is written
 -- and the caller re-reads and retries (every key stays in KEYS).
 --
 -- KEYS[1]  bits (active bitmap; written only if it exists)

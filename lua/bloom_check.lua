@@ -1,5 +1,5 @@
--- bloom_check: three-state membership test (SPEC 6). Only a complete
--- filter built with our parameters may say "certainly absent".
+-- bloom_check: three-state membership test (docs/architecture.md#bloom-filter).
+-- Only a complete filter built with our parameters may say "certainly absent".
 --
 -- KEYS[1]  bits  (the active bitmap)
 -- KEYS[2]  ready (holds the signature of the active bitmap)

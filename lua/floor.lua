@@ -1,6 +1,6 @@
--- floor: raise an object's version floor (issue 13): an invalidation with
--- revision R means no answer older than R may be published for the
--- object again. Keeps the higher of the current floor and R, so floors
+-- floor: raise an object's version floor (docs/invalidation.md#version-floors):
+-- an invalidation with revision R means no answer older than R may be published
+-- for the object again. Keeps the higher of the current floor and R, so floors
 -- can be raised in any order and repeated.
 --
 -- KEYS[1]  floor key (same slot as the object's generation)

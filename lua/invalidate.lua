@@ -1,6 +1,7 @@
 -- invalidate: replace the generation with a fresh unique value, so every
 -- entry stamped with an older value is dead at once and every outstanding
--- ticket can no longer publish (SPEC 5.1). Idempotent in effect.
+-- ticket can no longer publish (docs/architecture.md#generation-protocol).
+-- Idempotent in effect.
 --
 -- KEYS[1]  generation key
 -- ARGV[1]  nonce: caller's random token, makes the value unique

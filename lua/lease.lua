@@ -2,7 +2,8 @@
 -- fill's ticket (the current generation, created fresh if missing, as in
 -- ticket.lua). A lease held by a fill whose ticket is no longer current is
 -- superseded: that fill can never publish, and waiting for it would hand
--- readers an answer fetched before the invalidation (issue 19).
+-- readers an answer fetched before the invalidation
+-- (docs/architecture.md#no-older-answer-after-an-invalidation).
 --
 -- KEYS[1]  lease key
 -- KEYS[2]  generation key

@@ -1,8 +1,9 @@
 -- publish: write a cache entry only if the generation has not moved since
--- the filler's ticket and the filler still holds the lease (SPEC 5.1:
--- closes the stale-backfill race; a missing generation counts as moved,
--- closing ABA). The generation is checked first: a fill superseded by one
--- of a newer generation (lease.lua) is refused as "generation changed".
+-- the filler's ticket and the filler still holds the lease (closes the
+-- stale-backfill race, docs/architecture.md#no-stale-backfill; a missing
+-- generation counts as moved, closing ABA). The generation is checked first: a
+-- fill superseded by one of a newer generation (lease.lua) is refused as
+-- "generation changed".
 --
 -- KEYS[1]  lease key
 -- KEYS[2]  generation key

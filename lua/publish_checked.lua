@@ -1,8 +1,8 @@
 -- publish_checked: publish.lua for an entry that also depends on a version
--- floor and/or cache tags (issue 13). Written only if, besides the
--- generation and the lease, the answer's version is not below the
--- object's floor and every tag generation still equals the one the
--- filler read before its upstream call (a missing one counts as moved).
+-- floor and/or cache tags (docs/invalidation.md#dependent-invalidation).
+-- Written only if, besides the generation and the lease, the answer's version
+-- is not below the object's floor and every tag generation still equals the one
+-- the filler read before its upstream call (a missing one counts as moved).
 --
 -- KEYS[1]  lease key
 -- KEYS[2]  generation key

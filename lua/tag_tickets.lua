@@ -1,8 +1,8 @@
 -- tag_tickets: the current generation of each cache tag, created fresh
--- where missing (as ticket.lua, for tags; issue 13). A filler reads them
--- before its upstream call and stamps them into the entry, so a tag
--- invalidated during the fill makes the entry dead. TTLs are refreshed:
--- a tag key outlives every entry stamped with it.
+-- where missing (as ticket.lua, for tags: docs/invalidation.md#cache-tags). A
+-- filler reads them before its upstream call and stamps them into the entry, so
+-- a tag invalidated during the fill makes the entry dead. TTLs are refreshed: a
+-- tag key outlives every entry stamped with it.
 --
 -- KEYS     tag generation keys (single node: any; Cluster: one per call)
 -- ARGV[1]  nonce: caller's random token, makes a fresh value unique

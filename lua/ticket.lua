@@ -1,6 +1,7 @@
 -- ticket: the object's current generation; creates a fresh one if missing.
--- A ticket is therefore never absent (SPEC 5.1). Needs Redis >= 5 (TIME in
--- a writing script relies on effects replication, the default since 5.0).
+-- A ticket is therefore never absent
+-- (docs/architecture.md#generation-protocol). Needs Redis >= 5 (TIME in a
+-- writing script relies on effects replication, the default since 5.0).
 --
 -- KEYS[1]  generation key
 -- ARGV[1]  nonce: caller's random token, makes the value unique

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 /// Admin request bodies are small JSON documents.
 const MAX_BODY: usize = 64 * 1024;
 
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub config: Arc<ArcSwap<Config>>,
     pub invalidator: Arc<Invalidator>,
     pub blooms: Arc<Blooms>,
@@ -44,11 +44,11 @@ pub struct AdminState {
     /// Set once the client listener is bound; cleared when draining.
     pub ready: Arc<AtomicBool>,
     /// For the status page's uptime.
-    pub started: std::time::Instant,
+    pub started: tokio::time::Instant,
 }
 
 /// Serves the admin listener until `shutdown`.
-pub async fn run(
+pub(crate) async fn run(
     listener: TcpListener,
     state: Arc<AdminState>,
     shutdown: watch::Receiver<bool>,

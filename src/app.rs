@@ -114,7 +114,7 @@ impl App {
             store,
             metrics: metrics.clone(),
             ready: ready.clone(),
-            started: std::time::Instant::now(),
+            started: tokio::time::Instant::now(),
         });
         // Started whether or not it is enabled: a reload can turn it on.
         let access_log = AccessLog::start(config.load().access_log.buffer, &metrics)
@@ -218,9 +218,9 @@ impl ProxyListeners {
     }
 }
 
-/// The membership source of Bloom builds. SPEC §6: `source` runs on
-/// `invalidation.outbox.url`; without an outbox this instance builds no
-/// filters (it still uses those other instances build).
+/// The membership source of Bloom builds: `source` runs on
+/// `invalidation.outbox.url`; without an outbox this instance builds no filters
+/// (it still uses those other instances build; docs/bloom.md#builds).
 fn bloom_source(cfg: &Config) -> Option<Arc<dyn IdSource>> {
     cfg.invalidation
         .outbox

@@ -5,21 +5,21 @@
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Body = BoxBody<Bytes, BoxError>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Body = BoxBody<Bytes, BoxError>;
 
-pub fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
 }
 
-pub fn empty() -> Body {
+pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed()
 }
 
 /// Boxes any body whose error converts into [`BoxError`] (e.g. `Incoming`).
-pub fn boxed<B>(body: B) -> Body
+pub(crate) fn boxed<B>(body: B) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,

@@ -1,5 +1,6 @@
 //! Error kinds by meaning, and the one place that turns them into HTTP
-//! answers. The classification is the degradation policy (SPEC §5):
+//! answers. The classification is the degradation policy
+//! (docs/architecture.md#degradation-policy):
 //! - store unavailable -> never an error to the client: the degraded path;
 //! - upstream unreachable / timed out -> 502 / 504;
 //! - overload (fill permits, lease wait budget) -> 503 with `Retry-After`;
@@ -14,7 +15,7 @@ use crate::body::{full, Body};
 use http::{header, Response, StatusCode};
 
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     #[error("upstream unreachable: {0}")]
     Connect(String),
     #[error("upstream timed out")]
@@ -29,7 +30,7 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             UpstreamError::Connect(_) => "connect",
             UpstreamError::Timeout => "timeout",
@@ -41,11 +42,11 @@ impl UpstreamError {
 
 /// The [`ProxyError::Overloaded`] reason when the lease wait budget is
 /// spent (any other reason is the fill permits).
-pub const LEASE_WAIT_SPENT: &str = "lease wait budget spent";
+pub(crate) const LEASE_WAIT_SPENT: &str = "lease wait budget spent";
 
 /// Why sidecache answers a request itself instead of with an upstream response.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     #[error("bad request: {0}")]
@@ -62,7 +63,7 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             ProxyError::Upstream(UpstreamError::Timeout) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream(UpstreamError::ClientBody(_)) => StatusCode::BAD_REQUEST,
@@ -75,7 +76,7 @@ impl ProxyError {
     }
 
     /// The client-facing answer: a short plain-text body, no internals.
-    pub fn to_response(&self) -> Response<Body> {
+    pub(crate) fn to_response(&self) -> Response<Body> {
         let status = self.status();
         let text = match self {
             ProxyError::BadRequest(why) => format!("bad request: {why}\n"),
@@ -108,7 +109,7 @@ impl ProxyError {
 /// Marks a `503` that sidecache answered itself for overload (counted in
 /// `sidecache_overloaded_total{reason}`), as opposed to an upstream's 503.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overload {
+pub(crate) enum Overload {
     /// Fill permits (or the route's share of them) were all taken.
     FillPermits,
     /// The lease `wait` budget was spent waiting for another fill.
@@ -124,7 +125,7 @@ impl Overload {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Overload::FillPermits => "fill_permits",
             Overload::LeaseWait => "lease_wait",

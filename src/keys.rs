@@ -1,8 +1,8 @@
-//! The key layout (SPEC §5.2), shared by the read pipeline (stage 1:
-//! [`cache_key`]), invalidation (generation keys) and the Bloom filter
-//! ([`bloom_keys`]). Identity = route name + param values; variant = a hash
-//! of the normalized query (per the route's `query` mode) and the values of
-//! the route's `vary` headers. Object keys are
+//! The key layout (docs/architecture.md#key-layout), shared by the read
+//! pipeline (stage 1: [`cache_key`]), invalidation (generation keys) and the
+//! Bloom filter ([`bloom_keys`]). Identity = route name + param values; variant
+//! = a hash of the normalized query (per the route's `query` mode) and the
+//! values of the route's `vary` headers. Object keys are
 //! `<ns>o:{<route>:<p1>:<p2>…}:e:v3:<variant>` (entry), `…:g` (generation),
 //! `…:l:<variant>` (lease), `…:f` (version floor); tag generations
 //! `<ns>t:{<tag>}:g`; Bloom keys `<ns>b:{<route>:<scope>}:<suffix>`.
@@ -14,7 +14,8 @@ use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 use std::fmt::Write;
 
-/// The keys of one object variant (SPEC §5.2), all in one hash slot.
+/// The keys of one object variant, all in one hash slot
+/// (docs/architecture.md#key-layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectKeys {
     /// The three keys one after another: one allocation per read, not
@@ -53,8 +54,8 @@ impl ObjectKeys {
     }
 }
 
-/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`, SPEC §5.2).
-/// Built by [`bloom_keys`].
+/// The keys of one filter (`<ns>b:{<route>:<scope>}:<suffix>`,
+/// docs/architecture.md#key-layout). Built by [`bloom_keys`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BloomKeys {
     /// `…:bits`: the active bitmap.
@@ -122,7 +123,7 @@ pub fn identity<S: AsRef<str>>(route: &str, params: &[S]) -> String {
 /// Appends `value`, percent-encoding every character that could close the
 /// hash tag, split the key or make two objects collide: `{ } : %`,
 /// whitespace and control characters. Other Unicode stays as it is.
-pub fn encode_param(value: &str, out: &mut String) {
+pub(crate) fn encode_param(value: &str, out: &mut String) {
     // Most values are plain ASCII: one byte test each instead of decoding
     // chars for the Unicode whitespace and control checks.
     let plain = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':' | b'%');
@@ -153,7 +154,7 @@ pub fn generation_key(namespace: &str, identity: &str) -> String {
 /// The version floor of an object (`…:f`, same slot as its generation):
 /// the highest revision an invalidation named; fills below it are not
 /// published.
-pub fn floor_key(namespace: &str, identity: &str) -> String {
+pub(crate) fn floor_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:f")
 }
 
@@ -161,19 +162,19 @@ pub fn floor_key(namespace: &str, identity: &str) -> String {
 /// route's `vary` (`…:n`, space-separated, sorted; routes with
 /// `vary_from_origin`), learned from the answers' own `Vary`: which
 /// headers the next fill carries and the variant is keyed on.
-pub fn vary_names_key(namespace: &str, identity: &str) -> String {
+pub(crate) fn vary_names_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:n")
 }
 
 /// The tags an object's last answer carried (`…:t`, space-separated), so
 /// a fill can take their tickets before its upstream call.
-pub fn tag_list_key(namespace: &str, identity: &str) -> String {
+pub(crate) fn tag_list_key(namespace: &str, identity: &str) -> String {
     format!("{namespace}o:{{{identity}}}:t")
 }
 
 /// A feed's witness slots: `<ns>w:{<feed>}:<i>` for `i` in `0..k`, one
 /// hash tag so that `lua/witness.lua` sees them all on Cluster.
-pub fn witness_keys(namespace: &str, feed: &str, k: u32) -> Vec<String> {
+pub(crate) fn witness_keys(namespace: &str, feed: &str, k: u32) -> Vec<String> {
     let mut tag = String::with_capacity(feed.len());
     encode_param(feed, &mut tag);
     (0..k)
@@ -183,7 +184,7 @@ pub fn witness_keys(namespace: &str, feed: &str, k: u32) -> Vec<String> {
 
 /// The generation key of a cache tag: `<ns>t:{<tag>}:g`, the tag
 /// percent-encoded like a param. Each tag is its own hash slot.
-pub fn tag_generation_key(namespace: &str, tag: &str) -> String {
+pub(crate) fn tag_generation_key(namespace: &str, tag: &str) -> String {
     let mut key = String::with_capacity(namespace.len() + tag.len() + 6);
     key.push_str(namespace);
     key.push_str("t:{");
@@ -195,7 +196,7 @@ pub fn tag_generation_key(namespace: &str, tag: &str) -> String {
 /// The generation of a whole route: `<ns>r:{<route>}:g`. Every entry of
 /// the route is stamped with it like with a tag, so replacing it (a
 /// route-wide purge) makes every entry of the route unservable at once.
-pub fn route_generation_key(namespace: &str, route: &str) -> String {
+pub(crate) fn route_generation_key(namespace: &str, route: &str) -> String {
     let mut key = String::with_capacity(namespace.len() + route.len() + 6);
     key.push_str(namespace);
     key.push_str("r:{");
@@ -206,7 +207,7 @@ pub fn route_generation_key(namespace: &str, route: &str) -> String {
 
 /// Change capture's record that every mapped route was purged since its
 /// replication slot was created: `<ns>c:{<slot>}:purged`.
-pub fn capture_marker_key(namespace: &str, slot: &str) -> String {
+pub(crate) fn capture_marker_key(namespace: &str, slot: &str) -> String {
     let mut key = String::with_capacity(namespace.len() + slot.len() + 12);
     key.push_str(namespace);
     key.push_str("c:{");
@@ -215,7 +216,7 @@ pub fn capture_marker_key(namespace: &str, slot: &str) -> String {
     key
 }
 
-pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {
+pub(crate) fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys {
     // Concatenation instead of `format!`: this runs on every cache read and
     // the formatting machinery cost more than the rest of the key (callgrind).
     let prefix = namespace.len() + identity.len() + 5;
@@ -240,7 +241,7 @@ pub fn object_keys(namespace: &str, identity: &str, variant: &str) -> ObjectKeys
 /// sorts all pairs, `ignore` drops it, an allow-list keeps only those names
 /// (sorted). Pairs are compared as written (no decoding), so two spellings of
 /// one value are two variants, never one poisoned entry.
-pub fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
+pub(crate) fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
     let raw = match (mode, raw) {
         (QueryMode::Ignore, _) | (_, None) => return String::new(),
         (_, Some(q)) => q,
@@ -262,7 +263,7 @@ pub fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
 /// key would serve one cached answer for requests the service may answer
 /// differently, and keeping it would let random values (cache-busting)
 /// turn every request into a fill. `include` and `ignore` never refuse.
-pub fn has_unlisted_param(mode: &QueryMode, raw: Option<&str>) -> bool {
+pub(crate) fn has_unlisted_param(mode: &QueryMode, raw: Option<&str>) -> bool {
     let (QueryMode::Allow(names), Some(raw)) = (mode, raw) else {
         return false;
     };
@@ -285,7 +286,12 @@ fn is_listed(names: &[String], pair: &str) -> bool {
 /// answer for exactly those names and values, whatever is learned later.
 /// An absent header and an empty one are different variants, and no value
 /// reads as "absent" (`\x01` cannot occur in a header value).
-pub fn variant(query: &str, route: &Route, learned: &[HeaderName], headers: &HeaderMap) -> String {
+pub(crate) fn variant(
+    query: &str,
+    route: &Route,
+    learned: &[HeaderName],
+    headers: &HeaderMap,
+) -> String {
     // The common case (no query, no vary) hashes nothing: its digest is
     // that of the empty input, a constant.
     if query.is_empty() && route.vary.is_empty() && learned.is_empty() {
@@ -325,7 +331,7 @@ fn hex128(digest: &[u8]) -> String {
 
 /// Builds the whole key for a request on `route`; `learned`: the header
 /// names the object varies on beyond `vary` (see [`variant`]).
-pub fn cache_key<S: AsRef<str>>(
+pub(crate) fn cache_key<S: AsRef<str>>(
     namespace: &str,
     route: &Route,
     params: &[S],

@@ -2,7 +2,7 @@
 //! a shutdown signal. Everything else lives in the library.
 
 use clap::{Parser, Subcommand};
-use sidecache::config::file::FileLogFormat;
+use sidecache::config::FileLogFormat;
 use sidecache::config::{Config, QueryMode, RuntimeLayout, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -33,8 +33,25 @@ struct Cli {
     command: Option<Command>,
 }
 
+/// The subcommands: the one that needs no config, and the others.
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Configured(Configured),
+    /// Print the SQL that installs the outbox table and its NOTIFY trigger.
+    OutboxDdl {
+        /// Table name (`name` or `schema.name`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_TABLE)]
+        table: String,
+        /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
+        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
+        channel: String,
+    },
+}
+
+/// The subcommands that read the config.
+#[derive(Subcommand)]
+enum Configured {
     /// Serve (the default).
     Run,
     /// Validate the config, print the route table, exit 0; invalid: exit 2.
@@ -66,15 +83,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the SQL that installs the outbox table and its NOTIFY trigger.
-    OutboxDdl {
-        /// Table name (`name` or `schema.name`).
-        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_TABLE)]
-        table: String,
-        /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
-        #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
-        channel: String,
-    },
 }
 
 fn main() -> ExitCode {
@@ -86,14 +94,18 @@ fn main() -> ExitCode {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a process-wide allocator option; no other thread
         // runs yet.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+        #[allow(unsafe_code)]
+        unsafe {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0)
+        };
     }
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Command::Run);
-    // Needs no config: prints SQL for the operator to install.
-    if let Command::OutboxDdl { table, channel } = &command {
-        return print_outbox_ddl(table, channel);
-    }
+    let command = match cli.command {
+        None => Configured::Run,
+        Some(Command::Configured(command)) => command,
+        // Needs no config: prints SQL for the operator to install.
+        Some(Command::OutboxDdl { table, channel }) => return print_outbox_ddl(&table, &channel),
+    };
     let Some(path) = cli.config else {
         eprintln!("sidecache: --config PATH (or SIDECACHE_CONFIG) is required");
         return ExitCode::from(EXIT_CONFIG);
@@ -106,7 +118,7 @@ fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Check { db } => {
+        Configured::Check { db } => {
             for w in &cfg.warnings {
                 eprintln!("sidecache: warning: {w}");
             }
@@ -116,10 +128,9 @@ fn main() -> ExitCode {
                 false => ExitCode::SUCCESS,
             }
         }
-        Command::CaptureDdl { drop } => print_capture_ddl(&cfg, drop),
-        Command::Run => run(path, cfg),
-        Command::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
-        Command::OutboxDdl { table, channel } => print_outbox_ddl(&table, &channel),
+        Configured::CaptureDdl { drop } => print_capture_ddl(&cfg, drop),
+        Configured::Run => run(path, cfg),
+        Configured::Lookup { url, headers, json } => lookup(&cfg, &url, &headers, json),
     }
 }
 
@@ -137,7 +148,7 @@ fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
 }
 
 fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
-    use sidecache::config::capture::CaptureMode;
+    use sidecache::config::CaptureMode;
     use sidecache::invalidation::capture::ddl;
     let Some(capture) = &cfg.invalidation.capture else {
         eprintln!("sidecache capture-ddl: the config has no invalidation.capture");
@@ -168,7 +179,7 @@ fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
 
 /// `check --db`: the capture database fits the mapping.
 fn check_db(cfg: &Config) -> ExitCode {
-    use sidecache::invalidation::capture::{self, logical::CaptureError};
+    use sidecache::invalidation::capture::{self, CaptureError};
     let Some(capture) = &cfg.invalidation.capture else {
         println!("no invalidation.capture: no database to check");
         return ExitCode::SUCCESS;
@@ -203,7 +214,7 @@ fn check_db(cfg: &Config) -> ExitCode {
 }
 
 fn lookup(cfg: &Config, url: &str, headers: &[String], json: bool) -> ExitCode {
-    use sidecache::explain::cli;
+    use sidecache::lookup;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -214,13 +225,13 @@ fn lookup(cfg: &Config, url: &str, headers: &[String], json: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::fetch(cfg, url, headers)) {
+    match runtime.block_on(lookup::fetch(cfg, url, headers)) {
         Ok(answer) if json => {
             println!("{answer:#}");
             ExitCode::SUCCESS
         }
         Ok(answer) => {
-            print!("{}", cli::table(&answer));
+            print!("{}", lookup::table(&answer));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -247,7 +258,7 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
         // capture nothing: refused by name. A database that is down is the
         // capture's own business (it retries).
         if let Some(capture) = &cfg.invalidation.capture {
-            use sidecache::invalidation::capture::{self, logical::CaptureError};
+            use sidecache::invalidation::capture::{self, CaptureError};
             match capture::check(capture).await {
                 Ok(()) => {}
                 Err(e @ CaptureError::Schema(_)) => {
@@ -257,9 +268,9 @@ fn run(path: PathBuf, cfg: Config) -> ExitCode {
                 Err(e) => tracing::warn!(error = %e, "cannot check the capture database yet"),
             }
         }
-        match sidecache::app::App::start(path, cfg).await {
+        match sidecache::App::start(path, cfg).await {
             Ok(app) => {
-                app.run_until(sidecache::app::shutdown_signal()).await;
+                app.run_until(sidecache::shutdown_signal()).await;
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -377,7 +388,8 @@ fn print_routes(path: &Path, cfg: &Config) {
         );
     }
     println!("{} route(s)", cfg.routes.routes.len());
-    // Dependent invalidation (issue 13), for routes that use it.
+    // Dependent invalidation (docs/invalidation.md#dependent-invalidation), for
+    // routes that use it.
     for r in &cfg.routes.routes {
         let mut deps = Vec::new();
         if !r.also_invalidates.is_empty() {

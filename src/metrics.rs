@@ -2,101 +2,103 @@
 //! the admin listener exports. Label handles that sit on the request path are
 //! looked up once per request, never formatted.
 
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::sync::{Arc, OnceLock};
 
-pub mod names {
-    pub const REQUESTS: &str = "sidecache_requests_total";
-    pub const UPSTREAM_REQUESTS: &str = "sidecache_upstream_requests_total";
-    pub const UPSTREAM_DURATION: &str = "sidecache_upstream_duration_seconds";
-    pub const UPSTREAM_ERRORS: &str = "sidecache_upstream_errors_total";
-    pub const BLOOM_STATE: &str = "sidecache_bloom_state";
-    pub const BLOOM_CHECKS: &str = "sidecache_bloom_checks_total";
-    pub const BLOOM_BUILDS: &str = "sidecache_bloom_builds_total";
-    pub const BLOOM_BUILD_DURATION: &str = "sidecache_bloom_build_duration_seconds";
-    pub const BLOOM_FILL_RATIO: &str = "sidecache_bloom_fill_ratio";
-    pub const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
-    pub const STORE_ERRORS: &str = "sidecache_store_errors_total";
-    pub const BREAKER_OPEN: &str = "sidecache_breaker_open";
-    pub const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
-    pub const NODE_BREAKER_OPEN: &str = "sidecache_store_node_breaker_open";
-    pub const FEED_NODE_BREAKER_OPEN: &str = "sidecache_feed_node_breaker_open";
-    pub const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
-    pub const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
-    pub const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
-    pub const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
-    pub const FILL_QUEUED: &str = "sidecache_fill_queued";
-    pub const FILL_QUEUE_WAIT: &str = "sidecache_fill_queue_wait_seconds";
-    pub const FILL_QUEUE_REJECTED: &str = "sidecache_fill_queue_rejected_total";
-    pub const PUBLISH: &str = "sidecache_publish_total";
-    pub const CORRUPT: &str = "sidecache_corrupt_entries_total";
-    pub const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
-    pub const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
-    pub const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
-    pub const UNCACHEABLE: &str = "sidecache_uncacheable_total";
-    pub const COALESCED: &str = "sidecache_coalesced_total";
-    pub const VARY_RELEARNED: &str = "sidecache_vary_relearned_total";
-    pub const VARY_LEARNED: &str = "sidecache_vary_learned_total";
-    pub const STALE_SERVED: &str = "sidecache_stale_served_total";
-    pub const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
-    pub const REVALIDATIONS: &str = "sidecache_revalidations_total";
-    pub const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
-    pub const INVALIDATIONS: &str = "sidecache_invalidations_total";
-    pub const INVALIDATION_FANOUT: &str = "sidecache_invalidation_fanout";
-    pub const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
-    pub const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
-    pub const OUTBOX_OLDEST: &str = "sidecache_outbox_oldest_seconds";
-    pub const OUTBOX_DEAD: &str = "sidecache_outbox_dead";
-    pub const STREAM_PENDING: &str = "sidecache_stream_pending";
-    pub const FEED_WITNESS: &str = "sidecache_feed_witness";
-    pub const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
-    pub const CAPTURE_STREAMING: &str = "sidecache_capture_streaming";
-    pub const CAPTURE_LAG_BYTES: &str = "sidecache_capture_lag_bytes";
-    pub const CAPTURE_LAG_SECONDS: &str = "sidecache_capture_lag_seconds";
-    pub const CAPTURE_DEAD_LETTERS: &str = "sidecache_capture_dead_letters_total";
-    pub const CAPTURE_SLOT_CREATED: &str = "sidecache_capture_slot_created_total";
-    pub const CAPTURE_ROUTE_PURGES: &str = "sidecache_capture_route_purges_total";
-    pub const NEAR_CACHE: &str = "sidecache_near_cache_total";
-    pub const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
-    pub const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
-    pub const NEAR_CACHE_TRACKING: &str = "sidecache_near_cache_tracking";
-    pub const CONNECTIONS_PARKED: &str = "sidecache_connections_parked";
-    pub const CLIENT_CONNECTIONS: &str = "sidecache_client_connections";
-    pub const ACCEPT_PAUSED: &str = "sidecache_accept_paused_total";
-    pub const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
-    pub const ACCESS_LOG_DROPPED: &str = "sidecache_access_log_dropped_total";
-    pub const OVERLOADED: &str = "sidecache_overloaded_total";
-    pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "sidecache_config_last_reload_successful";
-    pub const CONFIG_LAST_RELOAD_TIMESTAMP: &str = "sidecache_config_last_reload_timestamp_seconds";
+pub(crate) mod names {
+    pub(crate) const REQUESTS: &str = "sidecache_requests_total";
+    pub(crate) const UPSTREAM_REQUESTS: &str = "sidecache_upstream_requests_total";
+    pub(crate) const UPSTREAM_DURATION: &str = "sidecache_upstream_duration_seconds";
+    pub(crate) const UPSTREAM_ERRORS: &str = "sidecache_upstream_errors_total";
+    pub(crate) const BLOOM_STATE: &str = "sidecache_bloom_state";
+    pub(crate) const BLOOM_CHECKS: &str = "sidecache_bloom_checks_total";
+    pub(crate) const BLOOM_BUILDS: &str = "sidecache_bloom_builds_total";
+    pub(crate) const BLOOM_BUILD_DURATION: &str = "sidecache_bloom_build_duration_seconds";
+    pub(crate) const BLOOM_FILL_RATIO: &str = "sidecache_bloom_fill_ratio";
+    pub(crate) const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
+    pub(crate) const STORE_ERRORS: &str = "sidecache_store_errors_total";
+    pub(crate) const BREAKER_OPEN: &str = "sidecache_breaker_open";
+    pub(crate) const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
+    pub(crate) const NODE_BREAKER_OPEN: &str = "sidecache_store_node_breaker_open";
+    pub(crate) const FEED_NODE_BREAKER_OPEN: &str = "sidecache_feed_node_breaker_open";
+    pub(crate) const STORE_WRITE_REFUSALS: &str = "sidecache_store_write_refusals_total";
+    pub(crate) const STORE_WRITES_REFUSED: &str = "sidecache_store_writes_refused";
+    pub(crate) const REPLICA_ACK_SHORTFALLS: &str = "sidecache_replica_ack_shortfalls_total";
+    pub(crate) const FILL_INFLIGHT: &str = "sidecache_fill_inflight";
+    pub(crate) const FILL_QUEUED: &str = "sidecache_fill_queued";
+    pub(crate) const FILL_QUEUE_WAIT: &str = "sidecache_fill_queue_wait_seconds";
+    pub(crate) const FILL_QUEUE_REJECTED: &str = "sidecache_fill_queue_rejected_total";
+    pub(crate) const PUBLISH: &str = "sidecache_publish_total";
+    pub(crate) const CORRUPT: &str = "sidecache_corrupt_entries_total";
+    pub(crate) const LEASE_UNLOCK_FAILED: &str = "sidecache_lease_unlock_failures_total";
+    pub(crate) const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
+    pub(crate) const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
+    pub(crate) const UNCACHEABLE: &str = "sidecache_uncacheable_total";
+    pub(crate) const COALESCED: &str = "sidecache_coalesced_total";
+    pub(crate) const VARY_RELEARNED: &str = "sidecache_vary_relearned_total";
+    pub(crate) const VARY_LEARNED: &str = "sidecache_vary_learned_total";
+    pub(crate) const STALE_SERVED: &str = "sidecache_stale_served_total";
+    pub(crate) const BACKGROUND_REFRESH: &str = "sidecache_background_refresh_total";
+    pub(crate) const REVALIDATIONS: &str = "sidecache_revalidations_total";
+    pub(crate) const CLIENT_ANSWERS: &str = "sidecache_client_answers_total";
+    pub(crate) const INVALIDATIONS: &str = "sidecache_invalidations_total";
+    pub(crate) const INVALIDATION_FANOUT: &str = "sidecache_invalidation_fanout";
+    pub(crate) const CONFIG_RELOADS: &str = "sidecache_config_reloads_total";
+    pub(crate) const OUTBOX_PENDING: &str = "sidecache_outbox_pending";
+    pub(crate) const OUTBOX_OLDEST: &str = "sidecache_outbox_oldest_seconds";
+    pub(crate) const OUTBOX_DEAD: &str = "sidecache_outbox_dead";
+    pub(crate) const STREAM_PENDING: &str = "sidecache_stream_pending";
+    pub(crate) const FEED_WITNESS: &str = "sidecache_feed_witness";
+    pub(crate) const DEAD_LETTERS: &str = "sidecache_dead_letters_total";
+    pub(crate) const CAPTURE_STREAMING: &str = "sidecache_capture_streaming";
+    pub(crate) const CAPTURE_LAG_BYTES: &str = "sidecache_capture_lag_bytes";
+    pub(crate) const CAPTURE_LAG_SECONDS: &str = "sidecache_capture_lag_seconds";
+    pub(crate) const CAPTURE_DEAD_LETTERS: &str = "sidecache_capture_dead_letters_total";
+    pub(crate) const CAPTURE_SLOT_CREATED: &str = "sidecache_capture_slot_created_total";
+    pub(crate) const CAPTURE_ROUTE_PURGES: &str = "sidecache_capture_route_purges_total";
+    pub(crate) const NEAR_CACHE: &str = "sidecache_near_cache_total";
+    pub(crate) const NEAR_CACHE_INVALIDATIONS: &str = "sidecache_near_cache_invalidations_total";
+    pub(crate) const NEAR_CACHE_FLUSHES: &str = "sidecache_near_cache_flushes_total";
+    pub(crate) const NEAR_CACHE_TRACKING: &str = "sidecache_near_cache_tracking";
+    pub(crate) const CONNECTIONS_PARKED: &str = "sidecache_connections_parked";
+    pub(crate) const CLIENT_CONNECTIONS: &str = "sidecache_client_connections";
+    pub(crate) const ACCEPT_PAUSED: &str = "sidecache_accept_paused_total";
+    pub(crate) const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
+    pub(crate) const ACCESS_LOG_DROPPED: &str = "sidecache_access_log_dropped_total";
+    pub(crate) const OVERLOADED: &str = "sidecache_overloaded_total";
+    pub(crate) const CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
+        "sidecache_config_last_reload_successful";
+    pub(crate) const CONFIG_LAST_RELOAD_TIMESTAMP: &str =
+        "sidecache_config_last_reload_timestamp_seconds";
 }
 
 /// `kind` label values of [`Metrics::client_errors`].
-pub mod client_error {
+pub(crate) mod client_error {
     /// HTTP/1.1 without `Host`, several `Host`s, or `Host` differing from
     /// the HTTP/2 `:authority` (400).
-    pub const BAD_HOST: &str = "bad_host";
+    pub(crate) const BAD_HOST: &str = "bad_host";
     /// A forwarded request body that failed to arrive: malformed chunked
     /// framing, or the client went away mid-body (400).
-    pub const BAD_BODY: &str = "bad_body";
+    pub(crate) const BAD_BODY: &str = "bad_body";
     /// `Transfer-Encoding` other than a lone `chunked` (501).
-    pub const TRANSFER_CODING: &str = "transfer_coding";
+    pub(crate) const TRANSFER_CODING: &str = "transfer_coding";
     /// No complete request head within `limits.header_timeout`.
-    pub const HEADER_TIMEOUT: &str = "header_timeout";
+    pub(crate) const HEADER_TIMEOUT: &str = "header_timeout";
     /// A request head over `limits.max_header_bytes` (431).
-    pub const HEADER_TOO_LARGE: &str = "header_too_large";
+    pub(crate) const HEADER_TOO_LARGE: &str = "header_too_large";
     /// The client took nothing of a response for `limits.send_timeout`.
-    pub const SEND_TIMEOUT: &str = "send_timeout";
+    pub(crate) const SEND_TIMEOUT: &str = "send_timeout";
 }
 
 /// All metrics of one process.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    /// `{route, result}`: result is a `CacheStatus` string, or `forward`.
+    /// `{route, result}`: result is a `CacheOutcome` string, or `forward`.
     pub requests: IntCounterVec,
     /// `{route, status_class}`: `2xx`..`5xx`, or `error`.
     pub upstream_requests: IntCounterVec,
@@ -111,8 +113,9 @@ pub struct Metrics {
     pub breaker_open: IntGauge,
     /// `{node}`: Redis Cluster only, 1 while that master's breaker is open.
     pub node_breaker_open: IntGaugeVec,
-    /// The invalidation feeds' own breaker (issue 20); on Redis Cluster,
-    /// how many masters' feed breakers are open.
+    /// The invalidation feeds' own breaker
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events); on
+    /// Redis Cluster, how many masters' feed breakers are open.
     pub feed_breaker_open: IntGauge,
     /// `{node}`: Redis Cluster only, 1 while that master's feed breaker is
     /// open (invalidations of its keys wait; the others go on).
@@ -228,9 +231,9 @@ pub struct Metrics {
 /// The series every forwarded request touches (route `-`), each looked up
 /// in its vector once, on first use, instead of per request: a
 /// `with_label_values` hashes the label values and takes the vector's lock
-/// (~125 instructions each, three per forwarded request; callgrind).
-/// Created on first use so that `/metrics` shows a series only once it
-/// has counted something, as before.
+/// three times per forwarded request (bench/README.md). Created on first use so
+/// that `/metrics` shows a series only once it has counted something, as
+/// before.
 #[derive(Default)]
 pub struct ForwardMetrics {
     requests: OnceLock<IntCounter>,
@@ -241,19 +244,19 @@ pub struct ForwardMetrics {
 
 impl ForwardMetrics {
     /// `sidecache_requests_total{route="-",result="forward"}`.
-    pub fn request(&self, m: &Metrics) -> &IntCounter {
+    pub(crate) fn request(&self, m: &Metrics) -> &IntCounter {
         self.requests
             .get_or_init(|| m.requests.with_label_values(&[FORWARD_ROUTE, "forward"]))
     }
 
     /// `sidecache_upstream_duration_seconds{route="-"}`.
-    pub fn duration(&self, m: &Metrics) -> &Histogram {
+    pub(crate) fn duration(&self, m: &Metrics) -> &Histogram {
         self.duration
             .get_or_init(|| m.upstream_duration.with_label_values(&[FORWARD_ROUTE]))
     }
 
     /// `sidecache_upstream_requests_total{route="-",status_class=...}`.
-    pub fn status(&self, m: &Metrics, status: u16) -> &IntCounter {
+    pub(crate) fn status(&self, m: &Metrics, status: u16) -> &IntCounter {
         // The same classes as `status_class`, as indices.
         let i = match status {
             100..=199 => 0,
@@ -270,19 +273,19 @@ impl ForwardMetrics {
 }
 
 /// A cache route's `sidecache_requests_total{route, result}` series, one
-/// per [`CacheStatus`], looked up on first use like [`ForwardMetrics`]'s.
+/// per [`CacheOutcome`], looked up on first use like [`ForwardMetrics`]'s.
 /// Held by the route ([`crate::config::Route`]), so a reload starts with
 /// empty slots; a slot remembers which [`Metrics`] it came from, so a
 /// route shared by two (tests run several proxies on one config) counts
 /// into each one's own registry.
 #[derive(Default)]
 pub struct RouteCounters {
-    requests: [OnceLock<(usize, IntCounter)>; CacheStatus::COUNT],
+    requests: [OnceLock<(usize, IntCounter)>; CacheOutcome::COUNT],
 }
 
 impl RouteCounters {
     /// Counts one request of `route` answered with `status` in `m`.
-    pub fn count(&self, m: &Metrics, route: &str, status: CacheStatus) {
+    pub(crate) fn count(&self, m: &Metrics, route: &str, status: CacheOutcome) {
         let lookup = || m.requests.with_label_values(&[route, status.as_str()]);
         match self.requests[status.index()].get_or_init(|| (m.id(), lookup())) {
             (owner, counter) if *owner == m.id() => counter.inc(),
@@ -298,7 +301,7 @@ impl std::fmt::Debug for RouteCounters {
 }
 
 /// Route label of everything forwarded outside a cache route.
-pub const FORWARD_ROUTE: &str = "-";
+pub(crate) const FORWARD_ROUTE: &str = "-";
 
 impl Metrics {
     /// Which process-wide set this is: clones share it (their series are
@@ -706,7 +709,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut buf = Vec::new();
         let families = self.registry.gather();
         if TextEncoder::new().encode(&families, &mut buf).is_err() {
@@ -723,7 +726,7 @@ impl Default for Metrics {
 }
 
 /// `2xx` .. `5xx` for a status code.
-pub fn status_class(status: u16) -> &'static str {
+pub(crate) fn status_class(status: u16) -> &'static str {
     match status {
         100..=199 => "1xx",
         200..=299 => "2xx",
@@ -733,9 +736,9 @@ pub fn status_class(status: u16) -> &'static str {
     }
 }
 
-/// The Bloom filter's metrics (SPEC §6, §8). Registered into the process
-/// registry by `bloom::Blooms::new`, kept apart from [`Metrics`] so the
-/// filter owns its series.
+/// The Bloom filter's metrics (docs/metrics.md#bloom-filter). Registered into
+/// the process registry by `bloom::Blooms::new`, kept apart from [`Metrics`] so
+/// the filter owns its series.
 #[derive(Clone)]
 pub struct BloomMetrics {
     /// `{route, scope}`: 0 unready (unknown), 1 ready, 2 building.
@@ -757,7 +760,7 @@ impl BloomMetrics {
     /// Builds the metrics and registers them in `registry`. Registering the
     /// same names twice (a second filter manager on one registry) keeps the
     /// metrics working but unexported, and logs it.
-    pub fn new(registry: &Registry) -> BloomMetrics {
+    pub(crate) fn new(registry: &Registry) -> BloomMetrics {
         use names::*;
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
@@ -830,15 +833,15 @@ mod tests {
         // not count the second's requests.
         let counters = RouteCounters::default();
         let (a, b) = (Metrics::new(), Metrics::new());
-        counters.count(&a, "app", CacheStatus::Hit);
-        counters.count(&b, "app", CacheStatus::Hit);
-        counters.count(&b, "app", CacheStatus::Hit);
-        counters.count(&a.clone(), "app", CacheStatus::Miss);
+        counters.count(&a, "app", CacheOutcome::Hit);
+        counters.count(&b, "app", CacheOutcome::Hit);
+        counters.count(&b, "app", CacheOutcome::Hit);
+        counters.count(&a.clone(), "app", CacheOutcome::Miss);
         let get =
-            |m: &Metrics, s: CacheStatus| m.requests.with_label_values(&["app", s.as_str()]).get();
-        assert_eq!(get(&a, CacheStatus::Hit), 1);
-        assert_eq!(get(&b, CacheStatus::Hit), 2);
-        assert_eq!(get(&a, CacheStatus::Miss), 1);
-        assert_eq!(get(&b, CacheStatus::Miss), 0);
+            |m: &Metrics, s: CacheOutcome| m.requests.with_label_values(&["app", s.as_str()]).get();
+        assert_eq!(get(&a, CacheOutcome::Hit), 1);
+        assert_eq!(get(&b, CacheOutcome::Hit), 2);
+        assert_eq!(get(&a, CacheOutcome::Miss), 1);
+        assert_eq!(get(&b, CacheOutcome::Miss), 0);
     }
 }

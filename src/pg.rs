@@ -31,13 +31,13 @@ use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// The stream type of a connection made by [`PgConnector::connect`].
-pub type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+pub(crate) type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 /// A connection made by [`PgConnector::connect`]; poll it (or spawn it).
-pub type Connection = tokio_postgres::Connection<Socket, TlsStream>;
+pub(crate) type Connection = tokio_postgres::Connection<Socket, TlsStream>;
 
 /// `sslmode` of a connection string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Prefer,
     Require,
@@ -61,7 +61,7 @@ impl SslMode {
         })
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SslMode::Disable => "disable",
             SslMode::Prefer => "prefer",
@@ -152,7 +152,8 @@ impl PgConnector {
         })
     }
 
-    pub fn mode(&self) -> SslMode {
+    #[cfg(test)]
+    pub(crate) fn mode(&self) -> SslMode {
         self.mode
     }
 
@@ -169,7 +170,7 @@ impl PgConnector {
     /// TLS is pgwire-replication's own rustls client: `verify-*` without
     /// `sslrootcert` checks against the Mozilla roots it carries rather
     /// than the system's; give `sslrootcert` to pin a private CA.
-    pub fn replication_config(
+    pub(crate) fn replication_config(
         &self,
         slot: &str,
         publication: &str,
@@ -245,7 +246,7 @@ impl PgConnector {
 /// with different values.
 #[derive(Debug, thiserror::Error)]
 #[error("{key} {config:?} conflicts with {key}={url:?} in the connection string")]
-pub struct SslConflict {
+pub(crate) struct SslConflict {
     pub key: &'static str,
     pub config: String,
     pub url: String,
@@ -255,7 +256,7 @@ pub struct SslConflict {
 /// config keys `invalidation.outbox.sslmode` / `sslrootcert`), so every
 /// connection made from it has them. The same value in both places is
 /// fine; different values are a conflict. `mode` is checked here too.
-pub fn with_ssl(
+pub(crate) fn with_ssl(
     conninfo: &str,
     mode: Option<&str>,
     rootcert: Option<&str>,
@@ -299,7 +300,7 @@ pub fn with_ssl(
 
 /// Why [`with_ssl`] refused the config's TLS settings.
 #[derive(Debug, thiserror::Error)]
-pub enum SslSettingError {
+pub(crate) enum SslSettingError {
     #[error("{1}")]
     Invalid(&'static str, String),
     #[error(transparent)]
@@ -308,7 +309,7 @@ pub enum SslSettingError {
 
 impl SslSettingError {
     /// The setting at fault (`sslmode` or `sslrootcert`).
-    pub fn key(&self) -> &'static str {
+    pub(crate) fn key(&self) -> &'static str {
         match self {
             SslSettingError::Invalid(key, _) => key,
             SslSettingError::Conflict(c) => c.key,

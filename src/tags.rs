@@ -5,13 +5,13 @@
 
 /// Tags one entry (or one event) may carry: each costs the hit a tag
 /// generation check, and an entry is stamped with all of them.
-pub const MAX_TAGS: usize = 32;
+pub(crate) const MAX_TAGS: usize = 32;
 /// Bytes per tag.
-pub const MAX_TAG_LEN: usize = 128;
+pub(crate) const MAX_TAG_LEN: usize = 128;
 
 /// Why a tag list is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TagError {
+pub(crate) enum TagError {
     #[error("more than {MAX_TAGS} tags")]
     TooMany,
     #[error("tag {0:?} is empty, longer than {MAX_TAG_LEN} bytes, or has whitespace or control characters")]
@@ -20,7 +20,7 @@ pub enum TagError {
 
 /// One tag: 1..=128 bytes, no whitespace, no control characters, no comma
 /// (the separators of the header form).
-pub fn check(tag: &str) -> Result<(), TagError> {
+pub(crate) fn check(tag: &str) -> Result<(), TagError> {
     let bad = tag.is_empty()
         || tag.len() > MAX_TAG_LEN
         || tag
@@ -33,7 +33,7 @@ pub fn check(tag: &str) -> Result<(), TagError> {
 }
 
 /// A list of tags (an event's), checked, sorted and without duplicates.
-pub fn checked(tags: Vec<String>) -> Result<Vec<String>, TagError> {
+pub(crate) fn checked(tags: Vec<String>) -> Result<Vec<String>, TagError> {
     if tags.len() > MAX_TAGS {
         return Err(TagError::TooMany);
     }
@@ -49,7 +49,7 @@ pub fn checked(tags: Vec<String>) -> Result<Vec<String>, TagError> {
 /// The tags of a response header's values (`Surrogate-Key: a b`,
 /// `Cache-Tag: a,b`; several header lines add up), checked, sorted and
 /// without duplicates. A value that is not visible ASCII is a bad tag.
-pub fn from_header<'a>(
+pub(crate) fn from_header<'a>(
     values: impl Iterator<Item = &'a http::HeaderValue>,
 ) -> Result<Vec<String>, TagError> {
     let mut tags = Vec::new();

@@ -11,13 +11,13 @@ use std::sync::Arc;
 /// dependency (pgwire-replication, through tokio-rustls' default features)
 /// also enables rustls' aws-lc-rs provider, and with two compiled in rustls
 /// picks neither. Idempotent; call before building any TLS client.
-pub fn use_ring() {
+pub(crate) fn use_ring() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// The rustls error in `e` or its source chain (the libraries wrap it in an
 /// `io::Error`; redis-rs's source is that error behind an `Arc`), as text.
-pub fn rustls_failure(e: &(dyn Error + 'static)) -> Option<String> {
+pub(crate) fn rustls_failure(e: &(dyn Error + 'static)) -> Option<String> {
     let mut next = Some(e);
     while let Some(mut err) = next {
         if let Some(shared) = err.downcast_ref::<Arc<dyn Error + Send + Sync>>() {

@@ -5,19 +5,19 @@
 
 use super::{IdKind, Line};
 use crate::config::file::FileLogFormat;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// Client-sent ids longer than this are cut (and marked with `…`).
-pub const MAX_ID: usize = 128;
+pub(crate) const MAX_ID: usize = 128;
 
 /// A line's id as written: the trace id as it is; a request id with every
 /// byte that is not printable ASCII as `?`, cut at [`MAX_ID`] bytes (and
 /// marked with `…`). Borrowed when there is nothing to change.
-pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+pub(crate) fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
     match kind {
         IdKind::None => None,
         IdKind::Trace => Some(Cow::Borrowed(raw)),
@@ -43,7 +43,7 @@ pub fn id(kind: IdKind, raw: &[u8]) -> Option<Cow<'_, [u8]>> {
 /// The trace id of a `traceparent` value (W3C Trace Context §3.2:
 /// `version-traceid-parentid-flags`, lower-case hex, neither id all zeros,
 /// version `ff` invalid; later versions may append fields).
-pub fn trace_id(value: &[u8]) -> Option<&str> {
+pub(crate) fn trace_id(value: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(value).ok()?.trim();
     let mut parts = text.split('-');
     let (version, trace, parent, flags) =
@@ -68,7 +68,7 @@ pub fn trace_id(value: &[u8]) -> Option<&str> {
 /// Formats lines; remembers the text of the current second, so a busy log
 /// formats a date once per second, not once per line.
 #[derive(Default)]
-pub struct Formatter {
+pub(crate) struct Formatter {
     /// The second `stamp` is for; `None` before the first line.
     second: Option<u64>,
     /// `YYYY-MM-DDTHH:MM:SS.` of `second`.
@@ -174,8 +174,8 @@ static PRINTABLE: [bool; 256] = {
 
 /// Whether every byte of `v` is plain in the format (`json`: see
 /// [`plain_table`]). Eight bytes at a time (a path is checked for every
-/// line; a table lookup per byte cost ~5 instructions a byte), the tail
-/// through the table.
+/// line; a table lookup per byte cost more: bench/README.md), the tail through
+/// the table.
 fn plain(v: &[u8], json: bool) -> bool {
     let mut words = v.chunks_exact(8);
     for word in &mut words {
@@ -256,7 +256,7 @@ fn millis(d: Duration, out: &mut Vec<u8>) {
 impl Formatter {
     /// Appends `line`, which started at `time` (since the Unix epoch), in
     /// its format, with a final newline.
-    pub fn write_line(&mut self, line: &Line, time: Duration, out: &mut Vec<u8>) {
+    pub(crate) fn write_line(&mut self, line: &Line, time: Duration, out: &mut Vec<u8>) {
         match line.format {
             FileLogFormat::Json => self.write::<Json>(line, time, out),
             FileLogFormat::Text => self.write::<Logfmt>(line, time, out),
@@ -282,7 +282,7 @@ impl Formatter {
         status(line.status, out);
         // The cache word: sidecache's own (see `plain_value`).
         out.extend_from_slice(S::CACHE);
-        out.extend_from_slice(line.cache.map_or("-", CacheStatus::as_str).as_bytes());
+        out.extend_from_slice(line.cache.map_or("-", CacheOutcome::as_str).as_bytes());
         out.extend_from_slice(S::ROUTE);
         let route = line.route.as_ref().map_or("-", |r| r.name.as_str());
         value::<S>(route.as_bytes(), out);
@@ -400,7 +400,7 @@ fn status(code: u16, out: &mut Vec<u8>) {
 /// Appends `line` in its format, with a final newline (a one-off
 /// [`Formatter`]; each shard keeps one).
 #[cfg(test)]
-pub fn write_line(line: &Line, time: std::time::SystemTime, out: &mut Vec<u8>) {
+pub(crate) fn write_line(line: &Line, time: std::time::SystemTime, out: &mut Vec<u8>) {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     Formatter::default().write_line(line, since, out);
 }
@@ -440,7 +440,7 @@ mod tests {
             method: http::Method::GET,
             format,
             status: 200,
-            cache: Some(CacheStatus::Miss),
+            cache: Some(CacheOutcome::Miss),
             route: Some(crate::config::testing::route(
                 "  - name: app\n    path: /api/tenants/{t}/apps/{id}\n    params: { t: \".+\", id: \".+\" }\n    ttl: 1s\n",
             )),

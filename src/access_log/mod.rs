@@ -28,14 +28,18 @@
 //! reads, one pass over the request headers, and the line's formatting
 //! into its shard: no channel, no per-line wakeup, no cross-thread free.
 
-pub mod format;
-pub mod writer;
+// std's clock, not tokio's: a line's start becomes wall-clock time next to
+// `SystemTime` (`writer::Clock`), on a writer thread outside the runtime.
+#![allow(clippy::disallowed_types)]
+
+pub(crate) mod format;
+pub(crate) mod writer;
 
 use crate::body::BoxError;
 use crate::config::file::{FileLogFormat, FileRequestId};
 use crate::config::{AccessLogConfig, Route};
 use crate::metrics::Metrics;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Response};
@@ -49,21 +53,21 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// `reason` label values of `sidecache_access_log_dropped_total`.
-pub mod dropped {
+pub(crate) mod dropped {
     /// The line's shard was full (the writer cannot keep up with the
     /// output).
-    pub const BUFFER_FULL: &str = "buffer_full";
+    pub(crate) const BUFFER_FULL: &str = "buffer_full";
     /// Writing to stdout failed.
-    pub const WRITE_ERROR: &str = "write_error";
+    pub(crate) const WRITE_ERROR: &str = "write_error";
 }
 
 /// The process's access log: the shards lines are formatted into, shared
 /// by all connections and the writer thread.
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     shards: Box<[Padded<Mutex<Shard>>]>,
     /// Bytes one shard holds at most.
     room: usize,
@@ -81,7 +85,7 @@ struct Padded<T>(T);
 
 /// One thread's (or a few threads') part of the buffer: formatted lines
 /// waiting for the writer, and what formatting needs.
-pub struct Shard {
+pub(crate) struct Shard {
     buf: Vec<u8>,
     /// Lines in `buf` (to count them if their write fails).
     lines: u64,
@@ -91,7 +95,7 @@ pub struct Shard {
 
 /// Bytes of the buffer per line of `access_log.buffer`: about a JSON
 /// line of an API request.
-pub const LINE_ROOM: usize = 256;
+pub(crate) const LINE_ROOM: usize = 256;
 
 /// A shard's room at least: a line of the longest path, query and id,
 /// every byte escaped, fits.
@@ -109,7 +113,7 @@ const FIXED_ROOM: usize = 384;
 /// response body carries a pointer); what it holds is its own copy,
 /// bounded (see [`Text`]).
 #[derive(Debug)]
-pub struct Line {
+pub(crate) struct Line {
     /// When the request started; its shard turns it into wall-clock time
     /// (one clock read per request saved: see `writer::Clock`).
     pub start: Instant,
@@ -119,7 +123,7 @@ pub struct Line {
     pub status: u16,
     /// What the pipeline did (the `X-Cache` word) for requests on a cache
     /// route; `None` otherwise.
-    pub cache: Option<CacheStatus>,
+    pub cache: Option<CacheOutcome>,
     pub route: Option<Arc<Route>>,
     pub duration: Duration,
     pub upstream: Option<Duration>,
@@ -128,7 +132,7 @@ pub struct Line {
 }
 
 /// Path and query are each cut to this many bytes in a line.
-pub const MAX_TARGET: usize = 1024;
+pub(crate) const MAX_TARGET: usize = 1024;
 
 /// Bytes of path, query and id a line holds without a heap allocation of
 /// its own: most API paths and a 32-digit id fit.
@@ -139,7 +143,7 @@ const INLINE_TEXT: usize = 112;
 /// marks a cut), the id at [`format::MAX_ID`] + 1 (formatting escapes
 /// it and marks the cut).
 #[derive(Debug, Default)]
-pub struct Text {
+pub(crate) struct Text {
     buf: SmallVec<[u8; INLINE_TEXT]>,
     path_end: u16,
     /// `None`: no query logged.
@@ -149,7 +153,7 @@ pub struct Text {
 
 /// What the id part of a [`Text`] is.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum IdKind {
+pub(crate) enum IdKind {
     #[default]
     None,
     /// The trace id of a valid `traceparent` (32 hex digits).
@@ -160,7 +164,7 @@ pub enum IdKind {
 
 impl Text {
     /// `path` and `query` (each cut at [`MAX_TARGET`]) and an id.
-    pub fn new(path: &str, query: Option<&str>, id: Option<(IdKind, &[u8])>) -> Text {
+    pub(crate) fn new(path: &str, query: Option<&str>, id: Option<(IdKind, &[u8])>) -> Text {
         let mut text = Text::default();
         push_bounded(&mut text.buf, path);
         text.path_end = text.buf.len() as u16;
@@ -179,17 +183,17 @@ impl Text {
         text
     }
 
-    pub fn path(&self) -> &[u8] {
+    pub(crate) fn path(&self) -> &[u8] {
         &self.buf[..usize::from(self.path_end)]
     }
 
-    pub fn query(&self) -> Option<&[u8]> {
+    pub(crate) fn query(&self) -> Option<&[u8]> {
         let end = usize::from(self.query_end?);
         Some(&self.buf[usize::from(self.path_end)..end])
     }
 
     /// The id and what it is.
-    pub fn id(&self) -> (IdKind, &[u8]) {
+    pub(crate) fn id(&self) -> (IdKind, &[u8]) {
         let from = usize::from(self.query_end.unwrap_or(self.path_end));
         (self.id, &self.buf[from..])
     }
@@ -220,7 +224,7 @@ fn push_bounded(buf: &mut SmallVec<[u8; INLINE_TEXT]>, s: &str) {
 impl AccessLog {
     /// The log of a running sidecache: room for about `lines` lines, in
     /// one shard per CPU; the writer thread writes to stdout.
-    pub fn start(lines: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
+    pub(crate) fn start(lines: usize, metrics: &Metrics) -> std::io::Result<Arc<AccessLog>> {
         let shards = std::thread::available_parallelism().map_or(1, usize::from);
         let log = AccessLog::new(shards, lines.saturating_mul(LINE_ROOM) / shards, metrics);
         // A file on stdout's descriptor: the writer writes whole batches,
@@ -239,7 +243,7 @@ impl AccessLog {
     /// A log of `shards` shards of `room` bytes each (at least
     /// [`MIN_SHARD_ROOM`]), without a writer: [`writer::spawn`] starts
     /// one, a test takes the lines itself ([`AccessLog::take`]).
-    pub fn new(shards: usize, room: usize, metrics: &Metrics) -> Arc<AccessLog> {
+    pub(crate) fn new(shards: usize, room: usize, metrics: &Metrics) -> Arc<AccessLog> {
         let room = room.max(MIN_SHARD_ROOM);
         let shards = (0..shards.max(1))
             .map(|_| Padded(Mutex::new(Shard::new(room))))
@@ -282,7 +286,7 @@ impl AccessLog {
     /// Moves shard `i`'s lines into `into` and how many; `into`, cleared,
     /// becomes the shard's buffer (the writer's spare, as large as the
     /// shard's room, so neither side allocates).
-    pub fn take(&self, i: usize, into: &mut Vec<u8>) -> u64 {
+    pub(crate) fn take(&self, i: usize, into: &mut Vec<u8>) -> u64 {
         let mut shard = self.shards[i]
             .0
             .lock()
@@ -295,11 +299,11 @@ impl AccessLog {
         std::mem::take(&mut shard.lines)
     }
 
-    pub fn shards(&self) -> usize {
+    pub(crate) fn shards(&self) -> usize {
         self.shards.len()
     }
 
-    pub fn room(&self) -> usize {
+    pub(crate) fn room(&self) -> usize {
         self.room
     }
 }
@@ -334,7 +338,7 @@ fn shard_index() -> usize {
 }
 
 /// What the start of a request decided for its line and its request id.
-pub struct Begun {
+pub(crate) struct Begun {
     /// `None`: this request is not logged (log off, or not sampled).
     pub pending: Option<Pending>,
     /// The value the response's `X-Request-Id` gets (`request_id: generate`).
@@ -342,7 +346,7 @@ pub struct Begun {
 }
 
 /// A line waiting for its response.
-pub struct Pending {
+pub(crate) struct Pending {
     log: Arc<AccessLog>,
     line: Box<Line>,
 }
@@ -352,7 +356,7 @@ pub struct Pending {
 /// upstream) and decides whether this request is logged. Inline: with the
 /// log off and ids passed through (the default) this is one branch.
 #[inline]
-pub fn begin<B>(
+pub(crate) fn begin<B>(
     log: &Arc<AccessLog>,
     cfg: &AccessLogConfig,
     req: &mut Request<B>,
@@ -435,7 +439,7 @@ fn line_id(headers: &http::HeaderMap) -> Option<(IdKind, &[u8])> {
 
 /// Whether a request is logged at rate `sample`; `draw` gives a uniform
 /// number in [0, 1) and is only called when sampling.
-pub fn sampled(sample: f64, draw: impl FnOnce() -> f64) -> bool {
+pub(crate) fn sampled(sample: f64, draw: impl FnOnce() -> f64) -> bool {
     sample >= 1.0 || draw() < sample
 }
 
@@ -457,11 +461,11 @@ impl Pending {
     /// cache route (a forwarded answer's `X-Cache` is the upstream's, not
     /// logged); `upstream`: the request's upstream time
     /// (`proxy::timing::measured`).
-    pub fn respond<B>(
+    pub(crate) fn respond<B>(
         mut self,
         resp: &Response<B>,
         route: Option<Arc<Route>>,
-        cache: Option<CacheStatus>,
+        cache: Option<CacheOutcome>,
         upstream: Option<Duration>,
     ) -> Tail {
         self.line.status = resp.status().as_u16();
@@ -482,14 +486,14 @@ impl Pending {
 /// the bytes handed out and writes the line when the body ends or is
 /// dropped (a client that went away).
 #[derive(Default)]
-pub struct Tail(Option<Pending>);
+pub(crate) struct Tail(Option<Pending>);
 
 impl Tail {
     /// After each poll of the body: counts a data frame's bytes, and
     /// writes the line once the body is over (`ended`: the body says it has
     /// nothing more after this frame).
     #[inline]
-    pub fn polled(
+    pub(crate) fn polled(
         &mut self,
         polled: &Poll<Option<Result<Frame<Bytes>, BoxError>>>,
         ended: impl FnOnce() -> bool,
@@ -647,7 +651,7 @@ mod tests {
     async fn the_line_counts_body_bytes_and_is_written_when_the_body_ends() {
         let metrics = Metrics::new();
         let log = AccessLog::new(1, 0, &metrics);
-        for cache in [Some(CacheStatus::Negative), None] {
+        for cache in [Some(CacheOutcome::Negative), None] {
             let mut req = Request::get("/a/b?secret=1")
                 .header("x-request-id", "not this one")
                 .header(
@@ -673,7 +677,7 @@ mod tests {
             assert_eq!(line["peer"], "192.0.2.7:4711");
             assert_eq!(line["id"], "4bf92f3577b34da6a3ce929d0e0e4736");
             assert!(line["upstream_ms"].is_null());
-            let word = cache.map_or("-", CacheStatus::as_str);
+            let word = cache.map_or("-", CacheOutcome::as_str);
             assert_eq!(line["cache"], word);
         }
     }

@@ -28,7 +28,7 @@ const PAUSE: Duration = Duration::from_millis(2);
 const CLOCK_REFRESH: Duration = Duration::from_secs(1);
 
 /// Starts the writer thread (for the life of the process).
-pub fn spawn(
+pub(crate) fn spawn(
     log: &Arc<AccessLog>,
     out: Box<dyn Write + Send>,
     metrics: &Metrics,
@@ -67,7 +67,7 @@ fn run(log: &AccessLog, mut out: Box<dyn Write + Send>, failed: IntCounter) {
 
 /// The writer's side of the shards: a spare buffer per shard to swap in,
 /// and whether writes fail.
-pub struct Writer<'a> {
+pub(crate) struct Writer<'a> {
     log: &'a AccessLog,
     spares: Vec<Vec<u8>>,
     failed: IntCounter,
@@ -75,7 +75,7 @@ pub struct Writer<'a> {
 }
 
 impl<'a> Writer<'a> {
-    pub fn new(log: &'a AccessLog, failed: IntCounter) -> Writer<'a> {
+    pub(crate) fn new(log: &'a AccessLog, failed: IntCounter) -> Writer<'a> {
         let spares = (0..log.shards())
             .map(|_| Vec::with_capacity(log.room()))
             .collect();
@@ -90,7 +90,7 @@ impl<'a> Writer<'a> {
     /// Takes every shard's lines and writes them; whether there were any.
     /// A failed write drops its lines (counted) and is logged once until a
     /// write succeeds again.
-    pub fn pass(&mut self, out: &mut dyn Write) -> bool {
+    pub(crate) fn pass(&mut self, out: &mut dyn Write) -> bool {
         let mut any = false;
         for (i, spare) in self.spares.iter_mut().enumerate() {
             let lines = self.log.take(i, spare);
@@ -123,7 +123,7 @@ impl<'a> Writer<'a> {
 /// time: read again when a line ends more than [`CLOCK_REFRESH`] after
 /// the last reading, so a line costs no reading of its own.
 #[derive(Default)]
-pub struct Clock {
+pub(crate) struct Clock {
     /// Since the Unix epoch, at `mono`.
     wall: Duration,
     mono: Option<Instant>,
@@ -132,7 +132,11 @@ pub struct Clock {
 impl Clock {
     /// A line's start as wall-clock time (since the Unix epoch), and its
     /// duration: from its monotonic start and end.
-    pub fn start_and_duration(&mut self, start: Instant, end: Instant) -> (Duration, Duration) {
+    pub(crate) fn start_and_duration(
+        &mut self,
+        start: Instant,
+        end: Instant,
+    ) -> (Duration, Duration) {
         let duration = end.saturating_duration_since(start);
         let since = match self.mono.and_then(|mono| end.checked_duration_since(mono)) {
             Some(since) if since < CLOCK_REFRESH => since,

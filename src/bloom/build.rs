@@ -1,6 +1,6 @@
-//! One build of one filter (SPEC §6): take the build lock and create the
-//! empty candidate (one script, so growth never misses a running build),
-//! stream the members from the source into the candidate in bounded
+//! One build of one filter (docs/bloom.md#builds): take the build lock and
+//! create the empty candidate (one script, so growth never misses a running
+//! build), stream the members from the source into the candidate in bounded
 //! pipelined batches, then activate: the script checks that the lock is
 //! still ours, renames the candidate over `bits` and writes `ready`.
 //!
@@ -31,12 +31,12 @@ use std::time::Duration;
 /// crashed builder blocks the next build for at most this long.
 pub const LOCK_TTL: Duration = Duration::from_secs(15);
 /// How often a running build renews its lock and candidate.
-pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// A crashed build's candidate disappears after this.
 pub const CANDIDATE_TTL: Duration = Duration::from_secs(600);
 /// Ids per `SETBIT` pipeline: with k ≤ 32 at most 8192 commands, well
 /// inside one command timeout, and never a script that blocks Redis.
-pub const BATCH_IDS: usize = 256;
+pub(crate) const BATCH_IDS: usize = 256;
 
 /// How a build that ran to a decision ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub enum BuildOutcome {
 
 impl BuildOutcome {
     /// Metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BuildOutcome::Activated { .. } => "activated",
             BuildOutcome::Busy => "busy",
@@ -73,12 +73,12 @@ pub enum BuildError {
 
 /// A fresh owner token (128 random bits, hex): names the lock holder and
 /// the candidate key `build:<owner>`.
-pub fn owner_token() -> String {
+pub(crate) fn owner_token() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
 /// Builds and activates the filter of `route_name` / `scope`.
-pub async fn build(
+pub(crate) async fn build(
     store: &GuardedStore,
     source: &dyn IdSource,
     keys: &BloomKeys,

@@ -19,10 +19,10 @@ use crate::config::bloom_sizing::Sizing;
 use sha2::{Digest, Sha256};
 
 /// Version of the bitmap format and hashing scheme. Part of the signature.
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 
 /// Algorithm name in the signature.
-pub const ALGORITHM: &str = "sha256-dh";
+pub(crate) const ALGORITHM: &str = "sha256-dh";
 
 /// The `k` bit positions of `id` in the filter of `route` / `scope`.
 pub fn positions(route: &str, scope: &str, id: &str, size: Sizing) -> Vec<u64> {
@@ -32,7 +32,7 @@ pub fn positions(route: &str, scope: &str, id: &str, size: Sizing) -> Vec<u64> {
 }
 
 /// [`positions`], appended to `out` (builds reuse one buffer per batch).
-pub fn push_positions(route: &str, scope: &str, id: &str, size: Sizing, out: &mut Vec<u64>) {
+pub(crate) fn push_positions(route: &str, scope: &str, id: &str, size: Sizing, out: &mut Vec<u64>) {
     let mut h = Sha256::new();
     h.update(route.as_bytes());
     h.update([0u8]);

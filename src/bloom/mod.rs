@@ -1,6 +1,6 @@
-//! The Bloom filter (SPEC §6): per route and scope value, a bitmap in the
-//! store that lets stage 4 of the read pipeline reject ids that certainly
-//! do not exist, without ever rejecting a real object.
+//! The Bloom filter (docs/architecture.md#bloom-filter): per route and scope
+//! value, a bitmap in the store that lets stage 4 of the read pipeline reject
+//! ids that certainly do not exist, without ever rejecting a real object.
 //!
 //! - [`hash`]: bit positions (double hashing over SHA-256, pinned by test
 //!   vectors) and the signature written to `ready`.
@@ -27,9 +27,13 @@
 //! Several instances share one filter; the build lock makes one of them
 //! build at a time, the others see `busy` and take that as done.
 
-pub mod build;
-pub mod hash;
-pub mod source;
+pub(crate) mod build;
+pub(crate) mod hash;
+pub(crate) mod source;
+
+pub use build::{BuildOutcome, CANDIDATE_TTL, LOCK_TTL};
+pub use hash::{positions, signature};
+pub use source::{BoxFuture, IdSource, IdStream, PgSource, SourceError, StaticSource};
 
 use crate::config::bloom::BloomConfig;
 use crate::config::{Config, Route};
@@ -38,8 +42,7 @@ use crate::metrics::BloomMetrics;
 use crate::store::bloom::BloomAnswer;
 use crate::store::{GuardedStore, StoreError};
 use arc_swap::ArcSwap;
-use build::{BuildError, BuildOutcome};
-use source::{IdSource, SourceError};
+use build::BuildError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -48,12 +51,12 @@ use tokio::time::Instant;
 
 /// After a build that did not activate (failure, capacity), wait this long
 /// before the next attempt for that scope.
-pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// Builds running at once in this process (background and lazy; admin
 /// rebuilds wait for a slot).
-pub const MAX_CONCURRENT_BUILDS: usize = 2;
+pub(crate) const MAX_CONCURRENT_BUILDS: usize = 2;
 /// Scope values tracked per route.
-pub const MAX_SCOPES: usize = 1024;
+pub(crate) const MAX_SCOPES: usize = 1024;
 /// How often the maintenance task looks for due builds.
 const TICK: Duration = Duration::from_secs(1);
 
@@ -148,7 +151,7 @@ impl Blooms {
 
     /// The filter's answer for the member named by `params`, and nothing
     /// else: not counted, no lazy build (`/admin/lookup`; stage 4 uses it).
-    pub async fn peek(
+    pub(crate) async fn peek(
         &self,
         cfg: &Config,
         route: &Route,
@@ -342,10 +345,10 @@ impl Blooms {
         result
     }
 
-    /// A scheduled rebuild (issue 21): every instance that tracks the scope
-    /// comes due once per `rebuild_every`, so the first to claim the
-    /// interval builds and the others take `Busy` for one Redis command. A
-    /// claim whose build did not activate is given back, so the next
+    /// A scheduled rebuild (docs/bloom.md#fleet-wide-rebuilds): every instance
+    /// that tracks the scope comes due once per `rebuild_every`, so the first
+    /// to claim the interval builds and the others take `Busy` for one Redis
+    /// command. A claim whose build did not activate is given back, so the next
     /// instance due may build.
     async fn build_once_per_interval(
         &self,
@@ -412,7 +415,7 @@ impl Blooms {
 
     /// [`Blooms::add_member`] for a `create` event (the seam the
     /// invalidator calls): scope and id from its params, in template order.
-    pub async fn created(
+    pub(crate) async fn created(
         &self,
         cfg: &Config,
         route: &Route,
@@ -430,7 +433,7 @@ impl Blooms {
     /// every scope seen here whenever it is due (`rebuild_every` after a
     /// build that activated, [`RETRY_AFTER`] after one that did not). Runs
     /// until the process ends; follows config reloads.
-    pub fn spawn_maintenance(self: &Arc<Self>, config: Arc<ArcSwap<Config>>) {
+    pub(crate) fn spawn_maintenance(self: &Arc<Self>, config: Arc<ArcSwap<Config>>) {
         let bloom_routes = config
             .load()
             .routes

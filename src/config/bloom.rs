@@ -38,7 +38,7 @@ pub struct BloomConfig {
 impl BloomConfig {
     /// The scope value of a request: the template with its params filled in
     /// from `params` (values in the route's param order).
-    pub fn scope_value<S: AsRef<str>>(&self, params: &[S]) -> String {
+    pub(crate) fn scope_value<S: AsRef<str>>(&self, params: &[S]) -> String {
         let mut out = String::new();
         for part in &self.scope {
             match part {
@@ -51,7 +51,7 @@ impl BloomConfig {
 
     /// True if the scope depends on request params (one filter per value);
     /// false for one filter per route.
-    pub fn is_scoped(&self) -> bool {
+    pub(crate) fn is_scoped(&self) -> bool {
         self.scope.iter().any(|p| matches!(p, ScopePart::Param(_)))
     }
 }

@@ -12,11 +12,11 @@
 /// Upper bound on `m`: 2³² bits is 512 MiB per filter, far beyond any
 /// catalogue a sidecar should hold in one Redis string (and Redis' SETBIT
 /// limit). Anything larger is a configuration mistake.
-pub const MAX_BITS: u64 = 1 << 32;
+pub(crate) const MAX_BITS: u64 = 1 << 32;
 
 /// More positions per check than this means `fp_rate` is absurdly small;
 /// each position is one `GETBIT` on the request path.
-pub const MAX_HASHES: u32 = 32;
+pub(crate) const MAX_HASHES: u32 = 32;
 
 /// The size of one filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct Sizing {
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SizingError {
+pub(crate) enum SizingError {
     #[error("capacity must be at least 1")]
     ZeroCapacity,
     #[error("fp_rate {0} must be strictly between 0 and 1")]
@@ -44,7 +44,7 @@ pub enum SizingError {
 }
 
 impl Sizing {
-    pub fn new(capacity: u64, fp_rate: f64) -> Result<Sizing, SizingError> {
+    pub(crate) fn new(capacity: u64, fp_rate: f64) -> Result<Sizing, SizingError> {
         if capacity == 0 {
             return Err(SizingError::ZeroCapacity);
         }
@@ -73,8 +73,9 @@ impl Sizing {
     }
 
     /// The false-positive rate this size gives with `n` members:
-    /// `(1 - e^(-k·n/m))^k`.
-    pub fn expected_fp_rate(&self, n: u64) -> f64 {
+    /// `(1 - e^(-k·n/m))^k`. What the tests hold `new` to.
+    #[cfg(test)]
+    fn expected_fp_rate(&self, n: u64) -> f64 {
         let k = f64::from(self.k);
         (1.0 - (-k * n as f64 / self.m as f64).exp()).powf(k)
     }

@@ -57,7 +57,7 @@ pub struct TableMapping {
 impl TableMapping {
     /// Every column the mapping reads (params, tags, revision), each once,
     /// in first-use order.
-    pub fn columns(&self) -> Vec<&str> {
+    pub(crate) fn columns(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
         let templates = self.params.iter().map(|(_, t)| t).chain(&self.tags);
         let names = templates
@@ -73,7 +73,7 @@ impl TableMapping {
 
     /// The columns an old row must carry (an `UPDATE` or `DELETE` names
     /// the objects and tags it leaves): params' and tags', each once.
-    pub fn old_row_columns(&self) -> Vec<&str> {
+    pub(crate) fn old_row_columns(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
         let templates = self.params.iter().map(|(_, t)| t).chain(&self.tags);
         for name in templates.flat_map(Template::columns) {
@@ -95,7 +95,7 @@ pub struct TableName {
 }
 
 impl TableName {
-    pub fn parse(text: &str) -> Result<TableName, String> {
+    pub(crate) fn parse(text: &str) -> Result<TableName, String> {
         let (schema, name) = match text.split_once('.') {
             Some((s, n)) => (s, n),
             None => ("public", text),
@@ -123,7 +123,7 @@ impl fmt::Display for TableName {
 
 /// A plain SQL identifier as Postgres stores an unquoted one: lowercase
 /// letters, digits and `_`, not starting with a digit, at most 63 bytes.
-pub fn is_identifier(s: &str) -> bool {
+pub(crate) fn is_identifier(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
         && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
@@ -145,7 +145,7 @@ enum Part {
 impl Template {
     /// Parses a template. `{` opens a column reference that `}` closes; a
     /// column is a plain identifier; braces are not allowed elsewhere.
-    pub fn parse(text: &str) -> Result<Template, String> {
+    pub(crate) fn parse(text: &str) -> Result<Template, String> {
         let mut parts = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
@@ -184,7 +184,7 @@ impl Template {
     }
 
     /// The columns referenced, in order (repeats included).
-    pub fn columns(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn columns(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
             Part::Column(c) => Some(c.as_str()),
             Part::Text(_) => None,
@@ -193,7 +193,10 @@ impl Template {
 
     /// The value for one row: `None` when a referenced column is NULL (or
     /// unknown to `value`), which names no object.
-    pub fn render<'r>(&self, mut value: impl FnMut(&str) -> Option<&'r str>) -> Option<String> {
+    pub(crate) fn render<'r>(
+        &self,
+        mut value: impl FnMut(&str) -> Option<&'r str>,
+    ) -> Option<String> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
@@ -206,7 +209,7 @@ impl Template {
 
     /// The same value as a SQL expression over the row alias `row`: NULL
     /// when a referenced column is NULL (`||` propagates NULL).
-    pub fn sql(&self, row: &str) -> String {
+    pub(crate) fn sql(&self, row: &str) -> String {
         let parts: Vec<String> = self
             .parts
             .iter()
@@ -233,7 +236,7 @@ impl fmt::Display for Template {
 
 /// `'text'` with quotes doubled (standard_conforming_strings, the default
 /// since Postgres 9.1, so backslashes are literal).
-pub fn sql_literal(text: &str) -> String {
+pub(crate) fn sql_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 

@@ -10,7 +10,7 @@ use super::units::{HumanDuration, HumanSize};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     pub version: u32,
     pub listen: String,
     #[serde(default)]
@@ -35,10 +35,11 @@ pub struct FileConfig {
     pub routes: Vec<FileRoute>,
 }
 
-/// `server`: how the client listener is run (issue 17).
+/// `server`: how the client listener is run
+/// (docs/configuration.md#runtime-layout).
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct FileServer {
+pub(crate) struct FileServer {
     #[serde(default)]
     pub runtime: FileRuntime,
     /// Absent: one per CPU this process may run on.
@@ -58,10 +59,11 @@ pub enum FileRuntime {
     PerCore,
 }
 
-/// `access_log`: one line per client request on stdout (issue 16).
+/// `access_log`: one line per client request on stdout
+/// (docs/configuration.md#access-log).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileAccessLog {
+pub(crate) struct FileAccessLog {
     #[serde(default)]
     pub enabled: bool,
     #[serde(default)]
@@ -105,10 +107,11 @@ pub enum FileRequestId {
     Generate,
 }
 
-/// `limits`: what one client connection may cost (issue 11).
+/// `limits`: what one client connection may cost
+/// (docs/configuration.md#limits).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileLimits {
+pub(crate) struct FileLimits {
     /// Absent: derived from `RLIMIT_NOFILE` (see `validate`).
     #[serde(default)]
     pub max_connections: Option<usize>,
@@ -137,7 +140,7 @@ impl Default for FileLimits {
 /// `h2`: HTTP/2 (h2c) settings for client connections.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileH2 {
+pub(crate) struct FileH2 {
     #[serde(default = "defaults::max_concurrent_streams")]
     pub max_concurrent_streams: u32,
 }
@@ -160,7 +163,7 @@ pub enum FileLogFormat {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileAdmin {
+pub(crate) struct FileAdmin {
     pub listen: String,
     #[serde(default)]
     pub token: Option<String>,
@@ -172,7 +175,7 @@ pub struct FileAdmin {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileUpstream {
+pub(crate) struct FileUpstream {
     pub url: String,
     #[serde(default = "defaults::connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -184,7 +187,7 @@ pub struct FileUpstream {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileStore {
+pub(crate) struct FileStore {
     #[serde(default)]
     pub redis: Option<FileRedis>,
     #[serde(default = "defaults::namespace")]
@@ -205,7 +208,7 @@ impl Default for FileStore {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileRedis {
+pub(crate) struct FileRedis {
     #[serde(default)]
     pub url: Option<String>,
     #[serde(default)]
@@ -229,7 +232,7 @@ pub struct FileRedis {
 /// `store.redis.sentinel`: follow the primary Redis Sentinel names.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileSentinel {
+pub(crate) struct FileSentinel {
     pub master: String,
     /// Sentinel URLs (`redis://host:26379`).
     pub nodes: Vec<String>,
@@ -245,7 +248,7 @@ pub struct FileSentinel {
 /// `store.redis.tls`: certificates for `rediss://` (files in PEM).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileRedisTls {
+pub(crate) struct FileRedisTls {
     /// CA bundle that signs the server's certificate; absent: system roots.
     #[serde(default)]
     pub ca_file: Option<String>,
@@ -264,7 +267,7 @@ pub struct FileRedisTls {
 /// `cluster` and `sentinel`, where it is opt-in).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileNearCache {
+pub(crate) struct FileNearCache {
     #[serde(default = "defaults::yes")]
     pub enabled: bool,
     #[serde(default = "defaults::near_max_bytes")]
@@ -275,7 +278,7 @@ pub struct FileNearCache {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileBreaker {
+pub(crate) struct FileBreaker {
     #[serde(default = "defaults::cooldown")]
     pub cooldown: HumanDuration,
 }
@@ -290,7 +293,7 @@ impl Default for FileBreaker {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileFill {
+pub(crate) struct FileFill {
     #[serde(default = "defaults::max_concurrency")]
     pub max_concurrency: usize,
     #[serde(default = "defaults::max_body")]
@@ -314,7 +317,7 @@ impl Default for FileFill {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileInvalidation {
+pub(crate) struct FileInvalidation {
     #[serde(default)]
     pub outbox: Option<FileOutbox>,
     #[serde(default)]
@@ -339,7 +342,7 @@ impl Default for FileInvalidation {
 /// `invalidation.capture`: change capture from the service's own tables.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileCapture {
+pub(crate) struct FileCapture {
     pub mode: FileCaptureMode,
     /// Default: `invalidation.outbox.url`.
     #[serde(default)]
@@ -353,7 +356,7 @@ pub struct FileCapture {
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileCaptureMode {
+pub(crate) enum FileCaptureMode {
     Triggers,
     Logical,
 }
@@ -361,7 +364,7 @@ pub enum FileCaptureMode {
 /// One entry of `invalidation.capture.tables`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileCaptureTable {
+pub(crate) struct FileCaptureTable {
     pub table: String,
     pub route: String,
     /// Route param -> template over the row's columns (`"{id}"`).
@@ -378,7 +381,7 @@ pub struct FileCaptureTable {
 /// What an `INSERT` of a mapped row does besides invalidating.
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileOnInsert {
+pub(crate) enum FileOnInsert {
     #[default]
     Invalidate,
     /// Also grows the route's Bloom filter (an `create` event).
@@ -387,7 +390,7 @@ pub enum FileOnInsert {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileOutbox {
+pub(crate) struct FileOutbox {
     pub url: String,
     #[serde(default = "defaults::outbox_table")]
     pub table: String,
@@ -409,7 +412,7 @@ pub struct FileOutbox {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileRedisStream {
+pub(crate) struct FileRedisStream {
     #[serde(default = "defaults::stream")]
     pub stream: String,
     #[serde(default = "defaults::group")]
@@ -422,7 +425,7 @@ pub struct FileRedisStream {
 
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileStreamStart {
+pub(crate) enum FileStreamStart {
     #[default]
     Latest,
     Earliest,
@@ -430,7 +433,7 @@ pub enum FileStreamStart {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileRoute {
+pub(crate) struct FileRoute {
     pub name: String,
     pub path: String,
     #[serde(default = "defaults::methods")]
@@ -523,7 +526,7 @@ pub struct FileRoute {
 /// this route's params (`{ tenant: "{tenant}" }`).
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-pub struct FileRelation {
+pub(crate) struct FileRelation {
     pub route: String,
     #[serde(default)]
     pub params: BTreeMap<String, String>,
@@ -531,7 +534,7 @@ pub struct FileRelation {
 
 /// `ttl: 60s | origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileTtl {
+pub(crate) enum FileTtl {
     Fixed(HumanDuration),
     Origin,
 }
@@ -550,7 +553,7 @@ impl<'de> Deserialize<'de> for FileTtl {
 
 /// `client_cache_control: pass | remaining | "<literal header value>"`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum FileClientCacheControl {
+pub(crate) enum FileClientCacheControl {
     #[default]
     Pass,
     Remaining,
@@ -571,7 +574,7 @@ impl<'de> Deserialize<'de> for FileClientCacheControl {
 /// `etag: origin | auto`.
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileEtag {
+pub(crate) enum FileEtag {
     #[default]
     Origin,
     Auto,
@@ -580,7 +583,7 @@ pub enum FileEtag {
 /// `origin_cache_control: honor | ignore`.
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileOriginCacheControl {
+pub(crate) enum FileOriginCacheControl {
     #[default]
     Honor,
     Ignore,
@@ -589,7 +592,7 @@ pub enum FileOriginCacheControl {
 /// `query: include | ignore | [names]`.
 #[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
 #[serde(untagged)]
-pub enum FileQuery {
+pub(crate) enum FileQuery {
     Mode(FileQueryMode),
     Allow(Vec<String>),
 }
@@ -602,14 +605,14 @@ impl Default for FileQuery {
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FileQueryMode {
+pub(crate) enum FileQueryMode {
     Include,
     Ignore,
 }
 
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-pub struct FileBloom {
+pub(crate) struct FileBloom {
     pub scope: String,
     pub source: String,
     pub capacity: u64,
@@ -622,128 +625,128 @@ pub(super) mod defaults {
     use super::super::units::{HumanDuration, HumanSize};
     use std::time::Duration;
 
-    pub fn connect_timeout() -> HumanDuration {
+    pub(crate) fn connect_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
     }
-    pub fn upstream_timeout() -> HumanDuration {
+    pub(crate) fn upstream_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(10))
     }
-    pub fn max_idle_per_host() -> usize {
+    pub(crate) fn max_idle_per_host() -> usize {
         64
     }
-    pub fn namespace() -> String {
+    pub(crate) fn namespace() -> String {
         "sc:".to_owned()
     }
-    pub fn command_timeout() -> HumanDuration {
+    pub(crate) fn command_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(300))
     }
-    pub fn near_max_bytes() -> HumanSize {
+    pub(crate) fn near_max_bytes() -> HumanSize {
         HumanSize(64 << 20)
     }
-    pub fn near_max_age() -> HumanDuration {
+    pub(crate) fn near_max_age() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
     }
-    pub fn replicas_timeout() -> HumanDuration {
+    pub(crate) fn replicas_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(500))
     }
-    pub fn cooldown() -> HumanDuration {
+    pub(crate) fn cooldown() -> HumanDuration {
         HumanDuration(Duration::from_secs(2))
     }
-    pub fn queue_timeout() -> HumanDuration {
+    pub(crate) fn queue_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(250))
     }
-    pub fn max_queued() -> usize {
+    pub(crate) fn max_queued() -> usize {
         256
     }
-    pub fn max_concurrency() -> usize {
+    pub(crate) fn max_concurrency() -> usize {
         8
     }
-    pub fn max_body() -> HumanSize {
+    pub(crate) fn max_body() -> HumanSize {
         HumanSize(1024 * 1024)
     }
-    pub fn outbox_table() -> String {
+    pub(crate) fn outbox_table() -> String {
         "sidecache_outbox".to_owned()
     }
-    pub fn poll_interval() -> HumanDuration {
+    pub(crate) fn poll_interval() -> HumanDuration {
         HumanDuration(Duration::from_secs(1))
     }
-    pub fn idle_poll_interval() -> HumanDuration {
+    pub(crate) fn idle_poll_interval() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))
     }
-    pub fn batch() -> u32 {
+    pub(crate) fn batch() -> u32 {
         100
     }
-    pub fn stream() -> String {
+    pub(crate) fn stream() -> String {
         "sidecache:invalidations".to_owned()
     }
-    pub fn group() -> String {
+    pub(crate) fn group() -> String {
         "sidecache".to_owned()
     }
-    pub fn witnesses() -> u32 {
+    pub(crate) fn witnesses() -> u32 {
         2
     }
-    pub fn capture_name() -> String {
+    pub(crate) fn capture_name() -> String {
         "sidecache".to_owned()
     }
-    pub fn claim_idle() -> HumanDuration {
+    pub(crate) fn claim_idle() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))
     }
-    pub fn methods() -> Vec<String> {
+    pub(crate) fn methods() -> Vec<String> {
         vec!["GET".to_owned(), "HEAD".to_owned()]
     }
-    pub fn zero() -> HumanDuration {
+    pub(crate) fn zero() -> HumanDuration {
         HumanDuration(Duration::ZERO)
     }
-    pub fn keep() -> HumanDuration {
+    pub(crate) fn keep() -> HumanDuration {
         HumanDuration(Duration::from_secs(60))
     }
-    pub fn negative_ttl() -> HumanDuration {
+    pub(crate) fn negative_ttl() -> HumanDuration {
         HumanDuration(Duration::from_secs(5))
     }
-    pub fn cache_status() -> Vec<u16> {
+    pub(crate) fn cache_status() -> Vec<u16> {
         vec![200]
     }
-    pub fn negative_status() -> Vec<u16> {
+    pub(crate) fn negative_status() -> Vec<u16> {
         vec![404]
     }
-    pub fn lease() -> HumanDuration {
+    pub(crate) fn lease() -> HumanDuration {
         HumanDuration(Duration::from_secs(3))
     }
-    pub fn wait() -> HumanDuration {
+    pub(crate) fn wait() -> HumanDuration {
         HumanDuration(Duration::from_millis(600))
     }
-    pub fn yes() -> bool {
+    pub(crate) fn yes() -> bool {
         true
     }
-    pub fn fill_headers() -> Vec<String> {
+    pub(crate) fn fill_headers() -> Vec<String> {
         ["traceparent", "tracestate", "x-request-id"]
             .map(str::to_owned)
             .to_vec()
     }
-    pub fn header_timeout() -> HumanDuration {
+    pub(crate) fn header_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(10))
     }
-    pub fn max_header_bytes() -> HumanSize {
+    pub(crate) fn max_header_bytes() -> HumanSize {
         HumanSize(64 * 1024)
     }
-    pub fn idle_timeout() -> HumanDuration {
+    pub(crate) fn idle_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(60))
     }
-    pub fn send_timeout() -> HumanDuration {
+    pub(crate) fn send_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))
     }
-    pub fn max_concurrent_streams() -> u32 {
+    pub(crate) fn max_concurrent_streams() -> u32 {
         100
     }
     /// 1 MiB of lines (256 bytes each), split into one shard per CPU;
     /// at 100 000 req/s, 40 ms of lines.
-    pub fn access_log_buffer() -> usize {
+    pub(crate) fn access_log_buffer() -> usize {
         4096
     }
-    pub fn sample() -> f64 {
+    pub(crate) fn sample() -> f64 {
         1.0
     }
-    pub fn rebuild_every() -> HumanDuration {
+    pub(crate) fn rebuild_every() -> HumanDuration {
         HumanDuration(Duration::from_secs(600))
     }
 }

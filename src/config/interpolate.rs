@@ -5,7 +5,7 @@
 use super::ConfigError;
 use serde_json::Value;
 
-pub fn interpolate(
+pub(crate) fn interpolate(
     value: &mut Value,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
@@ -46,7 +46,7 @@ fn walk(
 }
 
 /// Expands one string.
-pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(pos) = rest.find('$') {

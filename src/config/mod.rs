@@ -9,26 +9,29 @@
 //! [`file::FileConfig`] (serde, unknown keys rejected, path-aware errors) ->
 //! [`validate::validate`] -> [`Config`]. Every error names the YAML path.
 
-pub mod bloom;
-pub mod bloom_sizing;
-pub mod capture;
-pub mod file;
-pub mod interpolate;
-pub mod path;
-pub mod pattern;
-pub mod relations;
-pub mod route;
-pub mod units;
-pub mod validate;
-pub mod watch;
+pub(crate) mod bloom;
+pub(crate) mod bloom_sizing;
+pub(crate) mod capture;
+pub(crate) mod file;
+pub(crate) mod interpolate;
+pub(crate) mod path;
+pub(crate) mod pattern;
+pub(crate) mod relations;
+pub(crate) mod route;
+pub(crate) mod units;
+pub(crate) mod validate;
+pub(crate) mod watch;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use bloom_sizing::Sizing;
+pub use capture::CaptureMode;
+pub use file::FileLogFormat;
+pub(crate) use route::RouteMatch;
 pub use route::{
-    ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteMatch,
-    RouteTable, Ttl,
+    ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteTable, Ttl,
 };
 
 /// A validated, typed configuration. Immutable once built; a reload builds a
@@ -50,9 +53,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// TTL of generation keys: max(ttl + jitter (or max_ttl) + max(grace,
     /// stale_if_error)) + max(lease) + upstream.timeout (a renewed lease
-    /// lasts that long) + 60 s (SPEC §5.1). The stale window is included so
-    /// that a kept entry's generation outlives it: a lost generation would
-    /// make the entry unprovable, and so never served stale.
+    /// lasts that long) + 60 s (docs/architecture.md#generation-protocol). The
+    /// stale window is included so that a kept entry's generation outlives it:
+    /// a lost generation would make the entry unprovable, and so never served
+    /// stale.
     pub gen_ttl: Duration,
     /// Valid but doubtful settings, logged at start, on `check` and on
     /// reload (never an error).
@@ -202,8 +206,9 @@ impl std::fmt::Debug for RedisTls {
     }
 }
 
-/// The in-process copy of hot entries in front of a single-node Redis,
-/// kept coherent by Redis invalidation pushes (see `store::near`).
+/// The in-process copy of hot entries in front of Redis (single node,
+/// Sentinel or Cluster), kept coherent by Redis invalidation pushes (see
+/// `store::redis::near`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NearCacheConfig {
     pub max_bytes: u64,
@@ -230,15 +235,16 @@ pub struct FillConfig {
     pub max_queued: usize,
 }
 
-/// Change feeds that invalidate cached objects (SPEC §7). Both optional,
-/// both may run at once.
+/// Change feeds that invalidate cached objects (docs/invalidation.md#sources).
+/// Both optional, both may run at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidationConfig {
     pub outbox: Option<OutboxConfig>,
     pub stream: Option<StreamConfig>,
-    /// Instances per feed that run its fan-out (issue 21): every event is
-    /// applied by its consumer plus at most this many witnesses, whatever
-    /// the number of instances (`crate::invalidation::witness`).
+    /// Instances per feed that run its fan-out: every event is applied by its
+    /// consumer plus at most this many witnesses, whatever the number of
+    /// instances (`crate::invalidation::witness`,
+    /// docs/invalidation.md#witnesses-k-instances-fan-out-not-all-of-them).
     pub witnesses: u32,
     /// Change capture from the service's own tables.
     pub capture: Option<capture::CaptureConfig>,
@@ -256,7 +262,7 @@ pub struct OutboxConfig {
     /// worker, not applied yet).
     pub poll_interval: Duration,
     /// Poll period while nothing is pending and LISTEN is up: a safety net
-    /// for a lost NOTIFY (issue 21).
+    /// for a lost NOTIFY (docs/invalidation.md#what-the-worker-does).
     pub idle_poll_interval: Duration,
     /// Rows claimed per transaction.
     pub batch: u32,
@@ -316,7 +322,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             file: "config".to_owned(),
             path: path.into(),
@@ -348,7 +354,7 @@ impl Config {
     }
 
     /// The file's text, for a caller that looks at it before parsing.
-    pub fn read(path: &Path) -> Result<String, ConfigError> {
+    pub(crate) fn read(path: &Path) -> Result<String, ConfigError> {
         std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             file: path.display().to_string(),
             source,
@@ -357,13 +363,13 @@ impl Config {
 
     /// Parses `text` read from `path` (errors name the file), with
     /// `${VAR}` taken from the process environment.
-    pub fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    pub(crate) fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, &|k| std::env::var(k).ok())
             .map_err(|e| e.in_file(&path.display().to_string()))
     }
 
     /// The digest a config parsed from `text` carries.
-    pub fn digest_of(text: &str) -> [u8; 32] {
+    pub(crate) fn digest_of(text: &str) -> [u8; 32] {
         use sha2::Digest;
         sha2::Sha256::digest(text.as_bytes()).into()
     }
@@ -391,7 +397,7 @@ impl Config {
     }
 
     /// Names of settings that differ and cannot change without a restart.
-    pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
+    pub(crate) fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
         let mut changed = Vec::new();
         if self.listen != next.listen {
             changed.push("listen");

@@ -1,8 +1,9 @@
 //! The normal form of a request path, in which route templates are matched
-//! (README "Path normalisation"). Normalising first means that no spelling
-//! of a path (`/static/../admin`, `/static/%2e%2e/admin`, `/static//x`)
-//! can match a cached route that the path does not name once resolved, and
-//! that every spelling of one object reads and fills the same entry.
+//! (docs/configuration.md#path-normalisation). Normalising first means that no
+//! spelling of a path (`/static/../admin`, `/static/%2e%2e/admin`,
+//! `/static//x`) can match a cached route that the path does not name once
+//! resolved, and that every spelling of one object reads and fills the same
+//! entry.
 //!
 //! Rules, in order, per segment:
 //! 1. percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are
@@ -26,7 +27,7 @@ use std::borrow::Cow;
 
 /// Why a path has no normal form sidecache trusts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Ambiguous {
+pub(crate) enum Ambiguous {
     #[error("a '%' not followed by two hex digits")]
     BadEscape,
     #[error("an encoded '/' or '\\' inside a segment")]
@@ -41,7 +42,7 @@ pub enum Ambiguous {
 
 /// The normal form of `path` (which starts with `/`; anything else is
 /// returned unchanged and matches no template).
-pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
+pub(crate) fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
     if is_normal(path) {
         return Ok(Cow::Borrowed(path));
     }
@@ -67,7 +68,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
 /// segment. `None`: no path that matches the route could carry this value
 /// (empty, a `/` in a one-segment value, a `..` that climbs out of the
 /// value into the template, ambiguous).
-pub fn normalize_value(value: &str, prefix: bool) -> Option<String> {
+pub(crate) fn normalize_value(value: &str, prefix: bool) -> Option<String> {
     let Resolved { segments, trailing } = resolve(value, Above::Refuse).ok()??;
     let fits = !segments.is_empty() && (prefix || (segments.len() == 1 && !trailing));
     if !fits {
@@ -123,7 +124,7 @@ fn resolve(rest: &str, above: Above) -> Result<Option<Resolved>, Ambiguous> {
 
 /// True if `segment` is a template literal that a normal path can contain:
 /// non-empty, not a dot segment, and its own normal form.
-pub fn is_normal_segment(segment: &str) -> bool {
+pub(crate) fn is_normal_segment(segment: &str) -> bool {
     !matches!(segment, "" | "." | "..")
         && !segment.starts_with(".;")
         && !segment.starts_with("..;")
@@ -135,10 +136,9 @@ pub fn is_normal_segment(segment: &str) -> bool {
 /// normal as it is. Anything else takes the slow path, which judges it (a
 /// segment like `.well-known` comes back unchanged from there).
 ///
-/// Eight bytes at a time (SWAR): a byte loop cost 250-390 instructions per
-/// hit on a 24-byte path, over the hit path's 1 % budget (callgrind,
-/// bench/README.md). [`is_normal_bytewise`] is the plain statement of the
-/// same rule; a test holds them equal.
+/// Eight bytes at a time (SWAR): a byte loop was over the hit path's budget
+/// (bench/README.md). [`is_normal_bytewise`] is the plain statement of the same
+/// rule; a test holds them equal.
 fn is_normal(path: &str) -> bool {
     let bytes = path.as_bytes();
     let mut chunks = bytes.chunks_exact(8);

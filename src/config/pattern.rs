@@ -1,14 +1,13 @@
 //! [`ParamPattern`]: a path param's pattern (`params:` in a route), matched
 //! against a whole value on every request that reaches the route's shape.
 //!
-//! `regex::Regex::is_match` costs ~280 instructions on a short value, most
-//! of it the meta engine's per-call set-up (its cache pool, the lazy DFA's
-//! start state); two params were a third of a HIT's route classification
-//! (callgrind). So the pattern is also compiled ahead of time into a dense
-//! DFA (`regex-automata`, the engine under `regex`, same syntax and
-//! semantics), capped in size; a pattern whose DFA would be larger, or that
-//! a DFA cannot express (Unicode word boundaries), is matched by the
-//! `Regex` alone, as before.
+//! `regex::Regex::is_match` pays the meta engine's per-call set-up (its cache
+//! pool, the lazy DFA's start state) on every short value: a large part of a
+//! HIT's route classification (bench/README.md). So the pattern is also
+//! compiled ahead of time into a dense DFA (`regex-automata`, the engine under
+//! `regex`, same syntax and semantics), capped in size; a pattern whose DFA
+//! would be larger, or that a DFA cannot express (Unicode word boundaries), is
+//! matched by the `Regex` alone, as before.
 
 use regex::Regex;
 use regex_automata::dfa::{dense, Automaton, StartKind};
@@ -28,7 +27,7 @@ pub struct ParamPattern {
 
 impl ParamPattern {
     /// Compiles a param's pattern, anchored at both ends.
-    pub fn new(pattern: &str) -> Result<ParamPattern, regex::Error> {
+    pub(crate) fn new(pattern: &str) -> Result<ParamPattern, regex::Error> {
         let anchored = format!("^(?:{pattern})$");
         let regex = Regex::new(&anchored)?;
         // `All`: any match counts, as for `Regex::is_match` (no branch is
@@ -46,7 +45,7 @@ impl ParamPattern {
     }
 
     /// Whether all of `value` matches.
-    pub fn is_match(&self, value: &str) -> bool {
+    pub(crate) fn is_match(&self, value: &str) -> bool {
         match &self.dfa {
             Some(dfa) => walk(dfa, value).unwrap_or_else(|| self.regex.is_match(value)),
             None => self.regex.is_match(value),
@@ -54,7 +53,7 @@ impl ParamPattern {
     }
 
     /// The anchored pattern, `^(?:...)$`.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.regex.as_str()
     }
 
@@ -66,9 +65,9 @@ impl ParamPattern {
 }
 
 /// Runs `value` through the DFA byte by byte (the `Automaton` API's own
-/// search adds ~150 instructions of set-up per call for what is one short
-/// value). The pattern ends in `$`, so a match can only be at the end:
-/// the state after the end of input says it. `None` if the DFA gave up.
+/// search sets up more per call than one short value takes to walk:
+/// bench/README.md). The pattern ends in `$`, so a match can only be at the
+/// end: the state after the end of input says it. `None` if the DFA gave up.
 fn walk(dfa: &dense::DFA<Vec<u32>>, value: &str) -> Option<bool> {
     let input = Input::new(value).anchored(Anchored::Yes);
     let mut state = dfa.start_state_forward(&input).ok()?;

@@ -31,7 +31,7 @@ pub(super) enum Piece {
 
 impl ValueTemplate {
     /// The value for the source object's param values (template order).
-    pub fn render(&self, source: &[String]) -> String {
+    pub(crate) fn render(&self, source: &[String]) -> String {
         let mut out = String::new();
         for piece in &self.0 {
             match piece {
@@ -45,7 +45,7 @@ impl ValueTemplate {
 
 impl Relation {
     /// The related object's param values for the source object's.
-    pub fn render(&self, source: &[String]) -> Vec<String> {
+    pub(crate) fn render(&self, source: &[String]) -> Vec<String> {
         self.params.iter().map(|t| t.render(source)).collect()
     }
 }

@@ -193,7 +193,7 @@ impl std::fmt::Display for ClientCacheControl {
 impl Route {
     /// How long an entry may be kept after it expires: the widest of the
     /// stale windows and `keep`.
-    pub fn stale_keep(&self) -> Duration {
+    pub(crate) fn stale_keep(&self) -> Duration {
         self.grace
             .max(self.max_grace)
             .max(self.stale_if_error)
@@ -201,7 +201,7 @@ impl Route {
     }
 
     /// The longest an entry of this route can be fresh.
-    pub fn max_fresh(&self) -> Duration {
+    pub(crate) fn max_fresh(&self) -> Duration {
         let positive = match self.ttl {
             Ttl::Fixed(ttl) => ttl + self.jitter,
             Ttl::Origin { max, .. } => max,
@@ -212,7 +212,7 @@ impl Route {
     /// The path a fill requests: the template with `params` (normalised,
     /// in template order) filled in, which is the normal form of every path
     /// that matched with these values.
-    pub fn fill_path<S: AsRef<str>>(&self, params: &[S]) -> String {
+    pub(crate) fn fill_path<S: AsRef<str>>(&self, params: &[S]) -> String {
         let mut path = String::with_capacity(self.template.len() + 16);
         for seg in &self.segments {
             path.push('/');
@@ -227,18 +227,18 @@ impl Route {
     }
 
     /// Whether param `i` is the template's `{name...}` prefix param.
-    pub fn is_prefix(&self, i: usize) -> bool {
+    pub(crate) fn is_prefix(&self, i: usize) -> bool {
         matches!(self.segments.last(), Some(Segment::Prefix(p)) if *p == i)
     }
 
-    pub fn varies_on(&self, name: &http::HeaderName) -> bool {
+    pub(crate) fn varies_on(&self, name: &http::HeaderName) -> bool {
         self.vary.iter().any(|v| v == name)
     }
 
     /// Matches a normalised `path` against the template. `None`: the shape
     /// differs. `Some(Err(param))`: shape matches but `param` fails its
     /// pattern.
-    pub fn match_path<'p>(&self, path: &'p str) -> Option<Result<Params<'p>, &str>> {
+    pub(crate) fn match_path<'p>(&self, path: &'p str) -> Option<Result<Params<'p>, &str>> {
         // `None` once the path is used up.
         let mut rest = Some(path.strip_prefix('/')?);
         // On the stack: every route tried for a request used to allocate
@@ -256,8 +256,8 @@ impl Route {
                 continue;
             }
             // A byte search, not `split_once('/')`: its char searcher costs
-            // ~100 instructions per segment to set up, more than the
-            // segments (a few bytes each) take to scan.
+            // more to set up than the segments (a few bytes each) take to scan
+            // (bench/README.md).
             let (part, tail) = match remaining.bytes().position(|b| b == b'/') {
                 // `/` is ASCII: both sides are on char boundaries.
                 Some(i) => (&remaining[..i], Some(&remaining[i + 1..])),
@@ -281,19 +281,19 @@ impl Route {
         Some(Ok(values))
     }
 
-    pub fn is_cache_method(&self, m: &Method) -> bool {
+    pub(crate) fn is_cache_method(&self, m: &Method) -> bool {
         self.methods.contains(m)
     }
 }
 
 /// A path's param values while it is matched, in template order; inline
 /// up to four (the routes seen have one to three params).
-pub type Params<'p> = smallvec::SmallVec<[&'p str; 4]>;
+pub(crate) type Params<'p> = smallvec::SmallVec<[&'p str; 4]>;
 
 /// What the route table says about one request. Param values are those of
 /// the path's normal form, in template order.
 #[derive(Debug)]
-pub enum RouteMatch {
+pub(crate) enum RouteMatch {
     /// A cache read: method listed, path and params valid.
     Read(Arc<Route>, Vec<String>),
     /// A non-read method on a cached object's path (write-through candidate).
@@ -318,7 +318,7 @@ impl RouteTable {
     /// Classifies a request by its method and raw path; the path is
     /// normalised first ([`path::normalize`]), and one without a trusted
     /// normal form is forwarded.
-    pub fn classify(&self, method: &Method, raw_path: &str) -> RouteMatch {
+    pub(crate) fn classify(&self, method: &Method, raw_path: &str) -> RouteMatch {
         let Ok(path) = path::normalize(raw_path) else {
             return RouteMatch::Forward;
         };
@@ -346,7 +346,7 @@ impl RouteTable {
 /// Unsafe methods, whose success invalidates the object (RFC 9111 §4.4):
 /// every method but the safe ones, so methods whose safety is unknown
 /// (extensions such as `M-SEARCH` or WebDAV's) count as unsafe too.
-pub fn is_write_method(m: &Method) -> bool {
+pub(crate) fn is_write_method(m: &Method) -> bool {
     !matches!(
         *m,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
@@ -358,7 +358,7 @@ pub fn is_write_method(m: &Method) -> bool {
 /// the rest of the path. Literal segments must be in normal form
 /// ([`path::is_normal_segment`]): requests are matched after normalisation,
 /// so `/a//b`, `/a/./b` or `/%7euser` could never match.
-pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), String> {
+pub(crate) fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), String> {
     let rest = template
         .strip_prefix('/')
         .ok_or_else(|| format!("template {template:?} must start with '/'"))?;
@@ -428,7 +428,7 @@ pub fn parse_template(template: &str) -> Result<(Vec<Segment>, Vec<String>), Str
 /// True if some request path could match both routes with a shared method.
 /// Two params (or a param and a prefix) may or may not intersect: that
 /// counts as a conflict; a literal is checked against the other's pattern.
-pub fn overlaps(a: &Route, b: &Route) -> bool {
+pub(crate) fn overlaps(a: &Route, b: &Route) -> bool {
     if !a.methods.iter().any(|m| b.methods.contains(m)) {
         return false;
     }

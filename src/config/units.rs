@@ -7,10 +7,10 @@ use std::fmt;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
+pub(crate) struct HumanDuration(pub Duration);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanSize(pub u64);
+pub(crate) struct HumanSize(pub u64);
 
 /// Splits `"250ms"` into `(250, "ms")`; the number must be a whole number.
 fn split_number(s: &str) -> Option<(u64, &str)> {
@@ -23,7 +23,7 @@ fn split_number(s: &str) -> Option<(u64, &str)> {
     Some((n, s[end..].trim()))
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || {
         format!("invalid duration {s:?}: expected a whole number with a unit (ms, s, m, h), e.g. \"250ms\"")
     };
@@ -38,7 +38,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let bad = || {
         format!("invalid size {s:?}: expected a whole number with a unit (B, KiB, MiB, GiB), e.g. \"1MiB\"")
     };

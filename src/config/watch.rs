@@ -1,7 +1,7 @@
-//! Hot reload (SPEC §9): watches the config file's directory, debounces,
-//! re-reads, and swaps the whole [`Config`] atomically when the new file is
-//! valid, different, and changes nothing that needs a restart. SIGHUP
-//! triggers the same reload.
+//! Hot reload (docs/architecture.md#hot-reload): watches the config file's
+//! directory, debounces, re-reads, and swaps the whole [`Config`] atomically
+//! when the new file is valid, different, and changes nothing that needs a
+//! restart. SIGHUP triggers the same reload.
 //!
 //! The directory, not the file, is watched: editors save by writing a temp
 //! file and renaming it over the old one (the old inode's watch goes dead),
@@ -26,14 +26,14 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// What one reload attempt did; the string is the metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReloadOutcome {
+pub(crate) enum ReloadOutcome {
     Applied,
     Unchanged,
     Rejected,
 }
 
 impl ReloadOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReloadOutcome::Applied => "applied",
             ReloadOutcome::Unchanged => "unchanged",
@@ -46,7 +46,7 @@ impl ReloadOutcome {
 /// SIGHUP handler is installed before this returns, so a SIGHUP sent after
 /// readiness never hits the default action (terminate). `applied` runs after
 /// each config swap, for what must follow the new config (limits).
-pub fn spawn(
+pub(crate) fn spawn(
     path: PathBuf,
     current: Arc<ArcSwap<Config>>,
     metrics: Metrics,
@@ -125,7 +125,7 @@ fn watch_dir(path: &Path) -> PathBuf {
 /// content it looked at, so a file that was rejected is warned about once,
 /// not on every later event (a log file written into the config's directory
 /// would otherwise make each warning trigger the next).
-pub struct Reloader<F> {
+pub(crate) struct Reloader<F> {
     path: PathBuf,
     current: Arc<ArcSwap<Config>>,
     applied: F,
@@ -133,7 +133,7 @@ pub struct Reloader<F> {
 }
 
 impl<F: Fn(&Config)> Reloader<F> {
-    pub fn new(path: PathBuf, current: Arc<ArcSwap<Config>>, applied: F) -> Self {
+    pub(crate) fn new(path: PathBuf, current: Arc<ArcSwap<Config>>, applied: F) -> Self {
         let last_seen = current.load().digest;
         Reloader {
             path,
@@ -144,13 +144,13 @@ impl<F: Fn(&Config)> Reloader<F> {
     }
 
     /// Whether the file, as last read, is the running config.
-    pub fn file_is_running(&self) -> bool {
+    pub(crate) fn file_is_running(&self) -> bool {
         self.last_seen == self.current.load().digest
     }
 
     /// One reload attempt. The running config stays unless the new one is
     /// valid, different and reloadable.
-    pub fn reload(&mut self) -> ReloadOutcome {
+    pub(crate) fn reload(&mut self) -> ReloadOutcome {
         let text = match Config::read(&self.path) {
             Ok(text) => text,
             Err(e) => {

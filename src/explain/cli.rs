@@ -33,7 +33,7 @@ pub enum LookupError {
 
 /// Where to reach the admin listener from this host: an unspecified bind
 /// address (`0.0.0.0`, `[::]`) is reached on loopback.
-pub fn admin_target(listen: SocketAddr) -> SocketAddr {
+pub(crate) fn admin_target(listen: SocketAddr) -> SocketAddr {
     let ip = match listen.ip() {
         IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -43,7 +43,7 @@ pub fn admin_target(listen: SocketAddr) -> SocketAddr {
 }
 
 /// The `/admin/lookup` request target for `url` and `headers` (`Name: value`).
-pub fn lookup_target(url: &str, headers: &[String]) -> Result<String, LookupError> {
+pub(crate) fn lookup_target(url: &str, headers: &[String]) -> Result<String, LookupError> {
     let mut target = format!("/admin/lookup?url={}", encode(url));
     for h in headers {
         let (name, value) = h

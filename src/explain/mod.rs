@@ -32,7 +32,7 @@ use std::time::Duration;
 
 /// Why a lookup cannot be explained at all (answered 400).
 #[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
+pub(crate) enum ExplainError {
     #[error("?url= is required: the path (and query) to explain, like /api/items/1?x=2")]
     MissingUrl,
     #[error("url {0:?} is not a path like /api/items/1 or an http:// URL")]
@@ -43,7 +43,7 @@ pub enum ExplainError {
 
 /// The request to explain: a path with its query, and its headers.
 #[derive(Debug)]
-pub struct Subject {
+pub(crate) struct Subject {
     pub path_and_query: String,
     pub headers: HeaderMap,
 }
@@ -51,7 +51,7 @@ pub struct Subject {
 impl Subject {
     /// From the admin request's query (`url=...` plus one parameter per
     /// header) and headers (only the route's `vary` ones are taken later).
-    pub fn from_query(query: Option<&str>) -> Result<Subject, ExplainError> {
+    pub(crate) fn from_query(query: Option<&str>) -> Result<Subject, ExplainError> {
         let mut url = None;
         let mut headers = HeaderMap::new();
         for (name, value) in form_urlencoded(query.unwrap_or("")) {
@@ -127,7 +127,7 @@ fn form_urlencoded(query: &str) -> Vec<(String, String)> {
 }
 
 /// Everything the explanation reads from.
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     pub cfg: &'a Config,
     pub store: &'a GuardedStore,
     pub blooms: &'a Blooms,
@@ -135,8 +135,8 @@ pub struct Sources<'a> {
     pub admin_headers: &'a HeaderMap,
 }
 
-/// The explanation as JSON (see the README's "Explain one URL").
-pub async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
+/// The explanation as JSON (docs/operations.md#explain-one-url).
+pub(crate) async fn explain(src: &Sources<'_>, subject: &Subject) -> Value {
     let cfg = src.cfg;
     let path = subject.path();
     let mut out = json!({
@@ -446,7 +446,7 @@ async fn bloom_json(src: &Sources<'_>, route: &Route, params: &[String]) -> Valu
 }
 
 /// Why `route` does not match `path` (for a request no route takes).
-pub fn why_not(route: &Route, path: &str) -> String {
+pub(crate) fn why_not(route: &Route, path: &str) -> String {
     if !route.is_cache_method(&Method::GET) {
         return "GET is not in its methods".into();
     }

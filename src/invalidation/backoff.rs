@@ -7,14 +7,14 @@ use std::time::Duration;
 /// [0.5, 1.0] so that many sidecars that lost the same server do not come
 /// back in lockstep.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     max: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub fn new(base: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(base: Duration, max: Duration) -> Backoff {
         Backoff {
             base,
             max,
@@ -23,13 +23,13 @@ impl Backoff {
     }
 
     /// The next delay; each call doubles the ceiling until `max`.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let delay = jittered(exponential(self.base, self.max, self.attempt));
         self.attempt = self.attempt.saturating_add(1);
         delay
     }
 
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.attempt = 0;
     }
 }
@@ -40,17 +40,22 @@ impl Backoff {
 /// costs the server nothing (the kernel answers), and the server's first
 /// commits after the restart wait for this reconnect.
 #[derive(Debug, Clone)]
-pub struct Reconnect {
+pub(crate) struct Reconnect {
     backoff: Backoff,
     refused_pace: Duration,
     fast_for: Duration,
-    outage_since: Option<std::time::Instant>,
+    outage_since: Option<tokio::time::Instant>,
 }
 
 impl Reconnect {
     /// Backs off from `base` to `max`; refused connects are retried every
     /// `refused_pace` (jittered) during the first `fast_for` of an outage.
-    pub fn new(base: Duration, max: Duration, refused_pace: Duration, fast_for: Duration) -> Self {
+    pub(crate) fn new(
+        base: Duration,
+        max: Duration,
+        refused_pace: Duration,
+        fast_for: Duration,
+    ) -> Self {
         Reconnect {
             backoff: Backoff::new(base, max),
             refused_pace,
@@ -60,10 +65,10 @@ impl Reconnect {
     }
 
     /// The wait before the next attempt, after one that failed.
-    pub fn next_delay(&mut self, refused: bool) -> Duration {
+    pub(crate) fn next_delay(&mut self, refused: bool) -> Duration {
         let since = *self
             .outage_since
-            .get_or_insert_with(std::time::Instant::now);
+            .get_or_insert_with(tokio::time::Instant::now);
         if refused && since.elapsed() < self.fast_for {
             jittered(self.refused_pace)
         } else {
@@ -72,19 +77,19 @@ impl Reconnect {
     }
 
     /// The connection works again: the next outage starts afresh.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.backoff.reset();
         self.outage_since = None;
     }
 }
 
 /// `base * 2^attempt`, capped at `max`, without jitter.
-pub fn exponential(base: Duration, max: Duration, attempt: u32) -> Duration {
+pub(crate) fn exponential(base: Duration, max: Duration, attempt: u32) -> Duration {
     base.saturating_mul(1u32 << attempt.min(20)).min(max)
 }
 
 /// `d` scaled by a random factor in [0.5, 1.0].
-pub fn jittered(d: Duration) -> Duration {
+pub(crate) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.5..=1.0))
 }
 

@@ -1,8 +1,9 @@
 //! The SQL that installs the outbox (`sidecache outbox-ddl`): the table with
-//! the SPEC §7 columns, a partial index over the rows a worker may claim, and
-//! a statement-level `AFTER INSERT` trigger that wakes `LISTEN`ing workers.
-//! Table and channel names are spliced into SQL; config validation
-//! ([`check_identifier`]) lets only plain identifiers pass.
+//! the columns of docs/invalidation.md#1-install-the-table, a partial index
+//! over the rows a worker may claim, and a statement-level `AFTER INSERT`
+//! trigger that wakes `LISTEN`ing workers. Table and channel names are spliced
+//! into SQL; config validation ([`check_identifier`]) lets only plain
+//! identifiers pass.
 
 /// The default table and notification channel (same as the config defaults).
 pub const DEFAULT_TABLE: &str = "sidecache_outbox";

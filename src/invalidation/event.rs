@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum EventKind {
+pub(crate) enum EventKind {
     #[default]
     Invalidate,
     Create,
@@ -25,7 +25,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub fn parse(s: &str) -> Option<EventKind> {
+    pub(crate) fn parse(s: &str) -> Option<EventKind> {
         match s {
             "invalidate" | "" => Some(EventKind::Invalidate),
             "create" => Some(EventKind::Create),
@@ -38,7 +38,7 @@ impl EventKind {
 /// An event as it arrives (JSON body, outbox row, stream fields).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Event {
+pub(crate) struct Event {
     /// Empty for a tag event.
     #[serde(default)]
     pub route: String,
@@ -75,7 +75,7 @@ fn string_or_int_values<'de, D: serde::Deserializer<'de>>(
 
 /// An event checked against the route table: ready to apply.
 #[derive(Debug, Clone)]
-pub struct Validated {
+pub(crate) struct Validated {
     /// The object the event names; `None` for a tag event.
     pub object: Option<Object>,
     pub kind: EventKind,
@@ -88,7 +88,7 @@ pub struct Validated {
 }
 
 #[derive(Debug, Clone)]
-pub struct Object {
+pub(crate) struct Object {
     pub route: Arc<Route>,
     /// Param values in template order.
     pub params: Vec<String>,
@@ -96,7 +96,7 @@ pub struct Object {
 
 /// One generation key an event replaces.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     pub gen_key: String,
     pub kind: TargetKind,
 }
@@ -104,7 +104,7 @@ pub struct Target {
 /// What a replaced generation belongs to: the `kind` label of
 /// `sidecache_invalidations_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetKind {
+pub(crate) enum TargetKind {
     /// The object the event names.
     Object,
     /// An object of a route the event's route relates to.
@@ -116,7 +116,7 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TargetKind::Object => "object",
             TargetKind::Related => "related",
@@ -128,7 +128,7 @@ impl TargetKind {
 
 /// Why an event can never be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Poison {
+pub(crate) enum Poison {
     #[error("unknown route {0:?}")]
     UnknownRoute(String),
     #[error("param {0:?} is missing")]
@@ -155,7 +155,7 @@ pub enum Poison {
 
 impl Poison {
     /// The `reason` label of the dead-letter metrics.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Poison::UnknownRoute(_) => "unknown_route",
             Poison::MissingParam(_) => "missing_param",
@@ -171,7 +171,7 @@ impl Poison {
 }
 
 impl Event {
-    pub fn from_json(bytes: &[u8]) -> Result<Event, Poison> {
+    pub(crate) fn from_json(bytes: &[u8]) -> Result<Event, Poison> {
         serde_json::from_slice(bytes).map_err(|e| Poison::Malformed(e.to_string()))
     }
 
@@ -179,7 +179,7 @@ impl Event {
     /// fields). `params` must be a JSON object whose values are strings or
     /// integers (`jsonb_build_object('id', id)` with a bigint id is common);
     /// anything else is poison. `kind` empty means `invalidate`.
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         route: &str,
         params: &serde_json::Value,
         kind: &str,
@@ -213,7 +213,7 @@ impl Event {
         })
     }
 
-    pub fn validate(&self, cfg: &Config) -> Result<Validated, Poison> {
+    pub(crate) fn validate(&self, cfg: &Config) -> Result<Validated, Poison> {
         if !self.tags.is_empty() {
             if !self.route.is_empty() || !self.params.is_empty() {
                 return Err(Poison::TagsAndRoute);
@@ -268,7 +268,7 @@ impl Event {
 impl Validated {
     /// An event for `params` that already match `route`'s patterns, with
     /// the objects its route relates to.
-    pub fn new(
+    pub(crate) fn new(
         cfg: &Config,
         route: &Arc<Route>,
         params: Vec<String>,

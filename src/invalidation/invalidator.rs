@@ -4,8 +4,8 @@
 //! a reload that adds a route also makes its events valid), replace the
 //! generations of every valid event in one store call (its object's and
 //! those of the objects its route relates to, or its tags'; version floors
-//! first), grow the route's Bloom filter on `create` (SPEC §6), count
-//! `sidecache_invalidations_total{source,outcome,kind}` and the fan-out,
+//! first), grow the route's Bloom filter on `create` (docs/bloom.md#growth),
+//! count `sidecache_invalidations_total{source,outcome,kind}` and the fan-out,
 //! and tell the source each event's outcome so it can acknowledge, retry
 //! or dead-letter it.
 //!
@@ -60,7 +60,7 @@ impl Source {
 
 /// What happened to one event of a batch.
 #[derive(Debug, Clone)]
-pub enum ApplyOutcome {
+pub(crate) enum ApplyOutcome {
     /// The object's generation was replaced.
     Applied,
     /// The event can never apply: dead-letter it, do not retry.
@@ -70,7 +70,7 @@ pub enum ApplyOutcome {
 }
 
 impl ApplyOutcome {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             ApplyOutcome::Applied => "applied",
             ApplyOutcome::Poison(_) => "poison",
@@ -107,21 +107,21 @@ impl Invalidator {
     }
 
     /// The latest dead-lettered events, newest first.
-    pub fn recent_dead_letters(&self) -> Vec<super::recent::DeadLetter> {
+    pub(crate) fn recent_dead_letters(&self) -> Vec<super::recent::DeadLetter> {
         self.dead_letters.newest_first()
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// The store's key namespace (`store.namespace`).
-    pub fn namespace(&self) -> String {
+    pub(crate) fn namespace(&self) -> String {
         self.config.load().store.namespace.clone()
     }
 
     /// Takes or renews a witness slot ([`super::witness`]).
-    pub async fn witness(
+    pub(crate) async fn witness(
         &self,
         slots: &[String],
         owner: &str,
@@ -131,18 +131,26 @@ impl Invalidator {
     }
 
     /// Deletes a witness slot if `owner` still holds it.
-    pub async fn release_witness(&self, slot: &str, owner: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn release_witness(
+        &self,
+        slot: &str,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
         self.store.delete_if_equals(slot, owner.as_bytes()).await
     }
 
     /// Sets a marker key (change capture's "purged since the slot was
     /// created"): a plain value with a TTL.
-    pub async fn set_marker(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+    pub(crate) async fn set_marker(
+        &self,
+        key: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
         self.store.remember_tags(key, MARKER, ttl).await
     }
 
     /// Whether the marker key is set.
-    pub async fn read_marker(&self, key: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn read_marker(&self, key: &str) -> Result<bool, StoreError> {
         let values = self.store.read_tags(&[key]).await?;
         Ok(values
             .first()
@@ -150,27 +158,28 @@ impl Invalidator {
     }
 
     /// Removes the marker key.
-    pub async fn clear_marker(&self, key: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn clear_marker(&self, key: &str) -> Result<bool, StoreError> {
         self.store.delete_if_equals(key, MARKER.as_bytes()).await
     }
 
     /// `None` while the feeds' store calls go through; else when the feeds'
     /// breaker lets the next one probe. A feed takes no events before then
-    /// (issue 20): instances whose store works take them meanwhile.
-    pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events):
+    /// instances whose store works take them meanwhile.
+    pub(crate) fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
         self.store.feeds_ready_at()
     }
 
     /// Resolves when the feeds' store calls go through again (early if the
     /// store answers a probe before the cooldown ends).
-    pub async fn feeds_ready(&self) {
+    pub(crate) async fn feeds_ready(&self) {
         self.store.feeds_ready().await
     }
 
     /// Applies a batch; the result has one outcome per input, in order.
     /// Inputs that already failed to parse are passed in as poison so that
     /// the outcome list lines up with the source's entries.
-    pub async fn apply(
+    pub(crate) async fn apply(
         &self,
         source: Source,
         events: Vec<Result<Event, Poison>>,
@@ -186,11 +195,11 @@ impl Invalidator {
     }
 
     /// [`Invalidator::apply`] for feed events, each with its mark (its
-    /// position in the feed, see `store::covers`): an event whose mark the
+    /// position in the feed, see `store::protocol::covers`): an event whose mark the
     /// generation already covers is left applied as it is (outcome
     /// `Applied`), so delivering an event to every instance costs one
     /// generation replacement, not one per instance.
-    pub async fn apply_marked(
+    pub(crate) async fn apply_marked(
         &self,
         source: Source,
         events: Vec<(Result<Event, Poison>, String)>,
@@ -222,11 +231,16 @@ impl Invalidator {
         }
     }
 
-    /// Write-through (SPEC §7): a 2xx answer to a write on a cached
-    /// object's path invalidates the object. `params` were validated by the
-    /// route match. Failure is logged and counted only; the outbox or stream
-    /// stays the reliable path.
-    pub async fn write_through(&self, cfg: &Config, route: &Arc<Route>, params: Vec<String>) {
+    /// Write-through (docs/invalidation.md#sources): a 2xx answer to a write on
+    /// a cached object's path invalidates the object. `params` were validated
+    /// by the route match. Failure is logged and counted only; the outbox or
+    /// stream stays the reliable path.
+    pub(crate) async fn write_through(
+        &self,
+        cfg: &Config,
+        route: &Arc<Route>,
+        params: Vec<String>,
+    ) {
         let event = Validated::new(cfg, route, params, EventKind::Invalidate);
         let outcome = self
             .apply_checked(Source::WriteThrough, cfg, vec![Ok(event)], None)

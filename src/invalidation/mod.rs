@@ -1,4 +1,4 @@
-//! Invalidation: how caches learn of changes (SPEC §7).
+//! Invalidation: how caches learn of changes (docs/invalidation.md).
 //!
 //! - [`event`]: the model every source shares (`{route, params, kind,
 //!   revision?}`, validated against the live route table; invalid events
@@ -30,19 +30,23 @@
 //! (the client-facing server), through the same [`Invalidator`]. Delivery is at least once everywhere: applying an event
 //! twice is harmless because a generation is replaced, never incremented.
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod capture;
 pub mod ddl;
-pub mod event;
-pub mod invalidator;
-pub mod outbox;
-pub mod recent;
-pub mod stream;
-pub mod stream_conn;
-pub mod witness;
+pub(crate) mod event;
+pub(crate) mod invalidator;
+pub(crate) mod outbox;
+pub(crate) mod recent;
+pub(crate) mod stream;
+pub(crate) mod stream_conn;
+pub(crate) mod witness;
 
-pub use event::{Event, EventKind, Poison, Validated};
-pub use invalidator::{ApplyOutcome, Invalidator, Source};
+pub(crate) use event::{Event, Poison};
+pub(crate) use invalidator::ApplyOutcome;
+pub use invalidator::{Invalidator, Source};
+pub use outbox::OutboxWorker;
+pub use stream::StreamConsumer;
+pub use stream_conn::StreamTarget;
 
 use crate::config::{Config, RedisTarget};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
-//! The Postgres outbox worker (SPEC §7, seed 001): the service writes one
-//! row per change in the same transaction as the change; this worker turns
-//! rows into invalidations, at least once, with nothing lost.
+//! The Postgres outbox worker (docs/invalidation.md#postgres-outbox): the
+//! service writes one row per change in the same transaction as the change;
+//! this worker turns rows into invalidations, at least once, with nothing lost.
 //!
 //! One cycle is one transaction: claim due rows `ORDER BY id LIMIT batch FOR
 //! UPDATE SKIP LOCKED` (several sidecars can share a table; a row is in at
@@ -12,30 +12,32 @@
 //! (`next_at`, 1 s doubling to 60 s, jittered) when the store answered but
 //! refused it.
 //!
-//! Store health (issue 20): the worker takes no rows while the feeds'
-//! breaker is open (`Invalidator::feeds_ready_at`), neither in the fan-out
-//! nor in a claim; it looks again when the breaker lets a probe through,
-//! or, a witness, as soon as the store answers its early probe
-//! (`Invalidator::feeds_ready`: a Redis restarted in 30 ms serves reads
-//! long before a cooldown ends, and the events committed meanwhile must
-//! not wait for it).
-//! That breaker is the feeds' own: the request path's does not stop it. A crash anywhere before the commit leaves every
-//! claimed row in place to be applied again (harmless: idempotent).
+//! Store health
+//! (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events): the
+//! worker takes no rows while the feeds' breaker is open
+//! (`Invalidator::feeds_ready_at`), neither in the fan-out nor in a claim; it
+//! looks again when the breaker lets a probe through, or, a witness, as soon as
+//! the store answers its early probe (`Invalidator::feeds_ready`: a Redis
+//! restarted in 30 ms serves reads long before a cooldown ends, and the events
+//! committed meanwhile must not wait for it). That breaker is the feeds' own:
+//! the request path's does not stop it. A crash anywhere before the commit
+//! leaves every claimed row in place to be applied again (harmless:
+//! idempotent).
 //!
-//! Fan-out (issue 19): a worker stopped between its claim and its commit
-//! (SIGSTOP, a GC pause, CPU throttling) keeps its rows locked, and `SKIP
-//! LOCKED` hides them from every other worker until it resumes; a worker
-//! whose store fails pushes its rows into backoff, where the others' claims
-//! do not look either. So on every wake-up each *witness* (issue 21: `k`
-//! instances, [`super::witness`]) first reads the pending rows (not
-//! dead-lettered, due or in backoff) without locking them (a plain `SELECT`
-//! is never blocked by row locks) and applies those it has not applied yet,
-//! with the mark `o:<id>:<created_at µs>` (`lua/invalidate_marked.lua`):
-//! the first application replaces the generation, the others find it
-//! covered and change nothing. No lock is held while it applies. The claim
-//! cycle stays the reliable path (delete, retry with backoff, dead letters);
-//! rows this worker already applied are deleted there without another store
-//! call.
+//! Fan-out (docs/invalidation.md#no-feed-waits-for-one-instance): a worker
+//! stopped between its claim and its commit (SIGSTOP, a GC pause, CPU
+//! throttling) keeps its rows locked, and `SKIP LOCKED` hides them from every
+//! other worker until it resumes; a worker whose store fails pushes its rows
+//! into backoff, where the others' claims do not look either. So on every
+//! wake-up each *witness* (`k` instances, [`super::witness`]) first reads the
+//! pending rows (not dead-lettered, due or in backoff) without locking them (a
+//! plain `SELECT` is never blocked by row locks) and applies those it has not
+//! applied yet, with the mark `o:<id>:<created_at µs>`
+//! (`lua/invalidate_marked.lua`): the first application replaces the
+//! generation, the others find it covered and change nothing. No lock is held
+//! while it applies. The claim cycle stays the reliable path (delete, retry
+//! with backoff, dead letters); rows this worker already applied are deleted
+//! there without another store call.
 //!
 //! Only witnesses LISTEN: a NOTIFY costs `k` wake-ups, not one per
 //! instance. The other instances poll every `idle_poll_interval` (a safety
@@ -50,9 +52,10 @@
 //! a channel. The table is always polled after (re)connecting, because
 //! notifications sent while disconnected are lost; then, by a witness, every
 //! `poll_interval` while rows are pending, and every `idle_poll_interval`
-//! once none is (issue 21: LISTEN is up on this same connection, so that
-//! poll is a safety net, and idle instances cost Postgres almost nothing).
-//! The connection (TLS per the URL's `sslmode`) is made by [`crate::pg`].
+//! once none is (LISTEN is up on this same connection, so that poll is a safety
+//! net, and idle instances cost Postgres almost nothing:
+//! docs/invalidation.md#what-the-worker-does). The connection (TLS per the
+//! URL's `sslmode`) is made by [`crate::pg`].
 //!
 //! Gauges (`pending`, `oldest`, `dead`): reported by the holder of witness
 //! slot 0, from its fan-out read (the same statement returns them, at most
@@ -77,18 +80,19 @@ use tracing::{debug, info, warn};
 const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 /// Reconnect schedule after losing Postgres: 25 ms doubling to 1 s,
-/// jittered. Capped low (issue 20): after a Postgres restart the first
-/// commits wait for the reconnect, and LISTEN + the catch-up poll follow it
-/// at once.
+/// jittered. Capped low (docs/invalidation.md#what-the-worker-does): after a
+/// Postgres restart the first commits wait for the reconnect, and LISTEN + the
+/// catch-up poll follow it at once.
 const RECONNECT_BASE: Duration = Duration::from_millis(25);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// While Postgres restarts, the worker retries at this pace instead of
-/// backing off (issue 19: the history checker saw reads stale for up to
-/// ~0.6 s after a restart, the backoff's wait). Nothing listening costs the
-/// database nothing (the kernel refuses); during crash recovery each try
-/// costs the postmaster a short-lived child that answers 57P03, and the
-/// first commits after recovery wait for this reconnect (57 ms seen with
-/// the backoff) ...
+/// backing off (the history checker saw reads stale for up to ~0.6 s after a
+/// restart, the backoff's wait:
+/// docs/invalidation.md#checked-from-outside-the-history-checker). Nothing
+/// listening costs the database nothing (the kernel refuses); during crash
+/// recovery each try costs the postmaster a short-lived child that answers
+/// 57P03, and the first commits after recovery wait for this reconnect (57 ms
+/// seen with the backoff) ...
 const RECONNECT_REFUSED: Duration = Duration::from_millis(25);
 /// ... for this long into an outage; a longer one falls back to the
 /// backoff, so a fleet does not keep knocking at a host that is down
@@ -106,7 +110,7 @@ const MAX_ERROR_TEXT: usize = 500;
 
 /// Why a worker session ended.
 #[derive(Debug, thiserror::Error)]
-pub enum OutboxError {
+pub(crate) enum OutboxError {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
     #[error(transparent)]
@@ -158,7 +162,7 @@ struct WokeUp {
 
 /// What one cycle did, for draining decisions and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct CycleReport {
+pub(crate) struct CycleReport {
     pub claimed: usize,
     pub applied: usize,
     pub failed: usize,
@@ -180,8 +184,8 @@ struct Statements {
     /// The rows not dead-lettered, unlocked, also those in backoff (the
     /// fan-out).
     pending: Statement,
-    /// `pending`, with the gauges (the leader's read, issue 21: no
-    /// statement of its own).
+    /// `pending`, with the gauges (the leader's read: no statement of its own;
+    /// docs/invalidation.md#what-the-worker-does).
     pending_gauges: Statement,
     claim: Statement,
     delete: Statement,
@@ -268,7 +272,7 @@ impl OutboxWorker {
     }
 
     /// `invalidation.witnesses` (default 2).
-    pub fn with_witnesses(mut self, k: u32) -> OutboxWorker {
+    pub(crate) fn with_witnesses(mut self, k: u32) -> OutboxWorker {
         self.witnesses = k;
         self
     }
@@ -414,10 +418,10 @@ impl OutboxWorker {
                     gauges_at = Instant::now() + GAUGE_EVERY;
                 }
                 // Idle (nothing pending, LISTEN up on this very connection):
-                // the poll is only a safety net for a lost NOTIFY (issue 21).
-                // Not a witness: only a safety net, whatever is pending.
-                // Unavailable store: look again when the feeds' breaker
-                // lets a probe through.
+                // the poll is only a safety net for a lost NOTIFY
+                // (docs/invalidation.md#what-the-worker-does). Not a witness:
+                // only a safety net, whatever is pending. Unavailable store:
+                // look again when the feeds' breaker lets a probe through.
                 next_poll = Instant::now()
                     + match woke.idle || !is_witness {
                         true => self.cfg.idle_poll_interval,
@@ -468,8 +472,9 @@ impl OutboxWorker {
     /// One wake-up: a witness's fan-out (anyone else only looks whether
     /// rows are pending), then, if rows are pending, claim cycles while full
     /// batches come back. Takes no rows while the store is unavailable to
-    /// this instance (issue 20). `gauges`: the fan-out read also refreshes
-    /// the gauges.
+    /// this instance
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events).
+    /// `gauges`: the fan-out read also refreshes the gauges.
     #[allow(clippy::too_many_arguments)]
     async fn wake_up(
         &self,

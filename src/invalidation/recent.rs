@@ -6,13 +6,13 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Dead letters kept.
-pub const KEEP: usize = 20;
+pub(crate) const KEEP: usize = 20;
 /// Reasons are cut to this many characters.
 const MAX_REASON: usize = 300;
 
 /// One dead-lettered event.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     /// Unix time in milliseconds.
     pub time_ms: u64,
     pub source: &'static str,
@@ -20,12 +20,12 @@ pub struct DeadLetter {
 }
 
 #[derive(Debug, Default)]
-pub struct RecentDeadLetters {
+pub(crate) struct RecentDeadLetters {
     list: Mutex<VecDeque<DeadLetter>>,
 }
 
 impl RecentDeadLetters {
-    pub fn record(&self, source: &'static str, reason: &str) {
+    pub(crate) fn record(&self, source: &'static str, reason: &str) {
         let time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -42,7 +42,7 @@ impl RecentDeadLetters {
     }
 
     /// Newest first.
-    pub fn newest_first(&self) -> Vec<DeadLetter> {
+    pub(crate) fn newest_first(&self) -> Vec<DeadLetter> {
         let list = self.list.lock().unwrap_or_else(|p| p.into_inner());
         list.iter().rev().cloned().collect()
     }

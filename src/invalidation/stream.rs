@@ -1,6 +1,6 @@
-//! The Redis Stream consumer (SPEC §7, seed 002): services append events to
-//! a stream; every sidecache instance joins one consumer group, so each
-//! entry is applied by one instance, at least once.
+//! The Redis Stream consumer (docs/invalidation.md#redis-stream): services
+//! append events to a stream; every sidecache instance joins one consumer
+//! group, so each entry is applied by one instance, at least once.
 //!
 //! Entry format: fields `route` (route name), `params` (a JSON object of
 //! param values, strings or integers), optional `kind` (`invalidate`,
@@ -17,30 +17,32 @@
 //! per process (host, pid, random), so a restarted process is a new
 //! consumer and its predecessor's entries come back through the claim.
 //!
-//! Fan-out (issue 19): the group gives each entry to one consumer, and a
-//! consumer that stops (SIGSTOP, a GC pause, CPU throttling) would hold the
-//! entries delivered to it until it resumes or `claim_idle` passes. So the
-//! feed's witnesses (issue 21: `k` instances, [`super::witness`]) also tail
-//! the stream with plain `XREAD` from a cursor of their own (in memory,
-//! starting [`LOOKBACK`] before the stream's last entry when the instance
-//! becomes a witness, which covers entries appended while a slot was
-//! vacant) and apply every entry at once; the other instances only consume
-//! through the group. Both paths apply with the entry's id as mark
+//! Fan-out (docs/invalidation.md#no-feed-waits-for-one-instance): the group
+//! gives each entry to one consumer, and a consumer that stops (SIGSTOP, a GC
+//! pause, CPU throttling) would hold the entries delivered to it until it
+//! resumes or `claim_idle` passes. So the feed's witnesses (`k` instances,
+//! [`super::witness`]) also tail the stream with plain `XREAD` from a cursor of
+//! their own (in memory, starting [`LOOKBACK`] before the stream's last entry
+//! when the instance becomes a witness, which covers entries appended while a
+//! slot was vacant) and apply every entry at once; the other instances only
+//! consume through the group. Both paths apply with the entry's id as mark
 //! (`lua/invalidate_marked.lua`): the first application replaces the
 //! generation, every later one (other instances, the group path, a consumer
 //! resuming with a backlog) finds it covered and changes nothing. The group
-//! stays the reliable path: acknowledgement, dead letters, claims, history
-//! for instances that start later. A group that disappears while running
-//! (Redis restarted empty) is re-created at `0`, never at `$`, so entries
-//! appended before the reconnect are not skipped (issue 20).
+//! stays the reliable path: acknowledgement, dead letters, claims, history for
+//! instances that start later. A group that disappears while running (Redis
+//! restarted empty) is re-created at `0`, never at `$`, so entries appended
+//! before the reconnect are not skipped
+//! (docs/invalidation.md#what-the-consumer-does).
 //!
-//! Store health (issue 20): while the feeds' breaker is open (this
-//! instance's store calls fail; the request path's breaker does not count)
-//! the group path reads no new entries, so the group gives them to the
-//! other consumers, and the fan-out waits for the breaker's probe instead
-//! of retrying. Entries already pending here were applied by the others'
-//! fan-out; they are acked when this instance recovers, or claimed after
-//! `claim_idle`.
+//! Store health
+//! (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events): while
+//! the feeds' breaker is open (this instance's store calls fail; the request
+//! path's breaker does not count) the group path reads no new entries, so the
+//! group gives them to the other consumers, and the fan-out waits for the
+//! breaker's probe instead of retrying. Entries already pending here were
+//! applied by the others' fan-out; they are acked when this instance recovers,
+//! or claimed after `claim_idle`.
 //!
 //! Each path has its own connection: a blocking `XREADGROUP`/`XREAD` on the
 //! store's multiplexed connection would stall every request behind it. Their
@@ -70,8 +72,8 @@ const COUNT: usize = 100;
 /// Longest `BLOCK`; shorter when the claim period is shorter.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
 const RECONNECT_BASE: Duration = Duration::from_millis(100);
-/// Capped low like the outbox's (issue 20): after a Redis restart, events
-/// wait for the reconnect.
+/// Capped low like the outbox's: after a Redis restart, events wait for the
+/// reconnect (docs/invalidation.md#what-the-consumer-does).
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Own pending entries that failed are retried after this long.
 const RETRY_OWN_AFTER: Duration = Duration::from_secs(1);
@@ -123,14 +125,9 @@ impl StreamConsumer {
     }
 
     /// `invalidation.witnesses` (default 2).
-    pub fn with_witnesses(mut self, k: u32) -> StreamConsumer {
+    pub(crate) fn with_witnesses(mut self, k: u32) -> StreamConsumer {
         self.witnesses = k;
         self
-    }
-
-    /// This process's consumer name in the group.
-    pub fn consumer_name(&self) -> &str {
-        &self.consumer
     }
 
     fn dead_stream(&self) -> String {

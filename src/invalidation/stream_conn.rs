@@ -1,6 +1,7 @@
-//! Where the stream consumer's own connections go (issue 15): to the single
-//! node, to the primary Sentinel names now, or on Redis Cluster to the
-//! master serving the stream key's slot.
+//! Where the stream consumer's own connections go
+//! (docs/invalidation.md#redis-stream): to the single node, to the primary
+//! Sentinel names now, or on Redis Cluster to the master serving the stream
+//! key's slot.
 //!
 //! With Sentinel every connect asks the sentinels. After a failover the
 //! session's connection fails (the old primary is gone, or answers
@@ -10,12 +11,12 @@
 //! pending entries it knows are retried.
 //!
 //! The consumer's commands block (`XREADGROUP`/`XREAD ... BLOCK`), so they
-//! cannot share the store's cluster connection (CRATES.md); each path opens
-//! a plain connection of its own to the stream's master instead. The master
-//! is found with `CLUSTER SLOTS` from the first seed node that answers. A
-//! `MOVED` reply (failover, slot migrated) ends the session; the next
-//! connect goes to the node it names. An `ASK` (the slot is migrating) makes
-//! the next connect resolve again: the session resumes on the stream's
+//! cannot share the store's cluster connection (docs/architecture.md#redis-rs);
+//! each path opens a plain connection of its own to the stream's master
+//! instead. The master is found with `CLUSTER SLOTS` from the first seed node
+//! that answers. A `MOVED` reply (failover, slot migrated) ends the session;
+//! the next connect goes to the node it names. An `ASK` (the slot is migrating)
+//! makes the next connect resolve again: the session resumes on the stream's
 //! owner once the migration is over.
 //!
 //! The dead-letter stream `<stream>:dead` must share the stream's slot
@@ -53,7 +54,7 @@ pub enum StreamTarget {
 }
 
 /// Opens the consumer's connections (see the module doc).
-pub struct StreamConn {
+pub(crate) struct StreamConn {
     target: StreamTarget,
     tls: Option<RedisTls>,
     stream: String,
@@ -62,7 +63,7 @@ pub struct StreamConn {
 }
 
 impl StreamConn {
-    pub fn new(target: StreamTarget, tls: Option<RedisTls>, stream: String) -> StreamConn {
+    pub(crate) fn new(target: StreamTarget, tls: Option<RedisTls>, stream: String) -> StreamConn {
         StreamConn {
             target,
             tls,
@@ -73,7 +74,10 @@ impl StreamConn {
 
     /// A connection of its own to the stream's node, whose response timeout
     /// exceeds `block`.
-    pub async fn connect(&self, block: Duration) -> Result<MultiplexedConnection, RedisError> {
+    pub(crate) async fn connect(
+        &self,
+        block: Duration,
+    ) -> Result<MultiplexedConnection, RedisError> {
         crate::tls::use_ring();
         match &self.target {
             StreamTarget::Single(url) => open(url.as_str(), self.tls.as_ref(), block).await,
@@ -121,7 +125,7 @@ impl StreamConn {
     /// Learns from a session's error: a `MOVED` names the stream's new
     /// master, anything else (an `ASK`, a dead node) means "ask the cluster
     /// again" on the next connect.
-    pub fn follow(&self, error: &RedisError) {
+    pub(crate) fn follow(&self, error: &RedisError) {
         if !matches!(self.target, StreamTarget::Cluster(_)) {
             return;
         }

@@ -1,13 +1,14 @@
-//! Witnesses (issue 21): which instances run a feed's fan-out.
+//! Witnesses: which instances run a feed's fan-out
+//! (docs/invalidation.md#witnesses-k-instances-fan-out-not-all-of-them).
 //!
-//! The fan-out (issue 19) is what keeps a stopped consumer from delaying an
-//! invalidation: instances besides the one the feed handed the event to
-//! apply it as soon as they see it. Run by every instance, it costs each
-//! event N applications (and with the outbox N reads of the pending rows);
-//! run by `k` instances (`invalidation.witnesses`, default 2), it costs the
-//! consumer's application plus `k` covered checks, whatever N. With k ≥ 2,
-//! one stopped instance, witness or not, still never delays an event: the
-//! other witness applies it.
+//! The fan-out (docs/invalidation.md#no-feed-waits-for-one-instance) is what
+//! keeps a stopped consumer from delaying an invalidation: instances besides
+//! the one the feed handed the event to apply it as soon as they see it. Run by
+//! every instance, it costs each event N applications (and with the outbox N
+//! reads of the pending rows); run by `k` instances (`invalidation.witnesses`,
+//! default 2), it costs the consumer's application plus `k` covered checks,
+//! whatever N. With k ≥ 2, one stopped instance, witness or not, still never
+//! delays an event: the other witness applies it.
 //!
 //! A witness holds one of the feed's `k` slots in the store
 //! (`lua/witness.lua`: keys `<ns>w:{<feed>}:<i>`, value this process's
@@ -34,16 +35,16 @@ use tracing::{debug, info};
 
 /// How long a slot outlives its holder's last renewal: the longest a
 /// stopped witness's slot stays vacant.
-pub const SLOT_TTL: Duration = Duration::from_millis(1500);
+pub(crate) const SLOT_TTL: Duration = Duration::from_millis(1500);
 /// How often a witness renews its slot.
-pub const RENEW_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_millis(500);
 /// Spread of the retries of the instances waiting for a slot to expire.
 const RETRY_JITTER: Duration = Duration::from_millis(50);
 /// Bounds of that retry (a clock step or an odd reply cannot spin it).
 const RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// One feed's witness role in this process.
-pub struct Witness {
+pub(crate) struct Witness {
     invalidator: Arc<Invalidator>,
     slots: Vec<String>,
     owner: String,
@@ -56,7 +57,12 @@ pub struct Witness {
 impl Witness {
     /// `feed` is the metric label (`outbox`, `stream`); `name` the table
     /// or stream, so that two feeds never share slots.
-    pub fn new(invalidator: Arc<Invalidator>, feed: &'static str, name: &str, k: u32) -> Witness {
+    pub(crate) fn new(
+        invalidator: Arc<Invalidator>,
+        feed: &'static str,
+        name: &str,
+        k: u32,
+    ) -> Witness {
         let slots =
             crate::keys::witness_keys(&invalidator.namespace(), &format!("{feed}.{name}"), k);
         let gauge = invalidator
@@ -74,23 +80,23 @@ impl Witness {
         }
     }
 
-    pub fn is_witness(&self) -> bool {
+    pub(crate) fn is_witness(&self) -> bool {
         self.slot.is_some()
     }
 
     /// The slot held (0 also reports the outbox gauges).
-    pub fn slot(&self) -> Option<usize> {
+    pub(crate) fn slot(&self) -> Option<usize> {
         self.slot
     }
 
     /// When the next beat is due.
-    pub fn due_at(&self) -> Instant {
+    pub(crate) fn due_at(&self) -> Instant {
         self.next_beat
     }
 
     /// Renews the slot held, or tries to take a free one. True if this
     /// changed whether the process is a witness.
-    pub async fn beat(&mut self) -> bool {
+    pub(crate) async fn beat(&mut self) -> bool {
         let was = self.is_witness();
         let reply = self
             .invalidator
@@ -126,7 +132,7 @@ impl Witness {
     }
 
     /// [`Witness::beat`] if it is due.
-    pub async fn beat_if_due(&mut self) -> bool {
+    pub(crate) async fn beat_if_due(&mut self) -> bool {
         match Instant::now() >= self.next_beat {
             true => self.beat().await,
             false => false,
@@ -135,7 +141,7 @@ impl Witness {
 
     /// Gives the slot up (shutdown): another instance takes it at its next
     /// try instead of after [`SLOT_TTL`].
-    pub async fn release(&mut self) {
+    pub(crate) async fn release(&mut self) {
         if let Some(i) = self.slot.take() {
             let _ = self
                 .invalidator

@@ -18,10 +18,10 @@ use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
 use super::flight::Answer;
 use super::range::{self, RangeAnswer, RangeAsk};
-use super::status::CacheStatus;
 use super::{cache_control, client_cc, publish};
 use crate::body::{self, Body};
 use crate::config::Route;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -29,14 +29,14 @@ use http::{Method, Response, StatusCode};
 /// What the client asked beyond the object itself, kept from its request
 /// (a fill's answer arrives after the request is gone).
 #[derive(Debug, Default, Clone)]
-pub struct ClientAsk {
+pub(crate) struct ClientAsk {
     pub head: bool,
     conditions: Conditions,
     range: RangeAsk,
 }
 
 impl ClientAsk {
-    pub fn from_request(method: &Method, headers: &HeaderMap) -> ClientAsk {
+    pub(crate) fn from_request(method: &Method, headers: &HeaderMap) -> ClientAsk {
         let head = method == Method::HEAD;
         // The hot path: most reads carry none of these, and one pass over
         // the few request headers is cheaper than six hashed lookups.
@@ -75,7 +75,7 @@ fn is_shaping(name: &header::HeaderName) -> bool {
 /// `sidecache_client_answers_total`. Carried as a response extension from
 /// here to where the request is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shaped {
+pub(crate) enum Shaped {
     /// 304 to a matching `If-None-Match` / `If-Modified-Since`.
     NotModified,
     /// 412 to a failing `If-Match` / `If-Unmodified-Since`.
@@ -87,7 +87,7 @@ pub enum Shaped {
 }
 
 impl Shaped {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Shaped::NotModified => "not_modified",
             Shaped::PreconditionFailed => "precondition_failed",
@@ -101,7 +101,7 @@ impl Shaped {
 /// entry alone: its stored headers, `Content-Length`, and `Accept-Ranges`
 /// where ranges are served from it; with room for what each answer adds
 /// (`Age`, `X-Cache`).
-pub fn entry_head(entry: &Entry) -> HeaderMap {
+pub(crate) fn entry_head(entry: &Entry) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(entry.headers.len() + 4);
     for (name, value) in &entry.headers {
         h.append(name.clone(), value.clone());
@@ -116,14 +116,14 @@ pub fn entry_head(entry: &Entry) -> HeaderMap {
 /// An entry as the near cache's memo keeps it ([`crate::store::Memo`]):
 /// decoded, and its head built, once per copy; every near hit on the copy
 /// clones the head instead of building one.
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub entry: Entry,
     /// [`entry_head`].
     pub head: HeaderMap,
 }
 
 impl Prepared {
-    pub fn new(entry: Entry) -> Prepared {
+    pub(crate) fn new(entry: Entry) -> Prepared {
         Prepared {
             head: entry_head(&entry),
             entry,
@@ -174,11 +174,11 @@ fn whole_200(entry: &Entry) -> bool {
 }
 
 /// The status of an answer from a fresh entry.
-pub(super) fn hit_status(entry: &Entry) -> CacheStatus {
+pub(super) fn hit_status(entry: &Entry) -> CacheOutcome {
     if entry.negative {
-        CacheStatus::Negative
+        CacheOutcome::Negative
     } else {
-        CacheStatus::Hit
+        CacheOutcome::Hit
     }
 }
 
@@ -196,7 +196,7 @@ pub(super) fn one_client(code: StatusCode, headers: HeaderMap, body: Bytes) -> R
 pub(super) fn respond(
     route: &Route,
     entry: &Entry,
-    status: CacheStatus,
+    status: CacheOutcome,
     ask: &ClientAsk,
 ) -> Response<Body> {
     respond_with(route, entry, entry_head(entry), status, ask)
@@ -207,7 +207,7 @@ pub(super) fn respond_with(
     route: &Route,
     entry: &Entry,
     head: HeaderMap,
-    status: CacheStatus,
+    status: CacheOutcome,
     ask: &ClientAsk,
 ) -> Response<Body> {
     let mut resp = Response::new(body::empty());
@@ -222,7 +222,7 @@ pub(super) fn respond_with(
     if age > 0
         || matches!(
             status,
-            CacheStatus::Hit | CacheStatus::Negative | CacheStatus::Stale
+            CacheOutcome::Hit | CacheOutcome::Negative | CacheOutcome::Stale
         )
     {
         h.insert(header::AGE, int_value(age));
@@ -240,7 +240,7 @@ pub(super) fn to_client(
     answer: &Answer,
     started: bool,
     ask: &ClientAsk,
-) -> Option<(CacheStatus, Response<Body>)> {
+) -> Option<(CacheOutcome, Response<Body>)> {
     match answer {
         Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
         Answer::Failed(status, e) => Some((*status, e.to_response())),
@@ -263,7 +263,7 @@ fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {
 
 /// Completes `resp` — the entry's status and [`entry_head`], no body yet — for
 /// this client: 412, 304, 206, 416, or the full answer (no body for HEAD).
-pub fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
+pub(crate) fn shape(mut resp: Response<Body>, entry: &Entry, ask: &ClientAsk) -> Response<Body> {
     let conditional = representation(entry) && !ask.conditions.is_empty();
     let ranged = whole_200(entry) && !ask.range.is_empty();
     if conditional || ranged {

@@ -5,7 +5,7 @@
 //! here (counted by the breaker) also continues: the filter can only ever
 //! take load away, never turn an existing object into a 404.
 
-use super::CacheStatus;
+use super::CacheOutcome;
 use crate::bloom::Blooms;
 use crate::body::{self, Body};
 use crate::config::{Config, Route};
@@ -15,20 +15,20 @@ use http::{Response, StatusCode};
 use std::sync::Arc;
 
 /// The body of a Bloom rejection.
-pub const NOT_FOUND_BODY: &str = "not found\n";
+pub(crate) const NOT_FOUND_BODY: &str = "not found\n";
 
 /// Returns the rejection when the filter says the member certainly does not
 /// exist; `None` means continue.
-pub async fn stage(
+pub(crate) async fn stage(
     blooms: &Arc<Blooms>,
     cfg: &Arc<Config>,
     route: &Arc<Route>,
     params: &[String],
     head: bool,
-) -> Option<(CacheStatus, Response<Body>)> {
+) -> Option<(CacheOutcome, Response<Body>)> {
     let bloom = route.bloom.as_ref()?;
     match blooms.check(cfg, route, bloom, params).await {
-        Ok(BloomAnswer::Absent) => Some((CacheStatus::Bloom, rejection(head))),
+        Ok(BloomAnswer::Absent) => Some((CacheOutcome::Bloom, rejection(head))),
         Ok(BloomAnswer::Maybe | BloomAnswer::Unknown) => None,
         Err(e) => {
             tracing::debug!(route = %route.name, error = %e, "bloom check failed; continuing");

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 /// The directives of a response that decide whether a shared cache may
 /// store it. Absent directives are `false` / `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheControl {
+pub(crate) struct CacheControl {
     pub no_store: bool,
     /// `no-cache`, qualified (`no-cache="field"`) or not: both mean
     /// "revalidate before every reuse" here (the field list is not kept).
@@ -34,7 +34,7 @@ pub struct CacheControl {
 
 impl CacheControl {
     /// Parses every `Cache-Control` line of `headers`.
-    pub fn parse(headers: &HeaderMap) -> CacheControl {
+    pub(crate) fn parse(headers: &HeaderMap) -> CacheControl {
         let mut cc = CacheControl::default();
         for line in headers.get_all(header::CACHE_CONTROL) {
             // Not visible ASCII (obs-text): unreadable, so the safe reading.
@@ -81,7 +81,7 @@ impl CacheControl {
     /// Narrows a route's stale window by what the origin allows: the
     /// origin may shorten it (`limit`), never widen it; `no-cache`,
     /// `must-revalidate` and `proxy-revalidate` close it.
-    pub fn narrow(&self, route_window: Duration, limit: Option<u64>) -> Duration {
+    pub(crate) fn narrow(&self, route_window: Duration, limit: Option<u64>) -> Duration {
         if self.no_cache || self.must_revalidate {
             return Duration::ZERO;
         }
@@ -94,7 +94,7 @@ impl CacheControl {
     /// Which directive makes the freshness lifetime of a shared cache zero,
     /// if one does: `s-maxage` decides when present (RFC 9111 §5.2.2.10),
     /// else `max-age`.
-    pub fn zero_lifetime(&self) -> Option<ZeroLifetime> {
+    pub(crate) fn zero_lifetime(&self) -> Option<ZeroLifetime> {
         match (self.s_maxage, self.max_age) {
             (Some(0), _) => Some(ZeroLifetime::SMaxAge),
             (Some(_), _) => None,
@@ -108,7 +108,7 @@ impl CacheControl {
     /// `Date` (minus `now` without a readable `Date`), less the `Age` it
     /// arrived with (§4.2.3). An unreadable `Expires` is in the past
     /// (§5.3). `now` is when the answer was received.
-    pub fn freshness(&self, headers: &HeaderMap, now: SystemTime) -> OriginFreshness {
+    pub(crate) fn freshness(&self, headers: &HeaderMap, now: SystemTime) -> OriginFreshness {
         let date = |name: header::HeaderName| {
             headers
                 .get(name)
@@ -135,13 +135,13 @@ impl CacheControl {
 
 /// The field a cache may be targeted with instead of `Cache-Control`
 /// (RFC 9213).
-pub const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+pub(crate) const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
 
 /// RFC 9213: the answer's `CDN-Cache-Control` as directives, if it has one
 /// that is a valid Dictionary (RFC 9651; several lines are one field).
 /// `None` when it is absent or invalid, including a known directive with
 /// a value of the wrong type: then `Cache-Control` decides.
-pub fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
+pub(crate) fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
     let lines: Vec<&[u8]> = headers
         .get_all(CDN_CACHE_CONTROL)
         .iter()
@@ -181,7 +181,7 @@ pub fn targeted(headers: &HeaderMap) -> Option<CacheControl> {
 
 /// What an answer's headers say about its freshness (`ttl: origin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OriginFreshness {
+pub(crate) enum OriginFreshness {
     /// Fresh for this long after it was received.
     Fresh(Duration),
     /// A lifetime was given and is already used up (`Expires` at or before
@@ -192,12 +192,12 @@ pub enum OriginFreshness {
 }
 
 /// The largest `Age` a cache transmits (RFC 9111 §5.1: 2^31 on overflow).
-pub const MAX_AGE_SECONDS: u64 = 1 << 31;
+pub(crate) const MAX_AGE_SECONDS: u64 = 1 << 31;
 
 /// The origin's `Age` (RFC 9111 §5.1): the first member of the first line,
 /// non-negative decimal digits only, capped at 2^31 seconds; anything else
 /// (negative, fractional, not a number) is ignored as if absent.
-pub fn origin_age(headers: &HeaderMap) -> Duration {
+pub(crate) fn origin_age(headers: &HeaderMap) -> Duration {
     let first = headers
         .get(header::AGE)
         .and_then(|v| v.to_str().ok())
@@ -214,7 +214,7 @@ pub fn origin_age(headers: &HeaderMap) -> Duration {
 
 /// The directive that set a zero freshness lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZeroLifetime {
+pub(crate) enum ZeroLifetime {
     SMaxAge,
     MaxAge,
 }
@@ -237,7 +237,7 @@ fn directives(line: &str) -> Vec<(&str, Option<String>)> {
 
 /// The elements of one comma-separated header line (RFC 9110 §5.6.1),
 /// trimmed, split at commas outside quoted strings; empty ones skipped.
-pub fn elements(line: &str) -> Vec<&str> {
+pub(crate) fn elements(line: &str) -> Vec<&str> {
     let bytes = line.as_bytes();
     let mut out = Vec::new();
     let (mut start, mut quoted, mut i) = (0, false, 0);
@@ -278,7 +278,7 @@ fn unquote(value: &str) -> String {
 
 /// What the response's `Vary` says about sharing it on this route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VaryVerdict {
+pub(crate) enum VaryVerdict {
     /// Every listed header is one the key includes (or there is no `Vary`).
     Keyed,
     /// `Vary: *`: the answer depends on more than the request's headers.
@@ -291,7 +291,7 @@ pub enum VaryVerdict {
 /// the key is accepted when the answer is not content-coded: a fill never
 /// sends `Accept-Encoding` unless the route keys on it, so the origin chose
 /// the identity coding, which every client accepts.
-pub fn judge_vary(headers: &HeaderMap, keyed: &[HeaderName]) -> VaryVerdict {
+pub(crate) fn judge_vary(headers: &HeaderMap, keyed: &[HeaderName]) -> VaryVerdict {
     let mut verdict = VaryVerdict::Keyed;
     for line in headers.get_all(header::VARY) {
         let Ok(line) = line.to_str() else {
@@ -327,7 +327,7 @@ pub fn judge_vary(headers: &HeaderMap, keyed: &[HeaderName]) -> VaryVerdict {
 /// names, or a name a fill cannot carry for the key (`Host`, which fills
 /// set themselves; hop-by-hop fields; conditionals and `Range`, which
 /// would make a fill ask for a 304 or 206).
-pub fn learned_vary<'a>(
+pub(crate) fn learned_vary<'a>(
     vary: impl Iterator<Item = &'a HeaderValue>,
     coded: bool,
     keyed: &[HeaderName],
@@ -380,7 +380,7 @@ pub fn learned_vary<'a>(
 }
 
 /// [`learned_vary`] of an answer's headers.
-pub fn learned_vary_of(
+pub(crate) fn learned_vary_of(
     headers: &HeaderMap,
     keyed: &[HeaderName],
     max: usize,

@@ -23,7 +23,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 
 /// Applies the route's `client_cache_control` to `headers`, those of an
 /// answer built from `entry` (with its `Age` already set).
-pub fn apply(route: &Route, entry: &Entry, headers: &mut HeaderMap) {
+pub(crate) fn apply(route: &Route, entry: &Entry, headers: &mut HeaderMap) {
     // The default costs one comparison on the hit path.
     if route.client_cache_control == ClientCacheControl::Pass {
         return;

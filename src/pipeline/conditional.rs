@@ -14,7 +14,7 @@ use std::time::SystemTime;
 /// The client's preconditions, kept from its request (the request itself is
 /// gone by the time a fill answers). Absent headers are `None`.
 #[derive(Debug, Default, Clone)]
-pub struct Conditions {
+pub(crate) struct Conditions {
     if_match: Option<headers::IfMatch>,
     if_none_match: Option<headers::IfNoneMatch>,
     if_modified_since: Option<headers::IfModifiedSince>,
@@ -24,7 +24,7 @@ pub struct Conditions {
 impl Conditions {
     /// Reads the four precondition headers. An unreadable one is ignored,
     /// as §13.1 asks of each (an invalid date, an unparseable list).
-    pub fn from_headers(headers: &HeaderMap) -> Conditions {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Conditions {
         Conditions {
             if_match: headers.typed_get(),
             if_none_match: headers.typed_get(),
@@ -33,7 +33,7 @@ impl Conditions {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.if_match.is_none()
             && self.if_none_match.is_none()
             && self.if_modified_since.is_none()
@@ -44,13 +44,13 @@ impl Conditions {
 /// The validators of a stored response, parsed only when a condition
 /// needs them (a date parse costs more than the rest of a 304).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Validators<'a> {
+pub(crate) struct Validators<'a> {
     etag: Option<&'a HeaderValue>,
     last_modified: Option<&'a HeaderValue>,
 }
 
 impl<'a> Validators<'a> {
-    pub fn of(headers: &'a [(HeaderName, HeaderValue)]) -> Validators<'a> {
+    pub(crate) fn of(headers: &'a [(HeaderName, HeaderValue)]) -> Validators<'a> {
         let mut v = Validators::default();
         for (name, value) in headers {
             if name == header::ETAG {
@@ -63,12 +63,12 @@ impl<'a> Validators<'a> {
     }
 
     /// The stored `ETag`; one that does not parse counts as absent.
-    pub fn etag(&self) -> Option<headers::ETag> {
+    pub(crate) fn etag(&self) -> Option<headers::ETag> {
         headers::ETag::decode(&mut self.etag.into_iter()).ok()
     }
 
     /// The stored `Last-Modified`; one that does not parse counts as absent.
-    pub fn last_modified(&self) -> Option<SystemTime> {
+    pub(crate) fn last_modified(&self) -> Option<SystemTime> {
         headers::LastModified::decode(&mut self.last_modified.into_iter())
             .ok()
             .map(SystemTime::from)
@@ -77,7 +77,7 @@ impl<'a> Validators<'a> {
 
 /// What the preconditions say about answering with the stored 2xx.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precondition {
+pub(crate) enum Precondition {
     /// Answer as if there were none.
     Proceed,
     /// 304: the client's copy is current.
@@ -87,7 +87,7 @@ pub enum Precondition {
 }
 
 /// RFC 9110 §13.2.2 for a GET or HEAD whose answer would be the stored 2xx.
-pub fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
+pub(crate) fn evaluate(c: &Conditions, v: &Validators) -> Precondition {
     // Step 1-2: If-Match (strong comparison; `*` holds: the entry exists),
     // else If-Unmodified-Since (only with a Last-Modified to compare).
     if let Some(if_match) = &c.if_match {
@@ -137,7 +137,7 @@ const NOT_MODIFIED_KEEPS: [HeaderName; 8] = [
 
 /// Reduces the headers of the 200 that would have been sent to those of
 /// its 304, in one pass.
-pub fn not_modified_headers(full: &mut HeaderMap) {
+pub(crate) fn not_modified_headers(full: &mut HeaderMap) {
     let mut kept = HeaderMap::with_capacity(NOT_MODIFIED_KEEPS.len());
     let mut current: Option<(HeaderName, bool)> = None;
     // The owned iterator names a header only at its first value.

@@ -1,6 +1,8 @@
-//! What an entry depends on besides its object's generation (issue 13):
-//! its route's generation, the object's version floor (`version_from`) and
-//! cache tags (`tags_from`). All keep SPEC §5.1's guarantee:
+//! What an entry depends on besides its object's generation
+//! (docs/invalidation.md#dependent-invalidation): its route's generation,
+//! the object's version floor (`version_from`) and cache tags
+//! (`tags_from`). All keep the guarantee of
+//! docs/architecture.md#fills-cannot-backfill-stale-data:
 //!
 //! - **The route.** Every fill takes its route's generation as a ticket
 //!   with the lease (one more store call per fill), every entry is stamped
@@ -29,18 +31,18 @@ use http::HeaderMap;
 /// reaches every entry) and, with `tags_from`, the generations of the tags
 /// the object's last answer carried.
 #[derive(Debug, Clone, Default)]
-pub struct Tickets {
+pub(crate) struct Tickets {
     /// (route generation key, ticket).
     route: (String, Bytes),
     /// The object's tag list key (`tags_from` only).
-    pub list_key: Option<String>,
+    pub(crate) list_key: Option<String>,
     /// (tag, tag generation key, ticket), sorted by tag.
     tags: Vec<(String, String, Bytes)>,
 }
 
 /// What a fill's answer carries, judged against the tickets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stamp {
+pub(crate) enum Stamp {
     /// (generation key, ticket): the route's first, then one per tag of
     /// the answer.
     Stamps(Vec<(String, Bytes)>),
@@ -52,7 +54,7 @@ pub enum Stamp {
 impl Tickets {
     /// Takes the route's ticket and, with `tags_from`, reads the object's
     /// last tag list and takes tickets for its tags, in one store call.
-    pub async fn take(
+    pub(crate) async fn take(
         store: &GuardedStore,
         namespace: &str,
         route: &str,
@@ -110,7 +112,7 @@ impl Tickets {
 
     /// Stamps for an answer with `tags` (sorted, as `tags::from_header`
     /// returns them): the route's ticket, then each tag's.
-    pub fn stamp(&self, tags: &[String]) -> Stamp {
+    pub(crate) fn stamp(&self, tags: &[String]) -> Stamp {
         let mut stamps = Vec::with_capacity(tags.len() + 1);
         stamps.push(self.route.clone());
         for tag in tags {
@@ -125,7 +127,7 @@ impl Tickets {
 
 /// The answer's version from `header`: an integer, or an `ETag` whose
 /// opaque value is one (`"7"`, `W/"7"`). `None`: absent or not a number.
-pub fn version(headers: &HeaderMap, header: &http::HeaderName) -> Option<i64> {
+pub(crate) fn version(headers: &HeaderMap, header: &http::HeaderName) -> Option<i64> {
     let text = headers.get(header)?.to_str().ok()?.trim();
     let text = text.strip_prefix("W/").unwrap_or(text);
     let text = text

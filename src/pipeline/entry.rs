@@ -10,11 +10,11 @@
 //! | u32 body length | body
 //! [ | u8 tag count | (str16 tag generation key | str16 tag generation)* ]  (flag bit1)
 //! ```
-//! The tag section (issue 13) exists only with flag bit 1, so an untagged
-//! entry is byte for byte what it was, and a binary from before tags
-//! finds trailing bytes in a tagged one: corrupt, never served unchecked.
-//! Anything that does not decode exactly (bad magic, short read, trailing
-//! bytes, invalid header) is [`CorruptEntry`].
+//! The tag section (docs/architecture.md#entry-format) exists only with flag
+//! bit 1, so an untagged entry is byte for byte what it was, and a binary from
+//! before tags finds trailing bytes in a tagged one: corrupt, never served
+//! unchecked. Anything that does not decode exactly (bad magic, short read,
+//! trailing bytes, invalid header) is [`CorruptEntry`].
 //!
 //! v2 added the freshness and stale windows (grace, stale-if-error): the
 //! store keeps an entry past its freshness, so the entry itself must say
@@ -35,7 +35,7 @@ const FLAG_NEGATIVE: u8 = 1;
 const FLAG_TAGGED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub status: u16,
     pub negative: bool,
     /// Unix time in milliseconds when the response was fetched.
@@ -61,10 +61,10 @@ pub struct Entry {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("corrupt cache entry: {0}")]
-pub struct CorruptEntry(pub &'static str);
+pub(crate) struct CorruptEntry(pub &'static str);
 
 impl Entry {
-    pub fn encode(&self) -> Bytes {
+    pub(crate) fn encode(&self) -> Bytes {
         let headers_len: usize = self
             .headers
             .iter()
@@ -112,17 +112,17 @@ impl Entry {
     }
 
     /// Past its freshness at `now_ms`: no longer a HIT.
-    pub fn expired(&self, now_ms: u64) -> bool {
+    pub(crate) fn expired(&self, now_ms: u64) -> bool {
         now_ms >= self.fresh_until_ms
     }
 
     /// Expired, but within its grace window at `now_ms`.
-    pub fn within_grace(&self, now_ms: u64) -> bool {
+    pub(crate) fn within_grace(&self, now_ms: u64) -> bool {
         self.expired(now_ms) && now_ms < self.fresh_until_ms.saturating_add(self.grace_ms.into())
     }
 
     /// Expired, but within its stale-if-error window at `now_ms`.
-    pub fn within_stale_if_error(&self, now_ms: u64) -> bool {
+    pub(crate) fn within_stale_if_error(&self, now_ms: u64) -> bool {
         self.expired(now_ms)
             && now_ms
                 < self
@@ -134,7 +134,7 @@ impl Entry {
     /// values, body, tags) are slices of `raw`, not copies; everything else
     /// is read through a borrowed cursor, so a hit pays a reference count
     /// only for what it keeps.
-    pub fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
+    pub(crate) fn decode(raw: &Bytes) -> Result<Entry, CorruptEntry> {
         let mut r = Reader { raw, at: 0 };
         if raw.len() < MAGIC.len() + 1 + 2 + 8 + 8 + 4 + 4 || &raw[..4] != MAGIC {
             return Err(CorruptEntry("bad magic or too short"));

@@ -1,7 +1,8 @@
-//! `etag: auto` (issue 14): the strong `ETag` stored with an entry whose
-//! origin sent none, derived from the body at publish time so a HIT never
-//! hashes. An origin's own `ETag`, weak or strong, is kept as it is: clients
-//! may also use it against the origin (`If-Match` on a write).
+//! `etag: auto` (docs/caching.md#conditional-requests-and-ranges): the strong
+//! `ETag` stored with an entry whose origin sent none, derived from the body at
+//! publish time so a HIT never hashes. An origin's own `ETag`, weak or strong,
+//! is kept as it is: clients may also use it against the origin (`If-Match` on
+//! a write).
 
 use crate::config::EtagMode;
 use http::header::{self, HeaderName, HeaderValue};
@@ -12,7 +13,7 @@ const TAG_BYTES: usize = 16;
 
 /// The derived tag of `body`: `"` + the first 128 bits of its SHA-256 in
 /// hex + `"`. Strong: equal bodies are byte-for-byte equal.
-pub fn derive(body: &[u8]) -> HeaderValue {
+pub(crate) fn derive(body: &[u8]) -> HeaderValue {
     let digest = Sha256::digest(body);
     let mut tag = String::with_capacity(2 + 2 * TAG_BYTES);
     tag.push('"');
@@ -29,7 +30,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Adds the derived `ETag` to the headers of an entry about to be stored
 /// when the route asks for it and the origin sent none.
-pub fn ensure(mode: EtagMode, headers: &mut Vec<(HeaderName, HeaderValue)>, body: &[u8]) {
+pub(crate) fn ensure(mode: EtagMode, headers: &mut Vec<(HeaderName, HeaderValue)>, body: &[u8]) {
     if mode == EtagMode::Auto && !headers.iter().any(|(n, _)| n == header::ETAG) {
         headers.push((header::ETAG, derive(body)));
     }

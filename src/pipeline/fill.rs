@@ -37,13 +37,14 @@ use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// A fill request's inputs, detached from the client request so the fill can
 /// run in its own task and outlive a client that goes away.
 #[derive(Debug, Clone)]
-pub struct FillRequest {
+pub(crate) struct FillRequest {
     pub path_and_query: String,
     pub headers: HeaderMap,
 }
@@ -54,7 +55,7 @@ pub struct FillRequest {
 /// `learned` the names the key has from the object's answers
 /// (`vary_from_origin`). Only `vary`, `learned` and `fill_headers` values
 /// are taken from `client_headers` (see the module doc).
-pub fn fill_request(
+pub(crate) fn fill_request(
     route: &Route,
     path: &str,
     query: &str,
@@ -96,7 +97,7 @@ pub fn fill_request(
 /// a burst of distinct cold keys is ordinary traffic and is served a moment
 /// later, while a sustained overload still gets its 503 within the timeout,
 /// or at once when the queue is full.
-pub struct FillPermits {
+pub(crate) struct FillPermits {
     sem: Arc<Semaphore>,
     size: AtomicUsize,
     /// Fills in flight per route name (bounded by the routes configured).
@@ -119,7 +120,7 @@ struct RouteBudget {
 }
 
 /// One fill's permit; both counts return on drop, on every path.
-pub struct FillPermit {
+pub(crate) struct FillPermit {
     _global: OwnedSemaphorePermit,
     _route: RouteSlot,
 }
@@ -144,7 +145,7 @@ impl Drop for Queued<'_> {
 }
 
 impl FillPermits {
-    pub fn new(cfg: &FillConfig) -> FillPermits {
+    pub(crate) fn new(cfg: &FillConfig) -> FillPermits {
         FillPermits {
             sem: Arc::new(Semaphore::new(cfg.max_concurrency)),
             size: AtomicUsize::new(cfg.max_concurrency),
@@ -160,7 +161,7 @@ impl FillPermits {
     /// A permit within `route`'s budget: at once if one is free, else after
     /// waiting in the queue; 503 (`Overloaded`) when the queue is full or
     /// the wait runs out.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         route: &Route,
         metrics: &Metrics,
@@ -248,7 +249,7 @@ impl FillPermits {
 
     /// Applies a reloaded `fill:`: grows or shrinks the pool (shrinking takes
     /// effect as permits return) and sets the queue's limits.
-    pub fn reconfigure(&self, cfg: &FillConfig) {
+    pub(crate) fn reconfigure(&self, cfg: &FillConfig) {
         *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = QueueLimits {
             timeout: cfg.queue_timeout,
             max: cfg.max_queued,
@@ -271,10 +272,10 @@ impl FillPermits {
 
 /// `sidecache_fill_inflight{route}` held up while a fill's upstream call
 /// runs; the drop brings it down on every path (error, panic, cancel).
-pub struct Inflight(prometheus::IntGauge);
+pub(crate) struct Inflight(prometheus::IntGauge);
 
 impl Inflight {
-    pub fn enter(gauge: prometheus::IntGauge) -> Inflight {
+    pub(crate) fn enter(gauge: prometheus::IntGauge) -> Inflight {
         gauge.inc();
         Inflight(gauge)
     }
@@ -287,7 +288,7 @@ impl Drop for Inflight {
 }
 
 /// What upstream answered, for the publish stage.
-pub enum Fetched {
+pub(crate) enum Fetched {
     /// The whole body fitted in `max_body`.
     Buffered {
         status: StatusCode,
@@ -299,7 +300,7 @@ pub enum Fetched {
 }
 
 /// Calls upstream for a fill. The permit must already be held by the caller.
-pub async fn fetch(
+pub(crate) async fn fetch(
     client: &UpstreamClient,
     cfg: &Config,
     route: &Route,
@@ -312,7 +313,7 @@ pub async fn fetch(
     *req.uri_mut() = uri;
     *req.headers_mut() = fill.headers.clone();
 
-    let deadline = tokio::time::Instant::now() + cfg.upstream.timeout;
+    let deadline = Instant::now() + cfg.upstream.timeout;
     let (resp, took) = client.send(req, cfg.upstream.timeout).await;
     metrics
         .upstream_duration

@@ -17,7 +17,6 @@ use super::flight::{Answer, FlightKey, Flights};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
 use super::publish::{self, Cacheability, FillOutcome, Lifetime, Uncacheable};
-use super::status::CacheStatus;
 use super::{cache_control, etag, revalidate, stale, vary};
 use crate::bloom::Blooms;
 use crate::body::Body;
@@ -25,6 +24,7 @@ use crate::config::{Config, Route};
 use crate::error::ProxyError;
 use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
+use crate::outcome::CacheOutcome;
 use crate::proxy::client::UpstreamClient;
 use crate::store::{GuardedStore, PublishChecks, PublishOutcome};
 use bytes::Bytes;
@@ -97,7 +97,7 @@ pub(super) async fn join(
     let (flight, started) = flights.join(flight_key, move || {
         let fill = async move {
             if degraded {
-                fetch_only(&task_fill, CacheStatus::Degraded).await
+                fetch_only(&task_fill, CacheOutcome::Degraded).await
             } else {
                 fill_with_lease(&task_fill).await
             }
@@ -134,11 +134,11 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
         }
         Ok(LeaseOutcome::WaitTimeout) => {
             return Answer::Failed(
-                CacheStatus::Miss,
+                CacheOutcome::Miss,
                 ProxyError::Overloaded(crate::error::LEASE_WAIT_SPENT),
             );
         }
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+        Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
     let answer = fill_holding_lease(fill, &lease).await;
     lease.release().await;
@@ -147,7 +147,7 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
 
 /// Stages 6-8 while holding the lease.
 pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let sh = &fill.shared;
     let route = &fill.route;
     // Stage 6: the previous lease holder may have published meanwhile.
@@ -156,7 +156,7 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
         Ok(Found::Expired(entry)) => Some(entry),
         Ok(Found::Miss(_)) => None,
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+        Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
     // The ticket came with the lease, before the upstream call: an
     // invalidation after that point moves the generation and the publish
@@ -182,7 +182,7 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     );
     let tickets = match taken.await {
         Ok(t) => t,
-        Err(_) => return fetch_only(fill, CacheStatus::Degraded).await,
+        Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
     // Stage 7, under the lease: renewed while upstream takes its time.
     let fetched = lease
@@ -203,17 +203,17 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             if revalidating.is_some() {
                 count_revalidation(fill, revalidate::Revalidation::Error);
             }
-            return Answer::Failed(CacheStatus::Miss, e);
+            return Answer::Failed(CacheOutcome::Miss, e);
         }
     };
     let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
             count_publish(fill, FillOutcome::TooLarge);
-            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+            return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::OneClient(resp, reason) => {
             count_uncacheable(fill, reason);
-            return Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+            return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
     };
@@ -228,7 +228,7 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             Some(checks) => checks,
             None => {
                 count_publish(fill, FillOutcome::TagsUnticketed);
-                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
+                return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
             }
         };
         let object = entry_keys(fill, &entry);
@@ -259,7 +259,7 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             Ok(PublishOutcome::TagChanged) => {
                 tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: a tag was invalidated during the fill");
                 count_publish(fill, FillOutcome::Rejected);
-                return Answer::Starter(CacheStatus::Miss, Arc::new(entry));
+                return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
             }
             Ok(PublishOutcome::BelowFloor) => {
                 tracing::info!(route = %route.name, key = %fill.key.keys.entry(), version = ?checks.version, "publish refused: answer older than the object's floor");
@@ -272,10 +272,10 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             }
         };
         count_publish(fill, outcome);
-        return Answer::Shared(CacheStatus::Miss, Arc::new(entry));
+        return Answer::Shared(CacheOutcome::Miss, Arc::new(entry));
     };
     count_uncacheable(fill, reason);
-    Answer::Shared(CacheStatus::Miss, Arc::new(entry))
+    Answer::Shared(CacheOutcome::Miss, Arc::new(entry))
 }
 
 /// What stage 8 checks besides generation and lease (`depends`): the
@@ -366,7 +366,7 @@ async fn remember_vary(fill: &Fill, names: &[HeaderName], changed: bool) {
 
 /// Stage 7b (and the fallback for one-client answers): fetch under the
 /// same permits, write nothing.
-pub(super) async fn fetch_only(fill: &Fill, status: CacheStatus) -> Answer {
+pub(super) async fn fetch_only(fill: &Fill, status: CacheOutcome) -> Answer {
     match fetch_with_permit(fill, &fill.request).await {
         Err(e) => Answer::Failed(status, e),
         Ok(fetched) => match judge(fill, fetched, Bytes::new()) {
@@ -699,7 +699,7 @@ mod tests {
     }
 
     /// The status and body of an answer every joined request may receive.
-    fn shared(answer: &Answer) -> (CacheStatus, Bytes) {
+    fn shared(answer: &Answer) -> (CacheOutcome, Bytes) {
         match answer {
             Answer::Shared(status, entry) => (*status, entry.body.clone()),
             Answer::Starter(status, _) => panic!("a starter-only answer ({status:?})"),
@@ -719,7 +719,7 @@ mod tests {
         assert!(started);
         assert_eq!(
             shared(&answer),
-            (CacheStatus::Miss, Bytes::from("answer 1"))
+            (CacheOutcome::Miss, Bytes::from("answer 1"))
         );
         assert_eq!(h.publish_count(FillOutcome::Published), 1);
         match h.read(&h.fill("1")).await {
@@ -749,7 +749,7 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &second), "one answer for both");
         assert_eq!(
             shared(&second),
-            (CacheStatus::Miss, Bytes::from("answer 1"))
+            (CacheOutcome::Miss, Bytes::from("answer 1"))
         );
         assert_eq!(h.origin.calls(), 1);
         assert_eq!(h.publish_count(FillOutcome::Published), 1);
@@ -774,7 +774,7 @@ mod tests {
         // Its requests read the old generation and get its answer ...
         assert_eq!(
             shared(&answer),
-            (CacheStatus::Miss, Bytes::from("answer 1"))
+            (CacheOutcome::Miss, Bytes::from("answer 1"))
         );
         // ... which is not stored over the invalidation.
         assert_eq!(h.publish_count(FillOutcome::Rejected), 1);
@@ -798,7 +798,7 @@ mod tests {
         let (second, second_started) = finished(second).await;
         assert!(first_started && !second_started);
         assert!(Arc::ptr_eq(&first, &second), "one answer for both");
-        let answer = (CacheStatus::Degraded, Bytes::from("answer 1"));
+        let answer = (CacheOutcome::Degraded, Bytes::from("answer 1"));
         assert_eq!(shared(&second), answer);
         assert_eq!(h.origin.calls(), 1);
         assert_eq!(h.publish_count(FillOutcome::Published), 0);

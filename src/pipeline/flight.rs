@@ -6,15 +6,16 @@
 //! A fill is joined only by requests that read the same generation of the
 //! object ([`FlightKey::Fill`]): one that started before an invalidation
 //! fetched before it, and a request that read the new generation must not
-//! be handed that answer (issue 19). Its fill's ticket is taken after its
-//! requests' reads, so it is their generation or a newer one; an
-//! invalidation in between only costs a fill of its own, never an older
-//! answer.
+//! be handed that answer
+//! (docs/architecture.md#no-older-answer-after-an-invalidation). Its fill's
+//! ticket is taken after its requests' reads, so it is their generation or a
+//! newer one; an invalidation in between only costs a fill of its own, never an
+//! older answer.
 
 use super::entry::Entry;
-use super::status::CacheStatus;
 use crate::body::Body;
 use crate::error::ProxyError;
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Response;
@@ -22,28 +23,30 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The outcome of one fill, as seen by every request that joined it.
-pub enum Answer {
+pub(crate) enum Answer {
     /// A response any coalesced request may receive.
-    Shared(CacheStatus, Arc<Entry>),
+    Shared(CacheOutcome, Arc<Entry>),
     /// A response for one client only (streamed, or private to the client
     /// whose request was sent upstream): only the request that started the
     /// flight takes it; the others fetch their own.
-    Exclusive(CacheStatus, Mutex<Option<Response<Body>>>),
+    Exclusive(CacheOutcome, Mutex<Option<Response<Body>>>),
     /// An entry only the request that started the flight may receive: a
     /// tag of the object was invalidated while the fill ran (or the fill
     /// had no ticket for the tags its answer carries), and a request that
     /// joined after that invalidation must not be handed an answer fetched
-    /// before it (issue 13: flights are keyed by the object's generation,
-    /// which a tag invalidation leaves alone). The others fetch their own.
-    Starter(CacheStatus, Arc<Entry>),
-    Failed(CacheStatus, ProxyError),
+    /// before it: flights are keyed by the object's generation, which a tag
+    /// invalidation leaves alone
+    /// (docs/architecture.md#no-older-answer-after-an-invalidation). The others
+    /// fetch their own.
+    Starter(CacheOutcome, Arc<Entry>),
+    Failed(CacheOutcome, ProxyError),
 }
 
 type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;
 
 /// What a flight is for; requests join a running flight with an equal key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum FlightKey {
+pub(crate) enum FlightKey {
     /// A fill (stages 5-9) for the requests that read `generation`.
     Fill { entry: String, generation: Bytes },
     /// The grace refresh of an expired entry of `generation`. Never joined
@@ -54,14 +57,14 @@ pub enum FlightKey {
 }
 
 #[derive(Default)]
-pub struct Flights {
+pub(crate) struct Flights {
     inflight: Mutex<HashMap<FlightKey, SharedAnswer>>,
 }
 
 impl Flights {
     /// Joins the flight for `key`, starting it with `start` if none is
     /// running. The flag is true for the request that started it.
-    pub fn join(
+    pub(crate) fn join(
         self: &Arc<Self>,
         key: FlightKey,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
@@ -82,7 +85,7 @@ impl Flights {
         let shared = async move {
             task.await.unwrap_or_else(|e| {
                 Arc::new(Answer::Failed(
-                    CacheStatus::Miss,
+                    CacheOutcome::Miss,
                     ProxyError::Bug(format!("fill task failed: {e}")),
                 ))
             })

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 /// How the wait for the lease ended.
 #[derive(Debug)]
-pub enum LeaseOutcome {
+pub(crate) enum LeaseOutcome {
     /// We hold the lease.
     Won(LeaseGuard),
     /// Another filler published while we waited.
@@ -53,16 +53,17 @@ pub enum LeaseOutcome {
 
 /// A fresh random owner token, prefixed with this instance's name
 /// ([`instance`]) so an operator can tell who holds a lease.
-pub fn owner_token() -> String {
+pub(crate) fn owner_token() -> String {
     format!("{}/{:032x}", instance(), rand::rng().random::<u128>())
 }
 
 /// This process as `<hostname>:<pid>` (in Kubernetes the hostname is the
 /// pod's name).
-pub fn instance() -> &'static str {
+pub(crate) fn instance() -> &'static str {
     static INSTANCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let mut buf = [0u8; 256];
         // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+        #[allow(unsafe_code)]
         let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
         let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         let host = if ok {
@@ -77,7 +78,7 @@ pub fn instance() -> &'static str {
 
 /// Stage 5: acquire the lease or wait for someone else's fill of the
 /// current generation. `gen_ttl` is for a generation the script creates.
-pub async fn acquire(
+pub(crate) async fn acquire(
     store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
@@ -107,7 +108,7 @@ pub async fn acquire(
 /// One attempt, no waiting: a background refresh that finds the lease
 /// taken leaves the object to whoever holds it (one refresh per object
 /// across instances). `None`: someone else holds it.
-pub async fn try_acquire(
+pub(crate) async fn try_acquire(
     store: &Arc<GuardedStore>,
     key: &CacheKey,
     route: &Route,
@@ -159,7 +160,7 @@ async fn attempt(
 
 /// A lease this process holds (see the module doc for the drop rule).
 #[must_use = "release the lease, or it is abandoned until it expires"]
-pub struct LeaseGuard {
+pub(crate) struct LeaseGuard {
     store: Arc<GuardedStore>,
     lease_key: String,
     /// The lease value, `<owner>@<ticket>`.
@@ -182,13 +183,13 @@ impl std::fmt::Debug for LeaseGuard {
 
 impl LeaseGuard {
     /// The lease value the publish script checks.
-    pub fn owner(&self) -> &str {
+    pub(crate) fn owner(&self) -> &str {
         &self.owner
     }
 
     /// The generation this fill is for: taken with the lease, before the
     /// upstream call, so an invalidation after it refuses the publish.
-    pub fn ticket(&self) -> &Bytes {
+    pub(crate) fn ticket(&self) -> &Bytes {
         &self.ticket
     }
 
@@ -196,7 +197,7 @@ impl LeaseGuard {
     /// every `ttl / 3`, for at most `limit`. Renewal stops early if the
     /// lease is no longer ours (the publish will then be refused as
     /// `lease_lost`); a failed renewal call is retried at the next tick.
-    pub async fn renew_while<F: std::future::Future>(
+    pub(crate) async fn renew_while<F: std::future::Future>(
         &self,
         ttl: Duration,
         limit: Duration,
@@ -233,7 +234,7 @@ impl LeaseGuard {
 
     /// Stage 9: compare-and-delete. Failure is only counted: the lease
     /// expires by itself.
-    pub async fn release(mut self) {
+    pub(crate) async fn release(mut self) {
         self.released = true;
         unlock(
             &self.store,

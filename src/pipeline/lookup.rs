@@ -5,8 +5,8 @@
 //! of the current generation is returned as [`Found::Expired`] for the
 //! stale rules (grace, stale-if-error) to judge. An entry of another
 //! generation, or with no readable generation, is a miss in every mode
-//! (SPEC §5.1's last rule). So is an entry stamped with a tag generation
-//! that is no longer current (issue 13). A corrupt entry is removed with a
+//! (docs/architecture.md#the-serving-rule). So is an entry stamped with a tag
+//! generation that is no longer current. A corrupt entry is removed with a
 //! compare-and-delete (so a fresh entry written meanwhile survives).
 
 use super::answer::Prepared;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 /// The verdict of stage 3 on one snapshot.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Hit(Entry),
     /// No entry, or one stamped with an old generation; with the
     /// generation read (none if the key is missing).
@@ -29,7 +29,7 @@ pub enum Verdict {
 }
 
 /// Stage 3, pure: judges a snapshot for `key`.
-pub fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
+pub(crate) fn check_entry(snapshot: Snapshot, key: &CacheKey) -> Verdict {
     let Some(raw) = snapshot.entry else {
         return Verdict::Miss(snapshot.generation);
     };
@@ -61,20 +61,21 @@ fn current(
 
 /// What stages 2+3 found for a key.
 #[derive(Debug)]
-pub enum Found {
+pub(crate) enum Found {
     /// Current generation and fresh: a HIT.
     Fresh(Entry),
     /// Current generation but past its freshness: servable only as STALE,
     /// within its windows.
     Expired(Entry),
     /// Nothing servable; the object's generation as read (none: the key is
-    /// missing). A miss joins only fills of this generation (issue 19).
+    /// missing). A miss joins only fills of this generation
+    /// (docs/architecture.md#no-older-answer-after-an-invalidation).
     Miss(Option<Bytes>),
 }
 
 impl Found {
     /// The fresh entry, if any (an expired one is not a hit).
-    pub fn fresh(self) -> Option<Entry> {
+    pub(crate) fn fresh(self) -> Option<Entry> {
         match self {
             Found::Fresh(e) => Some(e),
             Found::Expired(_) | Found::Miss(_) => None,
@@ -83,7 +84,7 @@ impl Found {
 }
 
 /// Splits a current-generation entry by its freshness at `now_ms`.
-pub fn by_freshness(entry: Entry, now_ms: u64) -> Found {
+pub(crate) fn by_freshness(entry: Entry, now_ms: u64) -> Found {
     if entry.expired(now_ms) {
         Found::Expired(entry)
     } else {
@@ -92,7 +93,7 @@ pub fn by_freshness(entry: Entry, now_ms: u64) -> Found {
 }
 
 /// Stages 2+3: read, judge, and remove a corrupt entry.
-pub async fn lookup(
+pub(crate) async fn lookup(
     store: &GuardedStore,
     key: &CacheKey,
     route: &str,
@@ -104,7 +105,7 @@ pub async fn lookup(
 
 /// What the near cache said about a key before [`lookup_from`] runs.
 #[derive(Debug, Default)]
-pub enum Near {
+pub(crate) enum Near {
     /// Not asked: the read asks it.
     #[default]
     Unasked,
@@ -121,7 +122,7 @@ pub enum Near {
 /// [`lookup_from`]. The entry is decoded (and its head built) once per
 /// near-cache copy, in its [`crate::store::Memo`], and shared by every
 /// hit on it; each hit still makes every check.
-pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, Near> {
+pub(crate) fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, Near> {
     let snapshot = store.read_near(&key.keys).ok_or(Near::Nothing)?;
     let prepared = match (&snapshot.memo, &snapshot.entry) {
         (Some(memo), Some(raw)) => memo.get_or_make(|| Entry::decode(raw).ok().map(Prepared::new)),
@@ -143,7 +144,7 @@ pub fn near_hit(store: &GuardedStore, key: &CacheKey) -> Result<Arc<Prepared>, N
 }
 
 /// [`lookup`], going on from what the near cache said.
-pub async fn lookup_from(
+pub(crate) async fn lookup_from(
     store: &GuardedStore,
     key: &CacheKey,
     near: Near,

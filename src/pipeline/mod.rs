@@ -1,9 +1,9 @@
-//! The read pipeline for requests that match a cache route (SPEC §5). Each
-//! stage is a named function in its own file; this file is the chart that
-//! chooses between them ([`Pipeline::try_hit`] for a near-cache hit,
-//! else `serve`: stage 0, then `serve_keyed` for stages 1-3 and
-//! `serve_missed` for 4-10), and `filler` runs a fill once one is chosen
-//! (stages 5-9):
+//! The read pipeline for requests that match a cache route
+//! (docs/architecture.md#read-pipeline). Each stage is a named function in its
+//! own file; this file is the chart that chooses between them
+//! ([`Pipeline::try_hit`] for a near-cache hit, else `serve`: stage 0, then
+//! `serve_keyed` for stages 1-3 and `serve_missed` for 4-10), and `filler` runs
+//! a fill once one is chosen (stages 5-9):
 //!
 //! ```text
 //! 0 validate + bypass   (route match in server; bypass() here)
@@ -30,29 +30,27 @@
 //!                       answer::shape: the client's preconditions
 //!                       (conditional) and range (range) against the entry
 //! ```
-//! `status::CacheStatus`
-//! is the result of every request: the `X-Cache` header, the metric label
-//! and the log field.
+//! [`CacheOutcome`] is the result of every request: the `X-Cache` header,
+//! the metric label and the log field.
 
-pub mod answer;
-pub mod bloom;
-pub mod cache_control;
-pub mod client_cc;
-pub mod conditional;
-pub mod depends;
-pub mod entry;
-pub mod etag;
-pub mod fill;
+pub(crate) mod answer;
+pub(crate) mod bloom;
+pub(crate) mod cache_control;
+pub(crate) mod client_cc;
+pub(crate) mod conditional;
+pub(crate) mod depends;
+pub(crate) mod entry;
+pub(crate) mod etag;
+pub(crate) mod fill;
 mod filler;
-pub mod flight;
-pub mod lease;
-pub mod lookup;
-pub mod publish;
-pub mod range;
-pub mod revalidate;
-pub mod stale;
-pub mod status;
-pub mod vary;
+pub(crate) mod flight;
+pub(crate) mod lease;
+pub(crate) mod lookup;
+pub(crate) mod publish;
+pub(crate) mod range;
+pub(crate) mod revalidate;
+pub(crate) mod stale;
+pub(crate) mod vary;
 
 use crate::bloom::Blooms;
 use crate::body::Body;
@@ -60,6 +58,7 @@ use crate::config::{Config, Route};
 use crate::error::ProxyError;
 use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
+use crate::outcome::{CacheOutcome, X_CACHE};
 use crate::proxy::client::UpstreamClient;
 use crate::store::GuardedStore;
 use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
@@ -72,11 +71,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use lookup::Found;
 use stale::{AfterFailure, StaleReason};
-use status::CacheStatus;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     shared: Arc<Shared>,
     flights: Arc<Flights>,
 }
@@ -98,7 +96,7 @@ struct CacheRead<'a> {
 /// What [`Pipeline::try_hit`] did on its way to a miss, handed to
 /// [`Pipeline::serve`] so that it is not done twice. Boxed where it is
 /// passed: the futures it goes through are moved whole.
-pub struct Early {
+pub(crate) struct Early {
     key: CacheKey,
     near: lookup::Near,
 }
@@ -115,14 +113,14 @@ struct Missed {
 
 /// What [`Pipeline::serve_keyed`] did with one key.
 enum Keyed {
-    Served(CacheStatus, Response<Body>),
+    Served(CacheOutcome, Response<Body>),
     /// `vary_from_origin`: the answer varies on names the key did not
     /// include and is not this client's variant: key again with these.
     Relearn(Vec<HeaderName>),
 }
 
 impl Pipeline {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<GuardedStore>,
         client: UpstreamClient,
         blooms: Arc<Blooms>,
@@ -143,7 +141,7 @@ impl Pipeline {
 
     /// Applies limits from a reloaded config (fill permits; route budgets
     /// are read from the route at each fill) and logs its warnings.
-    pub fn reconfigure(&self, cfg: &Config) {
+    pub(crate) fn reconfigure(&self, cfg: &Config) {
         self.shared.permits.reconfigure(&cfg.fill);
         for w in &cfg.warnings {
             tracing::warn!(path = %w.path, "config: {}", w.message);
@@ -156,13 +154,13 @@ impl Pipeline {
     /// box and move. `Err`: not such a hit; what was done so far, for
     /// `serve` (`None`: nothing, e.g. a bypass or a route that keys on
     /// learned `Vary` names, which needs the store first).
-    pub fn try_hit(
+    pub(crate) fn try_hit(
         &self,
         cfg: &Config,
         route: &Route,
         params: &[String],
         req: &Request<Incoming>,
-    ) -> Result<(CacheStatus, Response<Body>), Option<Box<Early>>> {
+    ) -> Result<(CacheOutcome, Response<Body>), Option<Box<Early>>> {
         let (headers, query) = (req.headers(), req.uri().query());
         // Without a near cache every read waits for the store: nothing to
         // do here that `serve` would not then carry along for nothing.
@@ -188,7 +186,7 @@ impl Pipeline {
     /// template order, already validated against their patterns; `early`:
     /// what [`Pipeline::try_hit`] did. Also returns what it did (the
     /// response's `X-Cache`), for the access log.
-    pub async fn serve(
+    pub(crate) async fn serve(
         &self,
         cfg: Arc<Config>,
         route: Arc<Route>,
@@ -196,7 +194,7 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
         early: Option<Box<Early>>,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         let (status, resp) = self
             .serve_inner(cfg, &route, params, req, peer, early)
             .await;
@@ -207,11 +205,11 @@ impl Pipeline {
     fn finish(
         &self,
         route: &Route,
-        status: CacheStatus,
+        status: CacheOutcome,
         mut resp: Response<Body>,
     ) -> Response<Body> {
         resp.headers_mut()
-            .insert(status::X_CACHE.clone(), status.header_value());
+            .insert(X_CACHE.clone(), status.header_value());
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
             self.shared
                 .metrics
@@ -241,7 +239,7 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
         mut early: Option<Box<Early>>,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
         // response personal, and a query parameter outside the route's
@@ -256,7 +254,7 @@ impl Pipeline {
                 &sh.metrics,
             )
             .await;
-            return (CacheStatus::Bypass, resp);
+            return (CacheOutcome::Bypass, resp);
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
@@ -289,7 +287,7 @@ impl Pipeline {
                     let resp =
                         crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
                             .await;
-                    return (CacheStatus::Bypass, resp);
+                    return (CacheOutcome::Bypass, resp);
                 }
             }
             let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
@@ -449,10 +447,10 @@ impl Pipeline {
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
-        let own = filler::fetch_only(&fill, CacheStatus::Miss).await;
+        let own = filler::fetch_only(&fill, CacheOutcome::Miss).await;
         let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
-                CacheStatus::Miss,
+                CacheOutcome::Miss,
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
         });
@@ -465,13 +463,13 @@ impl Pipeline {
         entry: &Entry,
         reason: StaleReason,
         ask: &ClientAsk,
-    ) -> (CacheStatus, Response<Body>) {
+    ) -> (CacheOutcome, Response<Body>) {
         self.shared
             .metrics
             .stale_served
             .with_label_values(&[&route.name, reason.as_str()])
             .inc();
-        let status = CacheStatus::Stale;
+        let status = CacheOutcome::Stale;
         (status, respond(route, entry, status, ask))
     }
 }
@@ -479,7 +477,7 @@ impl Pipeline {
 /// Stage 0: a request carrying credentials is cached only if the route
 /// makes them part of the key, and one whose query names a parameter
 /// outside the route's `query: [..]` list is not cached at all.
-pub fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
+pub(crate) fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
     [header::AUTHORIZATION, header::COOKIE]
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))

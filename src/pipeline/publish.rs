@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why an answer is or is not cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cacheability {
+pub(crate) enum Cacheability {
     Positive,
     Negative,
     /// Not stored, for this reason.
@@ -27,7 +27,7 @@ pub enum Cacheability {
 /// Why an answer is not stored: the `reason` label of
 /// `sidecache_uncacheable_total` (a handful of values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Uncacheable {
+pub(crate) enum Uncacheable {
     /// Status not listed in `cache_status` / `negative_status`.
     Status,
     /// `Set-Cookie`: the answer carries one client's session.
@@ -57,7 +57,7 @@ pub enum Uncacheable {
 }
 
 impl Uncacheable {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Uncacheable::Status => "status",
             Uncacheable::SetCookie => "set_cookie",
@@ -81,7 +81,7 @@ impl Cacheability {
     /// error is the same for all of them) or gives no lifetime to store it
     /// for (`ttl: origin`). An answer the origin refused to let us share is
     /// for the request whose fill fetched it; the others fetch their own.
-    pub fn is_shareable(self) -> bool {
+    pub(crate) fn is_shareable(self) -> bool {
         matches!(
             self,
             Cacheability::Positive
@@ -99,7 +99,7 @@ impl Cacheability {
 /// What became of one fill's answer: the `outcome` label of
 /// `sidecache_publish_total`, one string per value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FillOutcome {
+pub(crate) enum FillOutcome {
     /// Written under our lease and ticket.
     Published,
     /// The generation moved since the ticket (an invalidation won the race).
@@ -123,7 +123,7 @@ pub enum FillOutcome {
 }
 
 impl FillOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FillOutcome::Published => "published",
             FillOutcome::Rejected => "publish_rejected",
@@ -138,12 +138,12 @@ impl FillOutcome {
 }
 
 /// Stage 8's verdict on an upstream answer. `Set-Cookie`, `private` and
-/// `no-store` always keep it out (SPEC §5 stage 8); with
+/// `no-store` always keep it out (docs/caching.md#origin-refusals); with
 /// `origin_cache_control: honor` so do `no-cache`, a zero shared freshness
 /// lifetime and a `Vary` beyond the route's key; with `ttl: origin` also a
 /// lifetime already spent, or none without a `default_ttl`.
 /// `cc` is `headers`' `Cache-Control`, parsed once per answer.
-pub fn cacheability(
+pub(crate) fn cacheability(
     route: &Route,
     status: StatusCode,
     headers: &HeaderMap,
@@ -213,7 +213,7 @@ pub fn cacheability(
 /// The directives stage 8 decides by: the answer's `CDN-Cache-Control`
 /// where the route reads it (`cdn_cache_control: true`) and it is valid,
 /// else its `Cache-Control`. Parsed once per answer.
-pub fn directives(route: &Route, headers: &HeaderMap) -> CacheControl {
+pub(crate) fn directives(route: &Route, headers: &HeaderMap) -> CacheControl {
     route
         .cdn_cache_control
         .then(|| super::cache_control::targeted(headers))
@@ -224,7 +224,7 @@ pub fn directives(route: &Route, headers: &HeaderMap) -> CacheControl {
 /// How long one entry is fresh and how long it may be served stale or
 /// revalidated after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lifetime {
+pub(crate) struct Lifetime {
     pub fresh: Duration,
     pub grace: Duration,
     pub stale_if_error: Duration,
@@ -235,7 +235,7 @@ pub struct Lifetime {
 impl Lifetime {
     /// What the store keeps it for: its fresh life plus the widest of the
     /// stale windows and `keep`.
-    pub fn store_ttl(&self) -> Duration {
+    pub(crate) fn store_ttl(&self) -> Duration {
         self.fresh + self.grace.max(self.stale_if_error).max(self.keep)
     }
 }
@@ -246,7 +246,7 @@ impl Lifetime {
 /// origin's `Cache-Control`, and `keep` for an answer with validators.
 /// The store keeps the entry for [`Lifetime::store_ttl`], so a short
 /// per-answer freshness (`ttl: origin`) also shortens its stay.
-pub fn lifetime(
+pub(crate) fn lifetime(
     route: &Route,
     kind: Cacheability,
     headers: &HeaderMap,
@@ -300,7 +300,7 @@ fn grace(route: &Route, cc: &CacheControl) -> Duration {
 /// `negative_ttl`, at most `negative_ttl`. Jitter is taken off, never
 /// added (the origin's lifetime is a limit), and at most a tenth of the
 /// lifetime, so a short lifetime keeps its meaning.
-pub fn entry_ttl(route: &Route, kind: Cacheability, origin: OriginFreshness) -> Duration {
+pub(crate) fn entry_ttl(route: &Route, kind: Cacheability, origin: OriginFreshness) -> Duration {
     let given = match origin {
         OriginFreshness::Fresh(d) => Some(d),
         OriginFreshness::Spent => Some(Duration::ZERO),
@@ -330,12 +330,12 @@ fn jitter(max: Duration) -> Duration {
 
 /// Response headers worth replaying from the cache: no hop-by-hop headers,
 /// no `Set-Cookie`, no framing (recomputed), no `Age` or `X-Cache` (ours).
-pub fn replayable_headers(mut headers: HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+pub(crate) fn replayable_headers(mut headers: HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
     strip_hop_by_hop(&mut headers);
     for h in [header::SET_COOKIE, header::CONTENT_LENGTH, header::AGE] {
         headers.remove(h);
     }
-    headers.remove(&super::status::X_CACHE);
+    headers.remove(&crate::outcome::X_CACHE);
     let mut out = Vec::with_capacity(headers.len());
     let mut last: Option<HeaderName> = None;
     for (name, value) in headers {
@@ -350,7 +350,7 @@ pub fn replayable_headers(mut headers: HeaderMap) -> Vec<(HeaderName, HeaderValu
     out
 }
 
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -362,7 +362,7 @@ pub fn now_ms() -> u64 {
 /// answer carries counts the time upstream caches held it too (RFC 9111
 /// §4.2.3); freshness counts from now (`life`).
 #[allow(clippy::too_many_arguments)]
-pub fn build_entry(
+pub(crate) fn build_entry(
     key: &CacheKey,
     generation: Bytes,
     kind: Cacheability,

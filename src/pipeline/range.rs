@@ -20,13 +20,13 @@ use std::time::SystemTime;
 
 /// The client's `Range` and `If-Range`, kept from its request.
 #[derive(Debug, Default, Clone)]
-pub struct RangeAsk {
+pub(crate) struct RangeAsk {
     range: Option<HeaderValue>,
     if_range: Option<HeaderValue>,
 }
 
 impl RangeAsk {
-    pub fn from_headers(headers: &HeaderMap) -> RangeAsk {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> RangeAsk {
         let range = headers.get(header::RANGE).cloned();
         // If-Range means nothing without a Range (§13.1.5).
         let if_range = range
@@ -35,14 +35,14 @@ impl RangeAsk {
         RangeAsk { range, if_range }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.range.is_none()
     }
 }
 
 /// What to answer for a representation of `len` bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RangeAnswer {
+pub(crate) enum RangeAnswer {
     /// The full 200.
     Full,
     /// 206 with these bytes (inclusive, within the representation).
@@ -52,7 +52,7 @@ pub enum RangeAnswer {
 }
 
 /// Judges the client's range against a stored 200 of `len` bytes.
-pub fn evaluate(ask: &RangeAsk, v: &Validators, len: u64) -> RangeAnswer {
+pub(crate) fn evaluate(ask: &RangeAsk, v: &Validators, len: u64) -> RangeAnswer {
     let Some(range) = &ask.range else {
         return RangeAnswer::Full;
     };
@@ -123,13 +123,13 @@ fn same_second(a: SystemTime, b: SystemTime) -> bool {
 }
 
 /// `Content-Range` of a 206: `bytes first-last/len`.
-pub fn content_range(r: &RangeInclusive<u64>, len: u64) -> HeaderValue {
+pub(crate) fn content_range(r: &RangeInclusive<u64>, len: u64) -> HeaderValue {
     let text = format!("bytes {}-{}/{len}", r.start(), r.end());
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("bytes */0"))
 }
 
 /// `Content-Range` of a 416: `bytes */len`.
-pub fn unsatisfied_range(len: u64) -> HeaderValue {
+pub(crate) fn unsatisfied_range(len: u64) -> HeaderValue {
     let text = format!("bytes */{len}");
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("bytes */0"))
 }

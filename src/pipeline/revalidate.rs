@@ -9,9 +9,9 @@
 //! generation ticket; any other answer replaces the entry as a plain fill
 //! would.
 //!
-//! Only an entry of the fill's own generation is revalidated (SPEC §5.1's
-//! last rule): after an invalidation the old body must not come back with
-//! fresh headers, so the fill is a full `GET`.
+//! Only an entry of the fill's own generation is revalidated
+//! (docs/architecture.md#the-serving-rule): after an invalidation the old body
+//! must not come back with fresh headers, so the fill is a full `GET`.
 
 use super::entry::Entry;
 use super::fill::{Fetched, FillRequest};
@@ -22,7 +22,7 @@ use http::StatusCode;
 /// What a conditional fill found: the `outcome` label of
 /// `sidecache_revalidations_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Revalidation {
+pub(crate) enum Revalidation {
     /// `304`: the stored body is still current.
     NotModified,
     /// Any other answer below 500: it replaces the entry.
@@ -32,7 +32,7 @@ pub enum Revalidation {
 }
 
 impl Revalidation {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Revalidation::NotModified => "not_modified",
             Revalidation::Modified => "modified",
@@ -42,13 +42,13 @@ impl Revalidation {
 }
 
 /// Whether an origin answer carries a validator a later fill can send back.
-pub fn has_validators(headers: &HeaderMap) -> bool {
+pub(crate) fn has_validators(headers: &HeaderMap) -> bool {
     headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
 }
 
 /// The validators of a stored entry that a conditional fill sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Validators {
+pub(crate) struct Validators {
     etag: Option<HeaderValue>,
     last_modified: Option<HeaderValue>,
 }
@@ -58,7 +58,7 @@ impl Validators {
     /// it: of the same generation, and with an origin `ETag` (not one
     /// `etag: auto` derived, which the origin never issued) or a
     /// `Last-Modified`.
-    pub fn of(entry: &Entry, ticket: &[u8], route: &Route) -> Option<Validators> {
+    pub(crate) fn of(entry: &Entry, ticket: &[u8], route: &Route) -> Option<Validators> {
         if entry.generation != ticket {
             return None;
         }
@@ -79,7 +79,7 @@ impl Validators {
     }
 
     /// The fill request made conditional.
-    pub fn apply(&self, request: &FillRequest) -> FillRequest {
+    pub(crate) fn apply(&self, request: &FillRequest) -> FillRequest {
         let mut conditional = request.clone();
         let h = &mut conditional.headers;
         if let Some(tag) = &self.etag {
@@ -95,7 +95,7 @@ impl Validators {
 /// Judges a conditional fill's answer against the entry it revalidated: a
 /// `304` becomes that entry's status and body with its headers updated
 /// from the `304`, anything else stays as it came.
-pub fn resolve(stored: &Entry, fetched: Fetched) -> (Fetched, Revalidation) {
+pub(crate) fn resolve(stored: &Entry, fetched: Fetched) -> (Fetched, Revalidation) {
     let (status, headers) = match &fetched {
         Fetched::Buffered {
             status, headers, ..

@@ -1,9 +1,9 @@
-//! Serving expired entries (issue 12): grace (stale-while-revalidate) and
-//! stale-if-error. Only an entry that [`super::lookup`] returned as
-//! `Found::Expired` is ever considered here, i.e. one that decodes, names
-//! this object and variant, and carries the *current* generation: an
-//! invalidated entry, or one whose generation cannot be read, never reaches
-//! this module (SPEC §5.1's last rule).
+//! Serving expired entries (docs/caching.md#serving-stale): grace
+//! (stale-while-revalidate) and stale-if-error. Only an entry that
+//! [`super::lookup`] returned as `Found::Expired` is ever considered here, i.e.
+//! one that decodes, names this object and variant, and carries the *current*
+//! generation: an invalidated entry, or one whose generation cannot be read,
+//! never reaches this module (docs/architecture.md#the-serving-rule).
 //!
 //! - grace: the expired entry answers at once and one background refresh
 //!   starts, unless one is running in this process for the same generation
@@ -19,14 +19,14 @@ use super::filler::{fill_holding_lease, Fill};
 use super::flight::{Answer, FlightKey};
 use super::lease;
 use super::lookup::Found;
-use super::status::CacheStatus;
 use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
+use crate::outcome::CacheOutcome;
 use bytes::Bytes;
 
 /// Why an expired entry was served: the `reason` label of
 /// `sidecache_stale_served_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StaleReason {
+pub(crate) enum StaleReason {
     /// Within grace; a refresh runs (or is running) in the background.
     Revalidating,
     /// The refill failed upstream: connect error, timeout, a 5xx.
@@ -38,7 +38,7 @@ pub enum StaleReason {
 }
 
 impl StaleReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StaleReason::Revalidating => "revalidating",
             StaleReason::UpstreamError => "upstream_error",
@@ -51,7 +51,7 @@ impl StaleReason {
 /// What a background refresh did: the `outcome` label of
 /// `sidecache_background_refresh_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefreshOutcome {
+pub(crate) enum RefreshOutcome {
     /// Upstream answered and the answer went to stage 8 (whether it was
     /// stored is counted in `sidecache_publish_total`).
     Fetched,
@@ -66,7 +66,7 @@ pub enum RefreshOutcome {
 }
 
 impl RefreshOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RefreshOutcome::Fetched => "fetched",
             RefreshOutcome::Busy => "busy",
@@ -82,7 +82,7 @@ impl RefreshOutcome {
 /// never joins (and inherits the "busy" answer of) a refresh that found the
 /// lease taken; and per generation, so a refresh of an invalidated entry
 /// still running never stands in for one of the current entry.
-pub fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
+pub(crate) fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
     FlightKey::Refresh {
         entry: entry_key.to_owned(),
         generation,
@@ -91,7 +91,7 @@ pub fn refresh_flight_key(entry_key: &str, generation: Bytes) -> FlightKey {
 
 /// Why a refill's answer counts as failed for stale-if-error, if it does.
 /// The origin's 5xx is never cached: stage 8 stores only listed statuses.
-pub fn failure_reason(answer: &Answer) -> Option<StaleReason> {
+pub(crate) fn failure_reason(answer: &Answer) -> Option<StaleReason> {
     match answer {
         Answer::Failed(_, ProxyError::Overloaded(why)) if *why == LEASE_WAIT_SPENT => {
             Some(StaleReason::LeaseWait)
@@ -148,7 +148,7 @@ pub(super) async fn refresh(fill: &Fill) -> Answer {
 
 fn busy() -> Answer {
     Answer::Failed(
-        CacheStatus::Miss,
+        CacheOutcome::Miss,
         ProxyError::Overloaded("refresh running elsewhere"),
     )
 }
@@ -158,8 +158,10 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
         return RefreshOutcome::Failed;
     }
     match answer {
-        Answer::Shared(CacheStatus::Hit | CacheStatus::Negative, _) => RefreshOutcome::AlreadyFresh,
-        Answer::Shared(CacheStatus::Degraded, _) | Answer::Failed(CacheStatus::Degraded, _) => {
+        Answer::Shared(CacheOutcome::Hit | CacheOutcome::Negative, _) => {
+            RefreshOutcome::AlreadyFresh
+        }
+        Answer::Shared(CacheOutcome::Degraded, _) | Answer::Failed(CacheOutcome::Degraded, _) => {
             RefreshOutcome::StoreError
         }
         _ => RefreshOutcome::Fetched,
@@ -170,14 +172,14 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
 /// after the failure (`found`, at `now_ms`): never the entry the request
 /// read before its refill, whose generation may have been replaced since.
 #[derive(Debug, PartialEq, Eq)]
-pub enum AfterFailure {
+pub(crate) enum AfterFailure {
     /// Another fill published meanwhile: a hit.
     Fresh(Entry),
     /// Expired, of the current generation, within its `stale_if_error`.
     Stale(Entry),
 }
 
-pub fn usable_after_failure(found: Found, now_ms: u64) -> Option<AfterFailure> {
+pub(crate) fn usable_after_failure(found: Found, now_ms: u64) -> Option<AfterFailure> {
     match found {
         Found::Fresh(e) => Some(AfterFailure::Fresh(e)),
         Found::Expired(e) if e.within_stale_if_error(now_ms) => Some(AfterFailure::Stale(e)),
@@ -209,7 +211,7 @@ mod tests {
 
     #[test]
     fn which_failures_may_be_answered_stale() {
-        let failed = |e| failure_reason(&Answer::Failed(CacheStatus::Miss, e));
+        let failed = |e| failure_reason(&Answer::Failed(CacheOutcome::Miss, e));
         assert_eq!(
             failed(ProxyError::Overloaded(LEASE_WAIT_SPENT)),
             Some(StaleReason::LeaseWait)
@@ -233,13 +235,13 @@ mod tests {
             failed(ProxyError::Upstream(UpstreamError::ClientBody("x".into()))),
             None
         );
-        let shared = |s| failure_reason(&Answer::Shared(CacheStatus::Miss, entry(s)));
+        let shared = |s| failure_reason(&Answer::Shared(CacheOutcome::Miss, entry(s)));
         assert_eq!(shared(503), Some(StaleReason::UpstreamError));
         assert_eq!(shared(200), None);
         assert_eq!(shared(404), None);
         let mut resp = http::Response::new(crate::body::empty());
         *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
-        let exclusive = Answer::Exclusive(CacheStatus::Miss, Mutex::new(Some(resp)));
+        let exclusive = Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         assert_eq!(failure_reason(&exclusive), Some(StaleReason::UpstreamError));
     }
 

@@ -2,8 +2,9 @@
 //! object's answers name in `Vary`, learned per object and stored beside
 //! its entries under the object's hash tag (`keys::vary_names_key`).
 //!
-//! What keeps the cache-poisoning defence (SPEC §5 stage 7): names come
-//! only from the origin's answers, never from a client, and are bounded
+//! What keeps the cache-poisoning defence
+//! (docs/architecture.md#fills-are-built-from-the-key): names come only from
+//! the origin's answers, never from a client, and are bounded
 //! (`max_vary_headers`); a fill carries exactly the learned names' values
 //! from the client, and the variant hashes the names with those values. An
 //! answer is stored under the variant of the names *it* declares and the
@@ -24,7 +25,7 @@ use http::header::{self, HeaderMap, HeaderName};
 /// The names learned for the object of `params` on `route` (empty: none
 /// learned yet, or the store could not say; the lookup that follows then
 /// decides between a miss and the degraded path).
-pub async fn learned(
+pub(crate) async fn learned(
     store: &GuardedStore,
     cfg: &Config,
     route: &Route,
@@ -50,7 +51,7 @@ pub async fn learned(
 }
 
 /// The stored form of `names`: space-separated (already sorted).
-pub fn text(names: &[HeaderName]) -> String {
+pub(crate) fn text(names: &[HeaderName]) -> String {
     let mut out = String::new();
     for n in names {
         if !out.is_empty() {
@@ -82,7 +83,7 @@ fn parse(stored: &[u8], route: &Route, max: usize) -> Vec<HeaderName> {
 
 /// Whether the client sends a value of a learned header longer than `max`
 /// bytes (then the request is forwarded uncached).
-pub fn too_long(headers: &HeaderMap, learned: &[HeaderName], max: usize) -> bool {
+pub(crate) fn too_long(headers: &HeaderMap, learned: &[HeaderName], max: usize) -> bool {
     learned
         .iter()
         .any(|n| headers.get_all(n).iter().map(|v| v.len()).sum::<usize>() > max)
@@ -92,7 +93,7 @@ pub fn too_long(headers: &HeaderMap, learned: &[HeaderName], max: usize) -> bool
 /// answer of another variant: its `Vary` names headers the key did not
 /// include, and this client's values of them differ from what the fill
 /// sent. `None`: the answer is this client's (or carries no entry).
-pub fn not_this_variant(
+pub(crate) fn not_this_variant(
     route: &Route,
     answer: &Answer,
     query: &str,

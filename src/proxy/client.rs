@@ -6,11 +6,11 @@
 //! Why not hyper-util's legacy `Client`: it is built for many hosts and
 //! HTTP/2, and per request it hashed its pool key (scheme + authority, byte
 //! by byte through SipHash) three times, raced a checkout against a connect
-//! and spawned a task to hand the connection back; together ~9 500
-//! instructions of a ~47 600-instruction pass-through (callgrind). sidecache
-//! talks HTTP/1.1 to one upstream, so a stack of idle connections does the
-//! same job: the most recently used one is reused (LIFO, as hyper-util did),
-//! and a connection goes back when its response body has ended.
+//! and spawned a task to hand the connection back: together a large share of a
+//! pass-through's instructions (bench/README.md). sidecache talks HTTP/1.1 to
+//! one upstream, so a stack of idle connections does the same job: the most
+//! recently used one is reused (LIFO, as hyper-util did), and a connection goes
+//! back when its response body has ended.
 
 use crate::body::Body;
 use crate::config::UpstreamConfig;
@@ -25,8 +25,9 @@ use hyper_util::rt::TokioIo;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tracing::debug;
 
 /// Idle pooled connections are dropped after this long; kept short so a
@@ -35,7 +36,7 @@ use tracing::debug;
 const POOL_IDLE: Duration = Duration::from_secs(4);
 
 #[derive(Clone)]
-pub struct UpstreamClient {
+pub(crate) struct UpstreamClient {
     pool: Arc<Pool>,
 }
 
@@ -55,7 +56,7 @@ struct Pool {
 }
 
 impl UpstreamClient {
-    pub fn new(cfg: &UpstreamConfig) -> UpstreamClient {
+    pub(crate) fn new(cfg: &UpstreamConfig) -> UpstreamClient {
         let authority = &cfg.authority;
         let port = authority.port_u16().unwrap_or(80);
         let host = authority.host();
@@ -90,7 +91,7 @@ impl UpstreamClient {
     }
 
     /// The absolute upstream URI for a request's path and query.
-    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
+    pub(crate) fn uri_for(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
         Uri::builder()
             .scheme(self.pool.scheme.clone())
             .authority(self.pool.authority.clone())
@@ -106,7 +107,7 @@ impl UpstreamClient {
     /// covered by `timeout`: it streams. Also returns how long the response
     /// head took (one clock for the caller's metrics, the access log's
     /// upstream time and the pool's idle check).
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         mut req: Request<Body>,
         timeout: Duration,
@@ -248,7 +249,7 @@ fn origin_form(uri: &mut Uri) {
 /// An upstream response body that hands its connection back to the pool
 /// once it has ended. A body dropped before its end leaves the connection
 /// unusable (hyper closes it), so then it is simply dropped.
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     body: Incoming,
     pool: Option<(SendRequest<Body>, Arc<Pool>)>,
 }
@@ -318,7 +319,7 @@ impl Drop for UpstreamBody {
 /// mid-body) from one the upstream failed.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub(crate) struct ClientBodyError(#[source] pub hyper::Error);
 
 /// Whether `E` is somewhere in `e`'s source chain.
 fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {

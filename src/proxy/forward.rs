@@ -21,7 +21,7 @@ const ROUTE: &str = crate::metrics::FORWARD_ROUTE;
 
 /// Forwards `req` untouched (minus hop-by-hop, plus X-Forwarded-*) and
 /// streams the answer back. Upgrades are tunnelled. 502/504 on failure.
-pub async fn forward(
+pub(crate) async fn forward(
     client: &UpstreamClient,
     mut req: Request<Incoming>,
     peer: SocketAddr,

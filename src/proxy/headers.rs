@@ -54,11 +54,11 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     len < 32 && HOP_BY_HOP_LENGTHS & (1 << len) != 0 && HOP_BY_HOP.contains(name)
 }
 
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Comma-separated tokens of every value of `name`, trimmed, empty ones dropped.
-pub fn tokens<'h>(h: &'h HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'h str> {
+pub(crate) fn tokens<'h>(h: &'h HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'h str> {
     h.get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -68,7 +68,7 @@ pub fn tokens<'h>(h: &'h HeaderMap, name: &HeaderName) -> impl Iterator<Item = &
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection`.
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Most messages carry none of them (headers named in `Connection` only
     // count when `Connection` is there): one pass over the names decides,
     // instead of eight removals that each hash and probe.
@@ -88,7 +88,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto`.
 /// Several `X-Forwarded-For` lines are folded into one list, in order.
-pub fn append_forwarded(h: &mut HeaderMap, peer: SocketAddr, proto: &str) {
+pub(crate) fn append_forwarded(h: &mut HeaderMap, peer: SocketAddr, proto: &str) {
     // One lookup for both cases (`entry`), not `contains_key` and `insert`.
     match h.entry(&X_FORWARDED_FOR) {
         // The usual case: we are the first hop. An IP literal is a valid value.
@@ -127,8 +127,8 @@ fn proto_value(proto: &str) -> HeaderValue {
 /// The last value built is kept per thread and reused when the next
 /// request comes from the same address, as nearly all of a sidecar's do
 /// (the Pod's own loopback, one ingress): building it (digits, validation,
-/// an allocation) was ~290 instructions of every forwarded request, the
-/// clone is a reference count.
+/// an allocation) was a measurable part of every forwarded request
+/// (bench/README.md); the clone is a reference count.
 fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
     thread_local! {
         static LAST: RefCell<Option<(IpAddr, HeaderValue)>> = const { RefCell::new(None) };
@@ -145,9 +145,8 @@ fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
 }
 
 /// IPv4 by hand into a stack buffer: `to_string` goes through the
-/// formatting machinery, which was a third of `append_forwarded` per
-/// forwarded request (callgrind), and a `String` would be one more
-/// allocation before the value's own.
+/// formatting machinery, a large part of `append_forwarded` (bench/README.md),
+/// and a `String` would be one more allocation before the value's own.
 fn build_ip_value(ip: IpAddr) -> HeaderValue {
     let value = match ip {
         IpAddr::V4(v4) => {
@@ -189,7 +188,7 @@ fn build_ip_value(ip: IpAddr) -> HeaderValue {
 /// headers; the connection-level [`crate::server::framing`] guard catches that case.
 /// This check covers what is left visible in the header map (and HTTP/2,
 /// where hyper checks less).
-pub fn check_framing(h: &HeaderMap) -> Result<(), ProxyError> {
+pub(crate) fn check_framing(h: &HeaderMap) -> Result<(), ProxyError> {
     let bad = |why: String| Err(ProxyError::BadRequest(why));
     if h.contains_key(header::TRANSFER_ENCODING) {
         if h.contains_key(header::CONTENT_LENGTH) {
@@ -237,7 +236,7 @@ pub fn check_framing(h: &HeaderMap) -> Result<(), ProxyError> {
 /// RFC 9112 §3.2: an HTTP/1.1 request needs exactly one `Host`, and no
 /// request may carry more than one. RFC 9113 §8.3.1: over HTTP/2, a `Host`
 /// next to `:authority` must name the same authority. `Err(reason)` → 400.
-pub fn check_host(version: Version, h: &HeaderMap, uri: &Uri) -> Result<(), &'static str> {
+pub(crate) fn check_host(version: Version, h: &HeaderMap, uri: &Uri) -> Result<(), &'static str> {
     let mut hosts = h.get_all(header::HOST).iter();
     let (first, second) = (hosts.next(), hosts.next());
     if second.is_some() {

@@ -4,7 +4,7 @@
 //! Used by the client-facing server (everything that is not a cache read)
 //! and by the read pipeline (fills, bypass).
 
-pub mod client;
-pub mod forward;
-pub mod headers;
-pub mod timing;
+pub(crate) mod client;
+pub(crate) mod forward;
+pub(crate) mod headers;
+pub(crate) mod timing;

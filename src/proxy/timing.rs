@@ -69,13 +69,13 @@ fn from_plus_one(v: u64) -> Option<Duration> {
 /// Upstream time of one client request, shared with a task that works for
 /// it, summed over its exchanges.
 #[derive(Debug, Default)]
-pub struct UpstreamTime {
+pub(crate) struct UpstreamTime {
     /// Microseconds, plus one: 0 means no upstream exchange.
     micros_plus_one: AtomicU64,
 }
 
 impl UpstreamTime {
-    pub fn add(&self, elapsed: Duration) {
+    pub(crate) fn add(&self, elapsed: Duration) {
         let _ = self
             .micros_plus_one
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
@@ -84,7 +84,7 @@ impl UpstreamTime {
     }
 
     /// `None` if no upstream exchange was recorded.
-    pub fn get(&self) -> Option<Duration> {
+    pub(crate) fn get(&self) -> Option<Duration> {
         from_plus_one(self.micros_plus_one.load(Ordering::Acquire))
     }
 }
@@ -92,7 +92,7 @@ impl UpstreamTime {
 /// Runs `fut` as a measured request, and returns its output with the
 /// upstream time it recorded (`None`: no exchange). A request that is not
 /// logged runs without it: no task-local scope to enter on every poll.
-pub fn measured<F: Future>(fut: F) -> impl Future<Output = (F::Output, Option<Duration>)> {
+pub(crate) fn measured<F: Future>(fut: F) -> impl Future<Output = (F::Output, Option<Duration>)> {
     let slot = Slot::Own {
         micros_plus_one: Cell::new(0),
         handed: OnceCell::new(),
@@ -125,7 +125,7 @@ impl<F: Future> Future for Measured<F> {
 
 /// Runs `fut` (a task that works for a request) adding its exchanges to
 /// `cell`; without a cell, `fut` itself.
-pub fn handed<F: Future>(
+pub(crate) fn handed<F: Future>(
     cell: Option<Arc<UpstreamTime>>,
     fut: F,
 ) -> impl Future<Output = F::Output> {
@@ -136,7 +136,7 @@ pub fn handed<F: Future>(
 }
 
 /// The current request's shared cell, to hand to a task that works for it.
-pub fn current() -> Option<Arc<UpstreamTime>> {
+pub(crate) fn current() -> Option<Arc<UpstreamTime>> {
     UPSTREAM
         .try_with(|slot| match slot {
             Slot::Own { handed, .. } => Arc::clone(handed.get_or_init(Arc::default)),
@@ -146,7 +146,7 @@ pub fn current() -> Option<Arc<UpstreamTime>> {
 }
 
 /// Adds one upstream exchange to the current request, if it is measured.
-pub fn record(elapsed: Duration) {
+pub(crate) fn record(elapsed: Duration) {
     let _ = UPSTREAM.try_with(|slot| match slot {
         Slot::Own {
             micros_plus_one, ..

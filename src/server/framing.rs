@@ -3,11 +3,11 @@
 //!
 //! Why it exists: hyper's parser accepts such a request by silently dropping
 //! the `Content-Length` (RFC 9112 §6.3 allows that), so the handler can no
-//! longer see the ambiguity. SPEC §4 wants it refused with 400 and never
-//! forwarded. The guard follows the byte stream exactly as an HTTP/1 server
-//! must (head, then a `Content-Length` or chunked body) and records the index
-//! of the first ambiguous request; the handler counts its requests and
-//! refuses that one. Differing `Content-Length`s and non-chunked
+//! longer see the ambiguity, which must be refused with 400 and never forwarded
+//! (docs/architecture.md#forwarding). The guard follows the byte stream exactly
+//! as an HTTP/1 server must (head, then a `Content-Length` or chunked body) and
+//! records the index of the first ambiguous request; the handler counts its
+//! requests and refuses that one. Differing `Content-Length`s and non-chunked
 //! `Transfer-Encoding` are rejected by hyper itself and need nothing here.
 //!
 //! The guard stops following (and stays silent) on HTTP/2, on a request that
@@ -52,7 +52,7 @@ const NONE: u64 = u64::MAX;
 
 /// Shared between the connection's reader and its request handler.
 #[derive(Debug)]
-pub struct FramingState {
+pub(crate) struct FramingState {
     /// Index of the first ambiguous request head, or `NONE`.
     ambiguous_from: AtomicU64,
     /// Requests the handler has seen on this connection.
@@ -82,7 +82,7 @@ impl FramingState {
 
     /// Requests the handler saw and responses finished, in that order: equal
     /// means nothing is in flight.
-    pub fn requests(&self) -> (u64, u64) {
+    pub(crate) fn requests(&self) -> (u64, u64) {
         (
             self.handled.load(Ordering::Relaxed),
             self.finished.load(Ordering::Relaxed),
@@ -91,7 +91,7 @@ impl FramingState {
 
     /// A response body was polled (HTTP/2 tracking); `was_waiting`: it had
     /// handed out a frame since its last poll.
-    pub fn body_polled(&self, was_waiting: bool) {
+    pub(crate) fn body_polled(&self, was_waiting: bool) {
         self.body_polls.fetch_add(1, Ordering::Relaxed);
         if was_waiting {
             self.bodies_waiting.fetch_sub(1, Ordering::Relaxed);
@@ -99,17 +99,17 @@ impl FramingState {
     }
 
     /// A response body handed hyper a frame and more is to come.
-    pub fn body_waiting(&self) {
+    pub(crate) fn body_waiting(&self) {
         self.bodies_waiting.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A body that was waiting is gone.
-    pub fn body_dropped_waiting(&self) {
+    pub(crate) fn body_dropped_waiting(&self) {
         self.bodies_waiting.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Body polls so far, and whether some body waits to be polled.
-    pub fn body_progress(&self) -> (u64, bool) {
+    pub(crate) fn body_progress(&self) -> (u64, bool) {
         (
             self.body_polls.load(Ordering::Relaxed),
             self.bodies_waiting.load(Ordering::Relaxed) > 0,
@@ -118,14 +118,14 @@ impl FramingState {
 
     /// Called once per request, in order; true if this request's head was
     /// ambiguous (or came after one: hyper closes such a connection anyway).
-    pub fn next_request_is_ambiguous(&self) -> bool {
+    pub(crate) fn next_request_is_ambiguous(&self) -> bool {
         let index = self.handled.fetch_add(1, Ordering::Relaxed);
         index >= self.ambiguous_from.load(Ordering::Acquire)
     }
 
     /// Called when hyper drops a response body on this connection: it has
     /// encoded all of it (or given up on the connection).
-    pub fn response_finished(&self) {
+    pub(crate) fn response_finished(&self) {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -134,13 +134,13 @@ impl FramingState {
 /// complete within the head timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("the client sent no whole request head within the header timeout")]
-pub struct HeadTimedOut;
+pub(crate) struct HeadTimedOut;
 
 /// The error inside the `TimedOut` of a write blocked for `send_timeout`,
 /// so the server can tell it from other I/O errors.
 #[derive(Debug, thiserror::Error)]
 #[error("the client took nothing for the send timeout")]
-pub struct SendTimedOut;
+pub(crate) struct SendTimedOut;
 
 enum Phase {
     /// Collecting a request head (bytes so far).
@@ -157,7 +157,7 @@ enum Phase {
     Off,
 }
 
-pub struct FramingGuard<IO> {
+pub(crate) struct FramingGuard<IO> {
     io: IO,
     phase: Phase,
     heads: u64,
@@ -203,7 +203,7 @@ pub struct FramingGuard<IO> {
 }
 
 impl<IO> FramingGuard<IO> {
-    pub fn new(io: IO) -> (FramingGuard<IO>, Arc<FramingState>) {
+    pub(crate) fn new(io: IO) -> (FramingGuard<IO>, Arc<FramingState>) {
         let state = FramingState::new();
         let guard = FramingGuard {
             io,
@@ -231,21 +231,20 @@ impl<IO> FramingGuard<IO> {
 
     /// Follows heads only up to `max` bytes: a longer one is hyper's to
     /// refuse (with the same limit, as 431), and nothing here holds more.
-    pub fn limit_head(&mut self, max: usize) {
+    pub(crate) fn limit_head(&mut self, max: usize) {
         self.max_head = max;
     }
 
     /// `bytes` are read before the socket's (they were taken from it).
-    pub fn replay(&mut self, bytes: Vec<u8>) {
+    pub(crate) fn replay(&mut self, bytes: Vec<u8>) {
         self.replay = bytes;
     }
 
     /// From now on a request head must be whole `after` after the
     /// connection starts waiting for it, or the read fails with
     /// `TimedOut` ([`HeadTimedOut`]). hyper's own header timer would do
-    /// the same, but it makes a new timer for every head (~1 600
-    /// instructions a request, bench/README).
-    pub fn head_timeout(&mut self, after: Duration) {
+    /// the same, but it makes a new timer for every head (bench/README.md).
+    pub(crate) fn head_timeout(&mut self, after: Duration) {
         self.head_timeout = Some(after);
         self.head_since = None;
     }
@@ -299,7 +298,7 @@ impl<IO> FramingGuard<IO> {
     }
 
     /// A write or flush blocked for `after` fails with `TimedOut`.
-    pub fn send_timeout(&mut self, after: Duration) {
+    pub(crate) fn send_timeout(&mut self, after: Duration) {
         self.send_timeout = Some(after);
     }
 
@@ -347,16 +346,16 @@ impl<IO> FramingGuard<IO> {
     /// module doc), a read returns EOF instead of waiting: hyper then ends
     /// the connection as if the client had closed it, and
     /// [`Self::take_parked`] tells the server that it did not.
-    pub fn park_when_idle(&mut self, after: Duration) {
+    pub(crate) fn park_when_idle(&mut self, after: Duration) {
         self.park_after = Some(after);
     }
 
     /// Whether the last EOF was parking (and resets that).
-    pub fn take_parked(&mut self) -> bool {
+    pub(crate) fn take_parked(&mut self) -> bool {
         std::mem::take(&mut self.parked)
     }
 
-    pub fn get_ref(&self) -> &IO {
+    pub(crate) fn get_ref(&self) -> &IO {
         &self.io
     }
 

@@ -29,7 +29,7 @@ const BACKLOG: u32 = 1024;
 
 /// How many per-core workers: `server.workers`, else one per CPU this
 /// process may run on (its affinity mask and cgroup quota, as tokio counts).
-pub fn worker_count(cfg: &ServerConfig) -> usize {
+pub(crate) fn worker_count(cfg: &ServerConfig) -> usize {
     cfg.workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     })
@@ -40,7 +40,7 @@ pub fn worker_count(cfg: &ServerConfig) -> usize {
 /// caller's thread, so a port in use fails the start; handed to the
 /// workers as std listeners (a tokio listener belongs to the runtime that
 /// made it).
-pub fn bind_reuseport(
+pub(crate) fn bind_reuseport(
     listen: SocketAddr,
     workers: usize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
@@ -69,7 +69,7 @@ pub fn bind_reuseport(
 /// `limit`, until `shutdown`; then each drains for up to `drain`. Resolves
 /// once every worker runs; the returned receivers resolve (or fail, if a
 /// worker died) when each has finished.
-pub async fn start_workers(
+pub(crate) async fn start_workers(
     listeners: Vec<std::net::TcpListener>,
     state: Arc<dyn Fn() -> Arc<ProxyState> + Send + Sync>,
     limit: Arc<ConnectionLimit>,

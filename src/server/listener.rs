@@ -10,19 +10,20 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// The admin listener's header timeout: a client that sends no complete
 /// request head within this time is dropped. (The client listener's is
 /// `limits.header_timeout`.)
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The admin listener's connection builder: HTTP/1.1 with keep-alive and a
 /// header timeout (which needs a timer, or hyper panics), and h2c.
-pub fn builder() -> auto::Builder<TokioExecutor> {
+pub(crate) fn builder() -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
@@ -36,13 +37,13 @@ pub fn builder() -> auto::Builder<TokioExecutor> {
 /// resolves once the listener stops, and the listener waits (bounded) until
 /// every `Draining` is dropped, i.e. every connection task has ended. Also
 /// the connection's side of shedding at the connection cap ([`Shed`]).
-pub struct Draining {
+pub(crate) struct Draining {
     drain: watch::Receiver<bool>,
     shed: Shed,
 }
 
 impl Draining {
-    pub async fn started(&mut self) {
+    pub(crate) async fn started(&mut self) {
         // An error means the listener is gone: draining as well.
         let _ = self.drain.wait_for(|draining| *draining).await;
     }
@@ -50,7 +51,7 @@ impl Draining {
     /// For a connection that is idle: resolves when draining starts or
     /// when the listener, at its connection cap, asks idle connections to
     /// make room (see [`Shed`]).
-    pub async fn started_or_shed(&mut self) {
+    pub(crate) async fn started_or_shed(&mut self) {
         tokio::select! {
             _ = self.drain.wait_for(|draining| *draining) => {}
             _ = self.shed.requested() => {}
@@ -59,14 +60,14 @@ impl Draining {
 
     /// A handle on the shed requests, for a watcher that runs beside
     /// [`Draining::serve`].
-    pub fn shed_handle(&self) -> Shed {
+    pub(crate) fn shed_handle(&self) -> Shed {
         self.shed.clone()
     }
 
     /// Runs a hyper connection to its end; once draining starts, asks it to
     /// finish the request in progress and close (`graceful`), and goes on
     /// polling it.
-    pub async fn serve<C, T, E>(
+    pub(crate) async fn serve<C, T, E>(
         &mut self,
         mut conn: Pin<&mut C>,
         graceful: impl FnOnce(Pin<&mut C>),
@@ -95,18 +96,18 @@ impl Draining {
 /// client may not have sent its first bytes yet): the requests repeat while
 /// the cap holds, so it is asked again once it is older.
 #[derive(Clone)]
-pub struct Shed {
+pub(crate) struct Shed {
     requests: Option<watch::Receiver<u64>>,
     accepted: Instant,
 }
 
 /// A connection accepted less than this long ago ignores shed requests.
-pub const SHED_MIN_AGE: Duration = Duration::from_secs(1);
+pub(crate) const SHED_MIN_AGE: Duration = Duration::from_secs(1);
 
 impl Shed {
     /// Resolves at the next shed request that finds this connection old
     /// enough; never without a cap.
-    pub async fn requested(&mut self) {
+    pub(crate) async fn requested(&mut self) {
         let Some(rx) = &mut self.requests else {
             return std::future::pending().await;
         };
@@ -130,7 +131,7 @@ impl Shed {
 /// loops (`server.runtime: per_core`): a loop that accepted a connection
 /// after another took the last place waits at the cap with it, so the cap
 /// holds exactly and each loop holds at most one socket beyond it.
-pub struct ConnectionLimit {
+pub(crate) struct ConnectionLimit {
     /// Read before every accept, so a reload applies at once.
     max: Box<dyn Fn() -> usize + Send + Sync>,
     /// Open connections, taken with a compare-and-swap: with several
@@ -148,7 +149,7 @@ pub struct ConnectionLimit {
 }
 
 impl ConnectionLimit {
-    pub fn new(
+    pub(crate) fn new(
         max: impl Fn() -> usize + Send + Sync + 'static,
         open: IntGauge,
         paused: IntCounter,
@@ -212,7 +213,7 @@ const RECHECK_CAP: Duration = Duration::from_millis(500);
 
 /// One open connection under a [`ConnectionLimit`]; dropping it (when the
 /// connection task ends) frees the place.
-pub struct ConnectionSlot(Option<Arc<ConnectionLimit>>);
+pub(crate) struct ConnectionSlot(Option<Arc<ConnectionLimit>>);
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
@@ -227,7 +228,7 @@ impl Drop for ConnectionSlot {
 /// Accepts connections until `shutdown` turns true, handing each to
 /// `handle` together with its [`Draining`]; then stops accepting, tells the
 /// connections, and waits up to `drain` for them to finish.
-pub async fn accept_until<H>(
+pub(crate) async fn accept_until<H>(
     name: &'static str,
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
@@ -244,7 +245,7 @@ pub async fn accept_until<H>(
 
 /// [`accept_until`] under an optional [`ConnectionLimit`]: each connection
 /// also gets its [`ConnectionSlot`], to hold until it ends.
-pub async fn accept_limited<H>(
+pub(crate) async fn accept_limited<H>(
     name: &'static str,
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,

@@ -16,9 +16,9 @@
 //! listener shares; [`framing`] the connection-level framing guard;
 //! [`layout`] the threads and runtimes the listener runs on.
 
-pub mod framing;
-pub mod layout;
-pub mod listener;
+pub(crate) mod framing;
+pub(crate) mod layout;
+pub(crate) mod listener;
 
 use crate::access_log::{self, AccessLog};
 use crate::body::Body;
@@ -27,7 +27,7 @@ use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
 use crate::metrics::Metrics;
-use crate::pipeline::status::CacheStatus;
+use crate::outcome::CacheOutcome;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
@@ -49,15 +49,16 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::debug;
 
 /// An HTTP/1 connection idle this long is parked (see the module doc).
 /// Long enough that a busy keep-alive client (its next request within
 /// milliseconds) stays with hyper; each parking costs a new hyper
-/// connection (two buffers, a few thousand instructions) on the next request.
+/// connection (two buffers) on the next request (bench/README.md).
 const PARK_AFTER: Duration = Duration::from_millis(200);
 
 /// How long an idle HTTP/2 connection gets to say goodbye (GOAWAY flushed,
@@ -65,7 +66,7 @@ const PARK_AFTER: Duration = Duration::from_millis(200);
 const H2_GOODBYE: Duration = Duration::from_secs(1);
 
 /// Everything a request handler needs; shared by all connections.
-pub struct ProxyState {
+pub(crate) struct ProxyState {
     /// The live config; each request loads one snapshot and keeps it.
     pub config: Arc<ArcSwap<Config>>,
     pub pipeline: Arc<Pipeline>,
@@ -78,7 +79,10 @@ pub struct ProxyState {
 
 /// The cap on open client connections (`limits.max_connections`), one
 /// for all the client listener's accept loops.
-pub fn connection_limit(config: Arc<ArcSwap<Config>>, metrics: &Metrics) -> Arc<ConnectionLimit> {
+pub(crate) fn connection_limit(
+    config: Arc<ArcSwap<Config>>,
+    metrics: &Metrics,
+) -> Arc<ConnectionLimit> {
     ConnectionLimit::new(
         move || config.load().limits.max_connections,
         metrics.client_connections.clone(),
@@ -87,7 +91,7 @@ pub fn connection_limit(config: Arc<ArcSwap<Config>>, metrics: &Metrics) -> Arc<
 }
 
 /// Serves one client-facing listener under `limit` until `shutdown`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<ProxyState>,
     limit: Arc<ConnectionLimit>,
@@ -273,7 +277,7 @@ async fn serve_h2<S>(
 /// flight counts as idle at once.
 async fn h2_watch(state: &FramingState, limits: &LimitsConfig, mut shed: listener::Shed) -> H2End {
     let tick = (limits.idle_timeout.min(limits.send_timeout) / 4).max(Duration::from_millis(20));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let mut ticks = tokio::time::interval_at(Instant::now() + tick, tick);
     let (mut idle_for, mut stalled_for) = (Duration::ZERO, Duration::ZERO);
     let mut last = (state.requests(), state.body_progress().0);
     loop {
@@ -431,7 +435,6 @@ async fn sniff(
     draining: &mut Draining,
 ) -> Result<(bool, Vec<u8>), SniffEnd> {
     const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let deadline = tokio::time::Instant::from_std(deadline);
     let mut buf = [0u8; 24];
     let peeked = tokio::select! {
         peeked = stream.peek(&mut buf) => peeked,
@@ -623,7 +626,7 @@ struct Routed {
     wanted: bool,
     route: Option<Arc<Route>>,
     /// What the pipeline did, for a read on a cache route (its `X-Cache`).
-    cache: Option<CacheStatus>,
+    cache: Option<CacheOutcome>,
 }
 
 impl Routed {
@@ -683,9 +686,9 @@ async fn answer(
     // Matched on the path's normal form; the request itself, forwarded
     // below, keeps the path exactly as the client sent it. The URI clone
     // (it shares the request's bytes) lives until the answer is built:
-    // without it the same requests cost ~1 400 more instructions each
-    // (callgrind, pass-through GET; all of it allocator work under hyper's
-    // read buffer), so it stays although classify needs no borrow.
+    // without it a pass-through costs more, all of it allocator work under
+    // hyper's read buffer (bench/README.md), so it stays although classify
+    // needs no borrow.
     let uri = req.uri().clone();
     let invalidate = match cfg.routes.classify(req.method(), uri.path()) {
         RouteMatch::Read(route, params) => {

@@ -16,13 +16,14 @@ use crate::metrics::{names, Metrics};
 use prometheus::proto::MetricFamily;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 
 /// The page, served as is.
-pub const PAGE: &str = include_str!("page.html");
+pub(crate) const PAGE: &str = include_str!("page.html");
 
 /// What the JSON is built from.
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     pub cfg: &'a Config,
     pub metrics: &'a Metrics,
     pub invalidator: &'a Invalidator,
@@ -62,7 +63,7 @@ fn samples(families: &[MetricFamily]) -> HashMap<&str, Samples> {
 }
 
 /// The status snapshot as JSON.
-pub fn snapshot(src: &Sources<'_>) -> Value {
+pub(crate) fn snapshot(src: &Sources<'_>) -> Value {
     let families = src.metrics.registry.gather();
     let s = samples(&families);
     let get = |name: &str| s.get(name).map(Vec::as_slice).unwrap_or_default();

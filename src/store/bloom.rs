@@ -1,8 +1,8 @@
-//! The Bloom filter's part of the store contract (SPEC §6), as a supertrait
-//! of [`super::Store`] so both backends implement it with the same
-//! semantics: the Redis backend with `lua/bloom_*.lua` and pipelined
-//! `SETBIT`s (`redis/bloom.rs`), the embedded store with in-memory bitmaps
-//! (`memory/bloom.rs`).
+//! The Bloom filter's part of the store contract
+//! (docs/architecture.md#bloom-filter), as a supertrait of [`super::Store`] so
+//! both backends implement it with the same semantics: the Redis backend with
+//! `lua/bloom_*.lua` and pipelined `SETBIT`s (`redis/bloom.rs`), the embedded
+//! store with in-memory bitmaps (`memory/bloom.rs`).
 //!
 //! One filter's keys share the hash tag `{<route>:<scope>}`, so every
 //! Bloom script and pipeline runs in one Cluster slot.
@@ -29,7 +29,7 @@ pub enum BloomAnswer {
 
 impl BloomAnswer {
     /// The script's integer: 0, 1, -1.
-    pub fn from_code(code: i64) -> Result<BloomAnswer, StoreError> {
+    pub(crate) fn from_code(code: i64) -> Result<BloomAnswer, StoreError> {
         match code {
             0 => Ok(BloomAnswer::Absent),
             1 => Ok(BloomAnswer::Maybe),
@@ -41,7 +41,7 @@ impl BloomAnswer {
     }
 
     /// Metric label: `reject`, `maybe`, `unknown`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BloomAnswer::Absent => "reject",
             BloomAnswer::Maybe => "maybe",

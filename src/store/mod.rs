@@ -16,7 +16,8 @@
 //!   a folder that implements the contract and one arm of its `match`.
 //!
 //! The traits speak in keys the caller built ([`crate::keys`]), so both
-//! backends implement exactly the same protocol (SPEC §5.1):
+//! backends implement exactly the same protocol
+//! (docs/architecture.md#generation-protocol):
 //! - `read`: one round trip for the entry and the object's generation
 //!   (`read_near`: the same answer from process memory, where the backend
 //!   keeps a coherent copy: the Redis near cache, [`redis::near`]);
@@ -34,35 +35,35 @@
 //!   instance, a no-op where the event (or a later stream entry) already
 //!   replaced the generation;
 //! - `publish_checked`, `tag_tickets`, `read_tags`, `raise_floors`: the
-//!   same protocol for version floors and cache tags (issue 13);
+//!   same protocol for version floors and cache tags
+//!   (docs/invalidation.md#dependent-invalidation);
 //! - `delete_if_equals`: remove a corrupt entry only if it is unchanged;
 //! - `bloom_*` ([`bloom`]): the Bloom filter's check, build, activation and
-//!   growth (SPEC §6).
+//!   growth (docs/architecture.md#bloom-filter).
 
-pub mod backend;
-pub mod bloom;
-pub mod feeds;
-pub mod guarded;
-pub mod memory;
-pub mod object;
-pub mod protocol;
-pub mod redis;
-pub mod slot_map;
-pub mod tags;
+pub(crate) mod backend;
+pub(crate) mod bloom;
+pub(crate) mod feeds;
+pub(crate) mod guarded;
+pub(crate) mod memory;
+pub(crate) mod object;
+pub(crate) mod protocol;
+pub(crate) mod redis;
+pub(crate) mod slot_map;
+pub(crate) mod tags;
 
 pub use backend::Store;
-pub use bloom::BloomStore;
+pub use bloom::{BloomAnswer, BloomStore};
 pub use feeds::FeedStore;
 pub use guarded::GuardedStore;
+pub use memory::MemoryStore;
 pub use object::ObjectStore;
 pub use protocol::{
-    covers, lease_ticket, Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot,
-    StoreError, WitnessSlot, NO_CHECKS,
+    Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot, StoreError, WitnessSlot,
 };
+pub use redis::RedisStore;
 pub use tags::TagStore;
 
-use self::memory::MemoryStore;
-use self::redis::RedisStore;
 use crate::config::StoreConfig;
 use crate::metrics::Metrics;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
-//! The object protocol (SPEC §5.1) as [`ObjectStore`]: reading an
-//! object's entry and generation, the fill lease and its ticket,
-//! publishing the filled entry, and the corrupt-entry delete.
+//! The object protocol (docs/architecture.md#generation-protocol) as
+//! [`ObjectStore`]: reading an object's entry and generation, the fill lease
+//! and its ticket, publishing the filled entry, and the corrupt-entry delete.
 
 use super::protocol::{
     unsupported, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,

@@ -74,7 +74,7 @@ impl Memo {
     /// when `make` gives none (nothing is kept: corrupt bytes are removed
     /// from the store, and with them from the near cache) or the slot
     /// holds another type.
-    pub fn get_or_make<T: Any + Send + Sync>(
+    pub(crate) fn get_or_make<T: Any + Send + Sync>(
         &self,
         make: impl FnOnce() -> Option<T>,
     ) -> Option<Arc<T>> {
@@ -126,7 +126,7 @@ impl LeaseReply {
     /// ASCII (built from server time and a hex nonce); a value someone else
     /// wrote that is not UTF-8 makes a value that never compares equal, so
     /// that fill's publish is refused: a miss, never a wrong answer.
-    pub fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
+    pub(crate) fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
         LeaseReply::Won {
             value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
             ticket,
@@ -139,7 +139,7 @@ impl LeaseReply {
 /// marked `mark` or, for stream marks (`s:<ms>-<seq>`), a later entry of the
 /// stream: then it was created after that event committed, and replacing it
 /// again would only cost a miss. Mirrors `lua/invalidate_marked.lua`.
-pub fn covers(current: &[u8], mark: &str) -> bool {
+pub(crate) fn covers(current: &[u8], mark: &str) -> bool {
     let Some(seen) = lease_ticket(current) else {
         return false;
     };
@@ -162,7 +162,7 @@ fn stream_mark(mark: &[u8]) -> Option<(u128, u128)> {
 /// The ticket a lease value was taken for (`<owner>@<ticket>`), or the
 /// mark a generation value carries (`<time>-<nonce>@<mark>`): what follows
 /// the first `@`.
-pub fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn lease_ticket(value: &[u8]) -> Option<&[u8]> {
     let at = value.iter().position(|b| *b == b'@')?;
     Some(&value[at + 1..])
 }
@@ -193,7 +193,7 @@ pub struct PublishChecks {
 }
 
 /// No checks: a plain publish (generation and lease only).
-pub static NO_CHECKS: PublishChecks = PublishChecks {
+pub(crate) static NO_CHECKS: PublishChecks = PublishChecks {
     floor_key: None,
     version: None,
     tags: Vec::new(),
@@ -202,7 +202,7 @@ pub static NO_CHECKS: PublishChecks = PublishChecks {
 impl PublishChecks {
     /// Nothing to check besides generation and lease (a version without a
     /// floor key is not compared with anything).
-    pub fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         self.floor_key.is_none() && self.tags.is_empty()
     }
 }

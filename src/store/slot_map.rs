@@ -13,11 +13,11 @@ use arc_swap::ArcSwap;
 use std::sync::Arc;
 
 /// Hash slots in a Redis Cluster.
-pub const SLOTS: u16 = 16384;
+pub(crate) const SLOTS: u16 = 16384;
 
 /// One contiguous range of slots served by one master.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotRange {
+pub(crate) struct SlotRange {
     pub start: u16,
     /// Inclusive, as in `CLUSTER SLOTS`.
     pub end: u16,
@@ -34,7 +34,7 @@ pub struct SlotMap {
 
 impl SlotMap {
     /// Replaces the table (`ranges` in any order); true if it changed.
-    pub fn replace(&self, mut ranges: Vec<SlotRange>) -> bool {
+    pub(crate) fn replace(&self, mut ranges: Vec<SlotRange>) -> bool {
         ranges.sort_by_key(|r| r.start);
         let old = self.ranges.swap(Arc::new(ranges));
         **old != **self.ranges.load()
@@ -42,11 +42,11 @@ impl SlotMap {
 
     /// The master serving `key`'s slot; `None` before the first refresh or
     /// for a slot no master covers.
-    pub fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
+    pub(crate) fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
         self.node_of_slot(slot_of(key))
     }
 
-    pub fn node_of_slot(&self, slot: u16) -> Option<Arc<str>> {
+    pub(crate) fn node_of_slot(&self, slot: u16) -> Option<Arc<str>> {
         let ranges = self.ranges.load();
         let i = ranges.partition_point(|r| r.start <= slot);
         let range = ranges.get(i.checked_sub(1)?)?;
@@ -54,7 +54,7 @@ impl SlotMap {
     }
 
     /// The first slot of every master's first range: a route to each master.
-    pub fn first_slots(&self) -> Vec<u16> {
+    pub(crate) fn first_slots(&self) -> Vec<u16> {
         let ranges = self.ranges.load();
         let mut seen: Vec<&str> = Vec::new();
         let mut slots = Vec::new();
@@ -68,7 +68,7 @@ impl SlotMap {
     }
 
     /// Every master in the table, once each.
-    pub fn nodes(&self) -> Vec<Arc<str>> {
+    pub(crate) fn nodes(&self) -> Vec<Arc<str>> {
         let mut nodes: Vec<Arc<str>> = self.ranges.load().iter().map(|r| r.node.clone()).collect();
         nodes.sort();
         nodes.dedup();
@@ -78,7 +78,7 @@ impl SlotMap {
 
 /// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between
 /// the first `{` and the next `}`, if not empty) or of the whole key.
-pub fn slot_of(key: &[u8]) -> u16 {
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % SLOTS
 }
 

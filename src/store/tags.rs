@@ -1,6 +1,7 @@
-//! Cache tags and version floors (issue 13) as [`TagStore`]: a fill takes
-//! its tags' tickets, `publish_checked` compares them, a tagged hit checks
-//! they are still current, and the feeds raise an object's floor.
+//! Cache tags and version floors (docs/invalidation.md#dependent-invalidation)
+//! as [`TagStore`]: a fill takes its tags' tickets, `publish_checked` compares
+//! them, a tagged hit checks they are still current, and the feeds raise an
+//! object's floor.
 
 use super::protocol::{unsupported, StoreError};
 use bytes::Bytes;

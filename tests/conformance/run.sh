@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# HTTP caching conformance (issue 18): runs the public cache-tests suite
-# (../shared/cache-tests, third-party, never copied into the repository)
-# against sidecache and compares with the suite's published nginx and
-# Varnish results.
+# HTTP caching conformance (docs/testing.md#conformance): runs the public
+# cache-tests suite (third-party, never copied into the repository) against
+# sidecache and compares with the suite's published nginx and Varnish results.
 #
 #   tests/conformance/run.sh [--check] [--docs] [CONFIG...]
 #
@@ -15,9 +14,9 @@
 #   --docs   rewrite docs/conformance.md from this run
 #   --check  fail unless each config passes at least its floor of required
 #            tests (tests/conformance/floors: "CONFIG N")
-# Environment: CACHE_TESTS_DIR (default ../shared/cache-tests, then
-# /work/shared/cache-tests),
-# SIDECACHE_BIN (default target/debug/sidecache, built if missing).
+# Environment: CACHE_TESTS_DIR (default: cache-tests in a `shared` folder beside
+# the project's, then /work/shared/cache-tests), SIDECACHE_BIN (default
+# target/debug/sidecache, built if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$(pwd)
@@ -39,8 +38,8 @@ if ((${#configs[@]} == 0)); then
     for f in "$here"/*.yaml; do configs+=("$(basename "$f" .yaml)"); done
 fi
 
-# The suite lives beside the project (../shared); a clone elsewhere on this
-# machine finds it under /work/shared.
+# The suite lives beside the project (docs/testing.md#conformance); a clone
+# elsewhere on this machine finds it under /work/shared.
 suite_src=${CACHE_TESTS_DIR:-}
 if [[ -z $suite_src ]]; then
     for d in "$root/../shared/cache-tests" /work/shared/cache-tests; do

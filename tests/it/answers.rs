@@ -1,7 +1,8 @@
-//! Answers a client expects from a cache (issue 14, points 1-3), against
-//! the real binary on the embedded store and on a real redis-server:
-//! `If-None-Match` / `If-Modified-Since` / `If-Match` answered from the
-//! entry (304, 412), `etag: auto`, byte ranges from a cached 200 (206, 416,
+//! Answers a client expects from a cache
+//! (docs/caching.md#conditional-requests-and-ranges), against the real binary
+//! on the embedded store and on a real redis-server: `If-None-Match` /
+//! `If-Modified-Since` / `If-Match` answered from the entry (304, 412),
+//! `etag: auto`, byte ranges from a cached 200 (206, 416, `If-Range`),
 //! `If-Range`), and what the DEGRADED and BYPASS paths do with them. Every
 //! test also checks that fills never carry the client's conditionals or
 //! range (the origin records what it received).
@@ -196,8 +197,9 @@ async fn conditional_requests_are_answered_from_the_entry() {
         assert_eq!(answers(&sc, "not_modified").await, 7.0, "{b}");
         assert_eq!(answers(&sc, "precondition_failed").await, 1.0, "{b}");
 
-        // An invalidated entry never answers 304 (SPEC §5.1): the client's
-        // current-looking tag gets the origin's new version.
+        // An invalidated entry never answers 304
+        // (docs/architecture.md#the-serving-rule): the client's current-looking
+        // tag gets the origin's new version.
         origin.reply(P, Reply::ok("the document v3").header("etag", "\"v3\""));
         assert_eq!(invalidate(&sc, "app", PARAMS).await.status, 200, "{b}");
         let r = get(&sc, &[("if-none-match", "\"v2\"")]).await;

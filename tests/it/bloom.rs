@@ -1,7 +1,8 @@
-//! The Bloom filter (SPEC §6): builds, growth and the three answers, in
-//! process against both stores (the builder with a controllable id
-//! source), and over HTTP against the real binary sharing a real Redis
-//! with an in-process builder (stage 4: `X-Cache: BLOOM`, no origin call).
+//! The Bloom filter (docs/architecture.md#bloom-filter): builds, growth and the
+//! three answers, in process against both stores (the builder with a
+//! controllable id source), and over HTTP against the real binary sharing a
+//! real Redis with an in-process builder (stage 4: `X-Cache: BLOOM`, no origin
+//! call).
 //!
 //! The membership database is replaced by `IdSource` implementations here;
 //! the Postgres source, growth through the outbox and a build killed
@@ -11,15 +12,12 @@ use crate::support::redis::RedisServer;
 use crate::support::{app_routes, client, eventually, Origin, Sidecache, SidecacheBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sidecache::bloom::build::BuildOutcome;
-use sidecache::bloom::source::{BoxFuture, IdSource, IdStream, SourceError, StaticSource};
-use sidecache::bloom::Blooms;
+use sidecache::bloom::{
+    Blooms, BoxFuture, BuildOutcome, IdSource, IdStream, SourceError, StaticSource,
+};
 use sidecache::config::{Config, RedisConfig, RedisTarget, Route};
 use sidecache::metrics::Metrics;
-use sidecache::store::bloom::BloomAnswer;
-use sidecache::store::memory::MemoryStore;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, Store};
+use sidecache::store::{BloomAnswer, GuardedStore, MemoryStore, RedisStore, Store};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -300,13 +298,13 @@ fn commands_since_reset(server: &RedisServer) -> Vec<(String, u64)> {
     calls
 }
 
-/// Issue 21, point 1: three instances (their own `Blooms` and Redis
-/// connections, one Redis) see a scope for the first time, as after a
-/// restart. Exactly one runs the source query; the others lose the build
-/// race (`busy`), and a loser's attempt costs one Redis command and no
-/// source query. Until the winner activates, every instance answers
-/// unknown (the request goes on to the origin, never a 404), then absent
-/// and maybe.
+/// Fleet-wide builds (docs/bloom.md#fleet-wide-rebuilds): three instances
+/// (their own `Blooms` and Redis connections, one Redis) see a scope for the
+/// first time, as after a restart. Exactly one runs the source query; the
+/// others lose the build race (`busy`), and a loser's attempt costs one Redis
+/// command and no source query. Until the winner activates, every instance
+/// answers unknown (the request goes on to the origin, never a 404), then
+/// absent and maybe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_race_losers_cost_one_redis_command_and_no_source_query() {
     let server = RedisServer::start();
@@ -381,10 +379,11 @@ async fn build_race_losers_cost_one_redis_command_and_no_source_query() {
     assert_eq!(queries(), 1, "one source query for the scope, fleet-wide");
 }
 
-/// Issue 21, point 1: scheduled rebuilds come due on every instance that
-/// tracks the scope, once per `rebuild_every`; the first to claim the
-/// interval builds, the others take `busy` for one Redis command (`SET NX`)
-/// and no source query. A claim whose build failed is given back.
+/// Fleet-wide rebuilds (docs/bloom.md#fleet-wide-rebuilds): scheduled rebuilds
+/// come due on every instance that tracks the scope, once per `rebuild_every`;
+/// the first to claim the interval builds, the others take `busy` for one Redis
+/// command (`SET NX`) and no source query. A claim whose build failed is given
+/// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduled_rebuilds_run_once_per_interval_fleet_wide() {
     let server = RedisServer::start();
@@ -684,9 +683,9 @@ async fn http_stage_four_rejects_only_certainly_absent_ids() {
     );
 }
 
-/// SPEC §6: every `create` event grows the filter, whatever its source; a
-/// `create` through `POST /admin/invalidate` too (it goes through the same
-/// invalidator as the outbox and the stream), while an `invalidate` event
+/// Every `create` event grows the filter (docs/bloom.md#growth), whatever its
+/// source; a `create` through `POST /admin/invalidate` too (it goes through the
+/// same invalidator as the outbox and the stream), while an `invalidate` event
 /// does not add the id.
 #[tokio::test]
 async fn http_admin_create_event_adds_the_id_to_the_filter() {

@@ -225,8 +225,9 @@ async fn build_waiting_at_gate(pg: &PostgresServer) {
     .await;
 }
 
-/// Issue 5, "Postgres id source": one filter per tenant from the route's
-/// `source` SQL; built lazily by the first request of an unbuilt scope.
+/// The Postgres id source (docs/bloom.md#builds): one filter per tenant from
+/// the route's `source` SQL; built lazily by the first request of an unbuilt
+/// scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_source_builds_each_tenant_lazily_and_rejects_absent_ids() {
     let origin = Origin::start().await;
@@ -269,8 +270,8 @@ async fn postgres_source_builds_each_tenant_lazily_and_rejects_absent_ids() {
     );
 }
 
-/// Issue 5, "Growth": a new id committed with its `create` outbox row is
-/// never answered BLOOM once the row is applied — also when the row is
+/// Growth (docs/bloom.md#growth): a new id committed with its `create` outbox
+/// row is never answered BLOOM once the row is applied — also when the row is
 /// applied while a rebuild runs whose source snapshot predates the insert
 /// (the id reaches the candidate only through the running build's delta).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,14 +329,14 @@ async fn created_ids_pass_once_applied_also_during_a_rebuild() {
     );
 }
 
-/// Issue 5, "Crashed build": SIGKILL while a rebuild is in progress. The
-/// old filter keeps serving (a second instance on the same Redis answers
-/// BLOOM), the dead build's lock and candidate expire on their own (TTLs
-/// set and bounded), and once the lock's lease is over the next build
+/// A crashed build (docs/bloom.md#builds): SIGKILL while a rebuild is in
+/// progress. The old filter keeps serving (a second instance on the same Redis
+/// answers BLOOM), the dead build's lock and candidate expire on their own
+/// (TTLs set and bounded), and once the lock's lease is over the next build
 /// activates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_killed_midway_keeps_the_old_filter_and_the_next_build_activates() {
-    use sidecache::bloom::build::{CANDIDATE_TTL, LOCK_TTL};
+    use sidecache::bloom::{CANDIDATE_TTL, LOCK_TTL};
     let origin = Origin::start().await;
     let redis = RedisServer::start();
     let pg = PostgresServer::start();

@@ -393,7 +393,7 @@ async fn fills_drop_poisoning_headers(b: Backend) {
             "{h} reached the origin on a fill"
         );
     }
-    // Fills carry only keyed and allow-listed headers (tests/fill_hardening.rs).
+    // Fills carry only keyed and allow-listed headers (tests/it/fill_hardening.rs).
     assert!(seen.headers.get("user-agent").is_none());
     assert!(seen.headers.get("x-forwarded-for").is_none());
     assert_eq!(
@@ -497,9 +497,10 @@ async fn full_fill_permits_answer_503_at_once(b: Backend) {
 }
 
 /// A burst of distinct cold keys beyond `fill.max_concurrency` waits in the
-/// fill queue and is served when a permit returns (issue 18), instead of
-/// getting 503. The queue's length is bounded: one more than `max_queued`
-/// answers 503 at once; a wait longer than `queue_timeout` ends in 503.
+/// fill queue and is served when a permit returns
+/// (docs/caching.md#hostile-traffic-and-slow-fills), instead of getting 503.
+/// The queue's length is bounded: one more than `max_queued` answers 503 at
+/// once; a wait longer than `queue_timeout` ends in 503.
 async fn fill_queue_serves_bursts_and_stays_bounded(b: Backend) {
     let (origin, sc, gate, first) =
         one_permit_held(&b, "  queue_timeout: 10s\n  max_queued: 1\n").await;

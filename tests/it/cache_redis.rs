@@ -339,15 +339,16 @@ async fn near_cache_objects_outlive_max_age_while_heartbeats_are_answered() {
     assert_eq!(origin.hits(P), 2, "the degraded read went to the origin");
 }
 
-/// Issue 20, point 4: how long after another writer replaced the
-/// generation does an instance still answer from its near cache (the push
-/// is in flight)? Eight readers hammer one object on A; 100 times, the
-/// origin's body changes and the generation is replaced directly in Redis
-/// (`lua/invalidate.lua`, as any other instance would). Per trial, the lag
-/// is from the script's reply to the start of the last request that still
-/// got the old body (0 if none). The figures are printed (README, "Near
-/// cache"); the bound only catches a near cache that stopped following
-/// pushes (it would answer the old body until `max_age`, 60 s here).
+/// Near cache lag (docs/operations.md#near-cache): how long after another
+/// writer replaced the generation does an instance still answer from its near
+/// cache (the push is in flight)? Eight readers hammer one object on A; 100
+/// times, the origin's body changes and the generation is replaced directly in
+/// Redis (`lua/invalidate.lua`, as any other instance would). Per trial, the
+/// lag is from the script's reply to the start of the last request that still
+/// got the old body (0 if none). The figures are printed
+/// (docs/operations.md#near-cache); the bound only catches a near cache that
+/// stopped following pushes (it would answer the old body until `max_age`, 60 s
+/// here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn near_cache_lag_after_another_writer_invalidates() {
     const TRIALS: usize = 100;

@@ -1,8 +1,8 @@
-//! `client_cache_control` (issue 14, point 5), on the embedded store and on
-//! a real Redis: `pass` keeps the origin's header, a literal replaces it,
-//! `remaining` gives clients no more freshness than the entry has left
-//! (counting the `Age` they subtract), `max-age=0` once it is served
-//! STALE; a 304 carries the same. Only answers from stored entries are
+//! `client_cache_control` (docs/caching.md#client-cache-control), on the
+//! embedded store and on a real Redis: `pass` keeps the origin's header, a
+//! literal replaces it, `remaining` gives clients no more freshness than the
+//! entry has left (counting the `Age` they subtract), `max-age=0` once it is
+//! served STALE; a 304 carries the same. Only answers from stored entries are
 //! rewritten.
 
 use crate::support::client::{self, x_cache, Resp};

@@ -1,9 +1,9 @@
 //! Per-master breakers on Redis Cluster, through the real binary (issue
 //! 15): three masters, one killed. Objects on the other two are still
 //! served as HITs; objects on the dead one take the degraded path
-//! (pass-through, SPEC §5 7b); when it is back they are cached again.
-//! The cluster runs with `cluster-require-full-coverage no`: otherwise Redis
-//! itself refuses every key once a slot has no master.
+//! (pass-through: docs/operations.md#redis-cluster); when it is back they are
+//! cached again. The cluster runs with `cluster-require-full-coverage no`:
+//! otherwise Redis itself refuses every key once a slot has no master.
 
 use crate::support::client::{self, x_cache};
 use crate::support::redis::RedisCluster;

@@ -1,7 +1,7 @@
-//! Dependent invalidation (issue 13) through the real binary, a private
-//! redis-server (and Postgres for the outbox) and the held-response origin:
-//! route relations (`also_invalidates`), cache tags (`tags_from`, tag
-//! events) and version floors (`version_from`).
+//! Dependent invalidation (docs/invalidation.md#dependent-invalidation) through
+//! the real binary, a private redis-server (and Postgres for the outbox) and
+//! the held-response origin: route relations (`also_invalidates`), cache tags
+//! (`tags_from`, tag events) and version floors (`version_from`).
 
 use crate::support::postgres::PostgresServer;
 use crate::support::redis::RedisServer;

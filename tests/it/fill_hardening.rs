@@ -1,6 +1,6 @@
-//! Hardening of the read pipeline against hostile clients (issue 11), run
-//! against the real binary and an origin that echoes each request it
-//! receives into its body:
+//! Hardening of the read pipeline against hostile clients
+//! (docs/caching.md#what-a-fill-sends), run against the real binary and an
+//! origin that echoes each request it receives into its body:
 //!
 //! - fills are built from the cache key, so no client header outside `vary`
 //!   and `fill_headers` can shape a cached answer (HTTP/1 and h2), and two
@@ -195,7 +195,7 @@ async fn two_requests_with_one_key_send_byte_identical_fills() {
     )
     .await;
     // The fill fetched the whole object; the client's own range is then
-    // answered from it (issue 14).
+    // answered from it (docs/caching.md#conditional-requests-and-ranges).
     assert_eq!(status_and_cache(&first), (206, "MISS".into()));
     let inv = client::request(
         "POST",

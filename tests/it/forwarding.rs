@@ -1,7 +1,7 @@
-//! Forwarding fidelity (SPEC §4): everything that is not a cache read goes
-//! to the upstream untouched except for hop-by-hop headers and
-//! `X-Forwarded-*`, streams both ways, tunnels WebSocket, and fails as
-//! 400 (ambiguous framing, bad route param), 502 (unreachable), 504 (slow).
+//! Forwarding fidelity (docs/architecture.md#forwarding): everything that is
+//! not a cache read goes to the upstream untouched except for hop-by-hop
+//! headers and `X-Forwarded-*`, streams both ways, tunnels WebSocket, and fails
+//! as 400 (ambiguous framing, bad route param), 502 (unreachable), 504 (slow).
 
 use crate::support::client::{self, request, request_h2};
 use crate::support::{eventually, Origin, Reply, Sidecache, SidecacheBuilder};

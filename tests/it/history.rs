@@ -1,6 +1,6 @@
-//! The history checker (issue 19, point 3): 3 sidecache instances on one
-//! Redis in front of the example upstream on Postgres (each `PUT` bumps the
-//! object's `version` and writes its outbox row in one transaction), 8
+//! The history checker (docs/testing.md#history-checker): 3 sidecache instances
+//! on one Redis in front of the example upstream on Postgres (each `PUT` bumps
+//! the object's `version` and writes its outbox row in one transaction), 8
 //! readers and 2 writers on 20 objects, every read and write recorded with
 //! its invocation and completion times, every generation value read from
 //! the store. `support::history` checks the history: no read stale beyond
@@ -74,7 +74,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const PHASE: Duration = Duration::from_secs(2);
 /// A phase lasts at least this long after its nemesis healed.
 const HEALED_FOR: Duration = Duration::from_millis(1500);
-/// The slow origin's latency (issue 19).
+/// The slow origin's latency
+/// (docs/invalidation.md#checked-from-outside-the-history-checker).
 const SLOW_MS: &str = "200";
 /// The instance the sidecache nemesis kills, and the one it stops.
 const KILLED: usize = 2;

@@ -181,9 +181,10 @@ async fn worker_killed_between_apply_and_commit_reapplies_after_restart() {
     );
 }
 
-/// The stale-backfill race (seed 001) with the invalidation arriving from
-/// each feed: a fill reads v1 upstream and is held; the service writes v2
-/// and its event is applied; the held v1 must not be published.
+/// The stale-backfill race (docs/architecture.md#no-stale-backfill) with the
+/// invalidation arriving from each feed: a fill reads v1 upstream and is held;
+/// the service writes v2 and its event is applied; the held v1 must not be
+/// published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_backfill_is_refused_when_invalidated_by_outbox_or_stream() {
     let origin = Origin::start().await;

@@ -1,7 +1,8 @@
-//! Join only what is current (issue 19, point 1): a request that read the
-//! object's generation after an invalidation never gets the answer of a fill
-//! that started before it, neither by joining that fill in-process nor by
-//! waiting for another instance's lease. The old fill is held at the origin
+//! Join only what is current
+//! (docs/architecture.md#no-older-answer-after-an-invalidation): a request that
+//! read the object's generation after an invalidation never gets the answer of
+//! a fill that started before it, neither by joining that fill in-process nor
+//! by waiting for another instance's lease. The old fill is held at the origin
 //! (the exact interleaving), its publish stays refused, and there is still
 //! one origin request per object and generation.
 

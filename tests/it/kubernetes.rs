@@ -1,8 +1,8 @@
-//! `examples/kubernetes/` (issue 15): every manifest validates, strictly
-//! (unknown fields are errors), against the schemas of a current Kubernetes
-//! release with `kubernetes-validate` (pip; `scripts/test` installs it,
-//! and it carries its schemas, so no network is needed), and the config in
-//! the ConfigMap passes `sidecache check` with the Secret's values.
+//! `examples/kubernetes/` (docs/operations.md#kubernetes): every manifest
+//! validates, strictly (unknown fields are errors), against the schemas of a
+//! current Kubernetes release with `kubernetes-validate` (pip; `scripts/test`
+//! installs it, and it carries its schemas, so no network is needed), and the
+//! config in the ConfigMap passes `sidecache check` with the Secret's values.
 
 use crate::support::sidecache::binary;
 use std::collections::BTreeMap;

@@ -1,8 +1,8 @@
-//! Hostile clients (issue 11, connection and HTTP rows): what one client
-//! connection may cost is bounded by `limits` (connections, head time and
-//! size, idle and send timeouts) and requests HTTP/1.1 forbids are refused
-//! before they reach the upstream. Each test drives the real binary with raw
-//! sockets where a well-behaved client library would not misbehave.
+//! Hostile clients, connection and HTTP (docs/configuration.md#limits): what
+//! one client connection may cost is bounded by `limits` (connections, head
+//! time and size, idle and send timeouts) and requests HTTP/1.1 forbids are
+//! refused before they reach the upstream. Each test drives the real binary
+//! with raw sockets where a well-behaved client library would not misbehave.
 
 use crate::support::client::{self, request_h2};
 use crate::support::{eventually, Origin, Sidecache, SidecacheBuilder};

@@ -3,6 +3,12 @@
 //! real servers (see its module doc). Run one module with e.g.
 //! `cargo test --test it cache::`.
 
+// These tests wait for and time real servers and processes: std's clock is
+// the one they mean (clippy.toml's rule is about the library's timers).
+#![allow(clippy::disallowed_types)]
+// A test binary has no outside: `pub` is how its modules share the harness.
+#![allow(unreachable_pub)]
+
 mod support;
 
 mod access_log;

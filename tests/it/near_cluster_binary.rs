@@ -1,5 +1,6 @@
-//! The near cache on Redis Cluster through the real binary (issue 15):
-//! two instances with `near_cache: { enabled: true }` on a 3-master
+//! The near cache on Redis Cluster through the real binary
+//! (docs/operations.md#near-cache-on-redis-cluster): two instances with
+//! `near_cache: { enabled: true }` on a 3-master cluster. A answers objects
 //! cluster. A answers objects of every master from memory; an admin
 //! invalidation through B reaches A by that master's push, and from then
 //! on A answers the new data only (`max_age` is far longer than the test,

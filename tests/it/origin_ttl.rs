@@ -1,7 +1,7 @@
-//! `ttl: origin` (issue 14, point 6), on the embedded store and on a real
-//! Redis: an entry is fresh for what the answer says (`s-maxage`, else
-//! `max-age`, else `Expires` minus `Date`), at most `max_ttl`, else
-//! `default_ttl`; without one it is not stored. Expiry is awaited by
+//! `ttl: origin` (docs/caching.md#ttl-from-origin), on the embedded store and
+//! on a real Redis: an entry is fresh for what the answer says (`s-maxage`,
+//! else `max-age`, else `Expires` minus `Date`), at most `max_ttl`, else
+//! `default_ttl`; without one it is not stored. Expiry is awaited by polling
 //! polling for the MISS that shows it (bounded), and checked from both
 //! sides: never before the lifetime (measured from before the fill, so
 //! exact), and well before the route's cap. On Redis the entry's store

@@ -1,10 +1,10 @@
-//! Origin-driven variants (`vary_from_origin`, issue 18): the names an
-//! object's answers give in `Vary` are learned per object, fills carry
-//! exactly those headers, and each variant is stored and served by their
-//! values; a client can neither change another variant's answer nor pick
-//! it, and nothing outside the learned names reaches a fill. The origin
-//! here echoes the request it received as the body, so every assertion on
-//! a body is an assertion on what the fill sent.
+//! Origin-driven variants (`vary_from_origin`,
+//! docs/caching.md#vary-from-origin): the names an object's answers give in
+//! `Vary` are learned per object, fills carry exactly those headers, and each
+//! variant is stored and served by their values; a client can neither change
+//! another variant's answer nor pick it, and nothing outside the learned names
+//! reaches a fill. The origin here echoes the request it received as the body,
+//! so every assertion on a body is an assertion on what the fill sent.
 
 use crate::cache::invalidate;
 use crate::support::client::{self, x_cache, Resp};

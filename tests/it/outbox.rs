@@ -1,15 +1,15 @@
 //! The Postgres outbox worker against real processes: a private Postgres
 //! and a private redis-server from the harness, the worker running
-//! in-process over a `RedisStore` (issue 4 acceptance: freshness, nothing
-//! lost across Redis and Postgres failures and a crash between apply and
-//! commit, several workers on one table, poison rows).
+//! in-process over a `RedisStore` (docs/invalidation.md#what-the-worker-does:
+//! freshness, nothing lost across Redis and Postgres failures and a crash
+//! between apply and commit, several workers on one table, poison rows).
 
 use crate::support::postgres::PostgresServer;
 use crate::support::redis::RedisServer;
 use crate::support::{eventually, Background};
 use sidecache::config::Config;
 use sidecache::invalidation::ddl::outbox_ddl;
-use sidecache::invalidation::outbox::OutboxWorker;
+use sidecache::invalidation::OutboxWorker;
 use sidecache::invalidation::Source;
 use sidecache::keys;
 use std::time::Duration;
@@ -196,7 +196,8 @@ async fn freshness_commit_to_applied_latency_over_200_events() {
     worker.stop().await;
 }
 
-/// Issue 20: a worker whose store is unavailable takes no rows: its
+/// A worker whose store is unavailable takes no rows
+/// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events): its
 /// fan-out finds the store down, its feeds' breaker opens, and it claims
 /// nothing (rows untouched, due, for workers whose store works) until a
 /// probe finds the store back.
@@ -308,11 +309,12 @@ async fn a_store_back_before_the_cooldown_ends_is_used_at_once() {
     worker.stop().await;
 }
 
-/// Issue 20, point 3: after a Postgres outage the worker reconnects within
-/// its backoff cap (1 s, jittered), LISTENs, then polls: a row committed as
-/// soon as Postgres is back is applied within the cap plus a round trip.
-/// The outage is long (4 s) so that an uncapped backoff would be waiting
-/// seconds by then (the cap was 10 s: up to 3.2 s here).
+/// After a Postgres outage the worker reconnects within its backoff cap (1 s,
+/// jittered), LISTENs, then polls: a row committed as soon as Postgres is back
+/// is applied within the cap plus a round trip
+/// (docs/invalidation.md#what-the-worker-does). The outage is long (4 s) so
+/// that an uncapped backoff would be waiting seconds by then (the cap was 10 s:
+/// up to 3.2 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_killed_and_restarted_worker_reconnects_and_resumes() {
     const BOUND: Duration = Duration::from_millis(1500);
@@ -558,13 +560,13 @@ async fn with_statement_stats(pg: &PostgresServer) -> tokio_postgres::Client {
     client
 }
 
-/// Issue 21, point 2: an idle worker (nothing pending, LISTEN up) polls
+/// An idle worker (nothing pending, LISTEN up) polls
 /// only every `idle_poll_interval`, not every `poll_interval`: over 3 s
 /// with `poll_interval: 100ms` it runs at most a wake-up for a NOTIFY that
 /// arrived while it worked (one fan-out read) and the gauge leader's one
 /// catch-up after the last row (a fan-out read with the gauges); polling
 /// at `poll_interval` it ran 29. A row inserted meanwhile still arrives by
-/// NOTIFY at once.
+/// NOTIFY at once (docs/invalidation.md#what-the-worker-does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_worker_polls_only_at_the_idle_interval() {
     let redis = RedisServer::start();
@@ -614,9 +616,9 @@ async fn idle_worker_polls_only_at_the_idle_interval() {
     worker.stop().await;
 }
 
-/// Issue 21, point 2: the outbox gauges are computed by one worker at a
-/// time (the holder of witness slot 0, with its fan-out read); the others
-/// report 0.
+/// The outbox gauges are computed by one worker at a time (the holder of
+/// witness slot 0, with its fan-out read); the others report 0
+/// (docs/invalidation.md#what-the-worker-does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_gauges_are_reported_by_one_worker() {
     let (redis, pg, cfg) = setup("100ms", 100).await;
@@ -644,14 +646,15 @@ async fn outbox_gauges_are_reported_by_one_worker() {
     b.stop().await;
 }
 
-/// Redis Cluster, one master of three dead (issue 15, point 4, for the
-/// feeds): the worker keeps applying the rows of objects on the live
-/// masters at once and deletes them, while the dead master's rows fail
-/// against its own feeds' breaker, back off, and drain once it is back.
-/// With one feeds' breaker for the whole store, every row for the dead
-/// master opened it for everyone: objects on live masters were invalidated
-/// only at the cooldown's end (2 s in the measurement, 10 s here, so that
-/// the 3 s bound fails), and no row drained, the live ones included.
+/// Redis Cluster, one master of three dead, for the feeds
+/// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events): the
+/// worker keeps applying the rows of objects on the live masters at once and
+/// deletes them, while the dead master's rows fail against its own feeds'
+/// breaker, back off, and drain once it is back. With one feeds' breaker for
+/// the whole store, every row for the dead master opened it for everyone:
+/// objects on live masters were invalidated only at the cooldown's end (2 s in
+/// the measurement, 10 s here, so that the 3 s bound fails), and no row
+/// drained, the live ones included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_cluster_master_delays_only_its_own_rows() {
     use crate::support::redis::RedisCluster;

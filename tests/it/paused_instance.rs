@@ -1,10 +1,11 @@
-//! No feed waits for one instance (issue 19, point 2; issue 20, point 1):
-//! with one instance SIGSTOPped while it holds events (a stream entry the
-//! consumer group delivered to it, outbox rows it claimed), or with one
-//! instance's Redis connections reset before every event (`CLIENT KILL`,
-//! a network blip on one host), the other instances apply every event
-//! within a bound, on the real binary. Each event is for an object of its own, so its generation key
-//! appearing in Redis is the moment the event was applied; the figures
+//! No feed waits for one instance
+//! (docs/invalidation.md#no-feed-waits-for-one-instance): with one instance
+//! SIGSTOPped while it holds events (a stream entry the consumer group
+//! delivered to it, outbox rows it claimed), or with one instance's Redis
+//! connections reset before every event (`CLIENT KILL`, a network blip on one
+//! host), the other instances apply every event within a bound, on the real
+//! binary. Each event is for an object of its own, so its generation key
+//! appearing in Redis is the moment the event was applied; the figures (commit
 //! (commit → applied) are printed.
 
 use crate::support::postgres::PostgresServer;
@@ -16,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Far below `claim_idle` (30 s) and the pauses of issue 19 (4 s); loose
+/// Far below `claim_idle` (30 s) and the pauses the feeds were first measured
+/// with (4 s; docs/invalidation.md#no-feed-waits-for-one-instance); loose
 /// enough for a loaded test machine. The printed figures are the result.
 pub(crate) const BOUND: Duration = Duration::from_millis(500);
 pub(crate) const STREAM: &str = "inv";
@@ -330,7 +332,8 @@ async fn outbox_rows_are_applied_while_one_instance_is_stopped() {
     w.signal("CONT");
 }
 
-/// Issue 20's bound for the instances whose store works.
+/// The bound for the instances whose store works
+/// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events).
 const BLIP_BOUND: Duration = Duration::from_millis(50);
 const BLIP_EVENTS: u64 = 20;
 /// The warm-up event's object (the others are 1..=BLIP_EVENTS).

@@ -1,9 +1,9 @@
-//! Prefix params (`/static/{path...}`) and path normalisation (issue 14,
-//! point 4), on the embedded store and on a real Redis: every spelling of
-//! an object reads and fills that one object; `..`, `%2e%2e` and friends
-//! never make a prefix route match a path outside it (they are resolved
-//! first, then matched); paths whose resolution origins disagree on are
-//! forwarded byte for byte; every invalidation source addresses prefix
+//! Prefix params (`/static/{path...}`) and path normalisation
+//! (docs/configuration.md#route-templates), on the embedded store and on a real
+//! Redis: every spelling of an object reads and fills that one object; `..`,
+//! `%2e%2e` and friends never make a prefix route match a path outside it (they
+//! are resolved first, then matched); paths whose resolution origins disagree
+//! on are forwarded byte for byte; every invalidation source addresses prefix
 //! objects.
 
 use crate::cache::invalidate;

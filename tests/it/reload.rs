@@ -1,5 +1,6 @@
-//! Hot reload (SPEC §9): rename-replace picked up, invalid files and
-//! restart-only changes refused with the old config still serving, SIGHUP.
+//! Hot reload (docs/architecture.md#hot-reload): rename-replace picked up,
+//! invalid files and restart-only changes refused with the old config still
+//! serving, SIGHUP.
 
 use crate::support::client;
 use crate::support::{app_routes, eventually, Origin, Sidecache, SidecacheBuilder};

@@ -1,10 +1,11 @@
-//! Failover durability (issue 15, `store.redis.replicas_ack`): an
-//! invalidation the primary applied but no replica holds must not count as
-//! done. The script: a primary and its replica share the generation `g0`;
-//! replication is cut (`REPLICAOF NO ONE` on the replica, which keeps its
-//! data and becomes the promoted primary); an outbox row is committed and
-//! applied to the old primary; the old primary is killed; a worker on the
-//! promoted one takes over. With `replicas_ack: 1` the row was never
+//! Failover durability (`store.redis.replicas_ack`,
+//! docs/invalidation.md#failover-storeredisreplicas_ack): an invalidation the
+//! primary applied but no replica holds must not count as done. The script: a
+//! primary and its replica share the generation `g0`; replication is cut
+//! (`REPLICAOF NO ONE` on the replica, which keeps its data and becomes the
+//! promoted primary); an outbox row is committed and applied to the old
+//! primary; the old primary is killed; a worker on the promoted one takes over.
+//! With `replicas_ack: 1` the row was never acknowledged (a counted
 //! acknowledged (a counted shortfall, retried), so the promoted primary gets
 //! the invalidation and the old entry is dead. With `replicas_ack: 0` the
 //! row was deleted after the old primary's apply: the promoted primary still

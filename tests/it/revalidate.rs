@@ -1,7 +1,7 @@
-//! Conditional fills (issue 18): an expired entry of the current
-//! generation with validators is revalidated with the validators it
-//! stored, and a `304` refreshes it; an invalidated entry is never
-//! revalidated (SPEC §5.1's last rule), and a revalidation racing an
+//! Conditional fills (docs/caching.md#revalidation): an expired entry of the
+//! current generation with validators is revalidated with the validators it
+//! stored, and a `304` refreshes it; an invalidated entry is never revalidated
+//! (docs/architecture.md#the-serving-rule), and a revalidation racing an
 //! invalidation never publishes. On the embedded store and on a real
 //! Redis. Expiry is awaited by polling for the first read that is not a
 //! HIT; `no-cache` answers are stored already expired, so every use

@@ -1,6 +1,6 @@
-//! `server.runtime: per_core` (issue 17): one current-thread runtime per
-//! worker thread, each with its own `SO_REUSEPORT` listener and upstream
-//! pool, under one shared connection cap.
+//! `server.runtime: per_core` (docs/configuration.md#runtime-layout): one
+//! current-thread runtime per worker thread, each with its own `SO_REUSEPORT`
+//! listener and upstream pool, under one shared connection cap.
 
 use crate::support::client;
 use crate::support::{Origin, Sidecache, SidecacheBuilder};

@@ -1,8 +1,8 @@
-//! Redis Sentinel (issue 15): sidecache follows the primary Sentinel
-//! names. A primary, its replica and three sentinels; the primary is
-//! killed; sidecache serves DEGRADED until the promotion, then HITs from the
-//! promoted replica without a restart. The test measures the time from the
-//! kill to the promotion and to the first HIT. The same over mutual TLS
+//! Redis Sentinel (docs/operations.md#redis-sentinel): sidecache follows the
+//! primary Sentinel names. A primary, its replica and three sentinels; the
+//! primary is killed; sidecache serves DEGRADED until the promotion, then HITs
+//! from the promoted replica without a restart. The test measures the time from
+//! the kill to the promotion and to the first HIT. The same over mutual TLS
 //! (sentinels, primary and replica TLS-only and requiring client
 //! certificates: nothing to fall back to), and with a CA that did not sign
 //! the servers' certificates.

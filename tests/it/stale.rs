@@ -1,8 +1,9 @@
-//! Serving stale safely (issue 12): `grace` (stale-while-revalidate) and
-//! `stale_if_error`, on a real Redis, with `ttl: 1s` and no jitter. Expiry is
-//! awaited by polling for the answer that shows it (`STALE`), never by a
-//! sleep. The rule under test everywhere: an expired entry may answer only
-//! while it carries the object's current generation.
+//! Serving stale safely (docs/caching.md#serving-stale): `grace`
+//! (stale-while-revalidate) and `stale_if_error`, on a real Redis, with
+//! `ttl: 1s` and no jitter. Expiry is awaited by polling for the answer that
+//! shows it (`STALE`), never by a sleep. The rule under test everywhere: an
+//! expired entry may answer only while it carries the object's current
+//! generation.
 
 use crate::cache::invalidate;
 use crate::support::client::{self, x_cache};
@@ -370,10 +371,11 @@ async fn a_refresh_that_started_before_an_invalidation_cannot_publish() {
     );
 }
 
-/// Issue 19: a grace refresh of v1 holds the lease at the origin when the
+/// A grace refresh of v1 holds the lease at the origin when the
 /// object changes. A reader after the invalidation finds no current entry
 /// (nothing stale to serve) and must not wait for that refresh: its fill
-/// supersedes the refresh's lease and fetches v2 at once.
+/// supersedes the refresh's lease and fetches v2 at once
+/// (docs/architecture.md#no-older-answer-after-an-invalidation).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_of_an_invalidated_entry_is_not_waited_for() {
     let (_redis, origin, sc, old) = started_and_filled("grace: 30s\nlease: 5s\nwait: 5s").await;
@@ -410,10 +412,10 @@ async fn a_refresh_of_an_invalidated_entry_is_not_waited_for() {
     );
 }
 
-/// Issue 19: stale-if-error judges the entry as it is when the refill
-/// fails, not as the request read it before: a refill held at the origin,
-/// an invalidation meanwhile, then a 500. The invalidated entry must not
-/// answer; the 500 does.
+/// Stale-if-error judges the entry as it is when the refill fails, not as the
+/// request read it before: a refill held at the origin, an invalidation
+/// meanwhile, then a 500. The invalidated entry must not answer; the 500 does
+/// (docs/architecture.md#the-serving-rule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_if_error_never_answers_with_an_entry_invalidated_during_the_refill() {
     let (_redis, origin, sc, old) = started_and_filled("stale_if_error: 30s").await;

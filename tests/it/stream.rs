@@ -1,15 +1,16 @@
 //! The Redis Stream consumer against real redis-servers from the harness,
-//! running in-process over a `RedisStore` (issue 4 acceptance: each entry
-//! applied once by one consumer of a group, entries of a dead consumer
-//! claimed after `claim_idle`, poison entries dead-lettered and acked,
-//! store failures leave entries pending until they apply).
+//! running in-process over a `RedisStore`
+//! (docs/invalidation.md#what-the-consumer-does: each entry applied once by one
+//! consumer of a group, entries of a dead consumer claimed after `claim_idle`,
+//! poison entries dead-lettered and acked, store failures leave entries pending
+//! until they apply).
 
 use crate::support::redis::RedisServer;
 use crate::support::{eventually, Background};
 use sidecache::config::Config;
-use sidecache::invalidation::stream::StreamConsumer;
-use sidecache::invalidation::stream_conn::StreamTarget;
 use sidecache::invalidation::Source;
+use sidecache::invalidation::StreamConsumer;
+use sidecache::invalidation::StreamTarget;
 use sidecache::keys;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -283,12 +284,13 @@ fn applied(consumer: &Background, source: &str) -> u64 {
         .get()
 }
 
-/// Issue 20: Redis loses its data (a restart without persistence) while
+/// Redis loses its data (a restart without persistence) while
 /// consumers run, and entries are appended before any consumer could
 /// re-create the group. `FLUSHALL` and the appends run in one `MULTI`, so
 /// no consumer gets in between. The group is re-created at `0`, not at `$`
 /// (which would skip them all): the group path applies and acks every
-/// entry, and the fan-out, whose cursor survives, applies them too.
+/// entry, and the fan-out, whose cursor survives, applies them too
+/// (docs/invalidation.md#what-the-consumer-does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
     let redis = RedisServer::start();
@@ -330,10 +332,11 @@ async fn entries_appended_after_redis_lost_its_data_are_all_applied() {
     consumer.stop().await;
 }
 
-/// Issue 20, point 5: Redis killed and restarted empty (no persistence),
+/// Redis killed and restarted empty (no persistence),
 /// entries appended at once, before the consumers could reconnect and
 /// re-create their group. Every entry is applied within the reconnect cap
-/// (1 s, jittered) plus a round trip, by both paths, and acked.
+/// (1 s, jittered) plus a round trip, by both paths, and acked
+/// (docs/invalidation.md#what-the-consumer-does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_appended_right_after_a_redis_restart_are_applied_within_a_bound() {
     const BOUND: Duration = Duration::from_millis(2500);

@@ -1,7 +1,8 @@
-//! Redis Stream invalidation on a Redis Cluster (issue 15): the consumer
-//! (group path and fan-out) reads the stream from the master of its slot
-//! over connections of its own, and applies entries whose objects live on
-//! every master through the cluster store.
+//! Redis Stream invalidation on a Redis Cluster
+//! (docs/invalidation.md#redis-stream): the consumer (group path and fan-out)
+//! reads the stream from the master of its slot over connections of its own,
+//! and applies entries whose objects live on every master through the cluster
+//! store.
 
 use crate::support::redis::{RedisCluster, RedisServer};
 use crate::support::{eventually, library_config_on, Background};

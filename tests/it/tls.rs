@@ -1,8 +1,8 @@
-//! TLS to the stores (issue 15): Redis with `--tls-port` only and Postgres
-//! with `ssl=on` and `hostssl` only, certificates made by `openssl` in the
-//! test. A certificate the peer cannot prove is an error naming the
-//! setting, and the request path degrades; nothing falls back to plain text
-//! (the servers have no plain-text listener to fall back to).
+//! TLS to the stores (docs/configuration.md#tls): Redis with `--tls-port` only
+//! and Postgres with `ssl=on` and `hostssl` only, certificates made by
+//! `openssl` in the test. A certificate the peer cannot prove is an error
+//! naming the setting, and the request path degrades; nothing falls back to
+//! plain text (the servers have no plain-text listener to fall back to).
 
 use crate::support::certs::{Certs, NAMED};
 use crate::support::client::{self, x_cache};
@@ -188,10 +188,10 @@ mod postgres {
     use crate::support::redis::RedisServer;
     use crate::support::{eventually, library_config, Background};
     use futures_util::StreamExt;
-    use sidecache::bloom::source::{IdSource, PgSource};
+    use sidecache::bloom::{IdSource, PgSource};
     use sidecache::invalidation::ddl::outbox_ddl;
     use sidecache::keys;
-    use sidecache::pg::{PgConnector, PgError};
+    use sidecache::{PgConnector, PgError};
     use std::time::Duration;
 
     fn query(certs: &Certs, mode: &str, ca: &str) -> String {

@@ -1,8 +1,10 @@
-//! Witnesses (issue 21): only `invalidation.witnesses` instances (default
-//! 2) run a feed's fan-out, so one event costs its consumer's application
-//! plus k covered checks whatever the number of instances, and the other
-//! instances do nothing per event. With one witness stopped, the other
-//! applies every event within the bound of issue 19, and an instance that
+//! Witnesses
+//! (docs/invalidation.md#witnesses-k-instances-fan-out-not-all-of-them): only
+//! `invalidation.witnesses` instances (default 2) run a feed's fan-out, so one
+//! event costs its consumer's application plus k covered checks whatever the
+//! number of instances, and the other instances do nothing per event. With one
+//! witness stopped, the other applies every event within the bound of
+//! docs/invalidation.md#no-feed-waits-for-one-instance, and an instance that
 //! was not a witness takes the stopped one's slot when it expires. On the
 //! real binary, with real Redis and Postgres.
 

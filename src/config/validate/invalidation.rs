@@ -144,7 +144,7 @@ fn has_hash_tag(key: &str) -> bool {
 /// Accepts `name` or `schema.name`, each part `[a-z_][a-z0-9_]*` and at most
 /// 63 bytes (Postgres' limit). Lower case only: unquoted identifiers fold to
 /// lower case, so `Outbox` would silently name `outbox`.
-pub fn check_identifier(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_identifier(name: &str) -> std::result::Result<(), String> {
     let parts: Vec<&str> = name.split('.').collect();
     if parts.len() > 2 {
         return Err(format!("{name:?}: at most one '.' (schema.name)"));

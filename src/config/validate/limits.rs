@@ -59,6 +59,7 @@ fn open_files_limit() -> u64 {
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the struct we pass, which outlives the call.
+    #[allow(unsafe_code)]
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
     if ok && limit.rlim_cur != libc::RLIM_INFINITY {
         limit.rlim_cur

@@ -18,7 +18,7 @@ mod server;
 mod store;
 mod upstream;
 
-pub use invalidation::check_identifier;
+pub(crate) use invalidation::check_identifier;
 
 use super::file::FileConfig;
 use super::{Config, ConfigError};
@@ -31,7 +31,7 @@ fn err<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T> {
     Err(ConfigError::invalid(path, message))
 }
 
-pub fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
+pub(crate) fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     if raw.version != 1 {
         return err(
             "version",

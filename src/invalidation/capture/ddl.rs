@@ -73,7 +73,7 @@ fn object_name(table: &TableName, suffix: &str) -> String {
 }
 
 /// The capture triggers of `table`, as [`install`] names them.
-pub fn trigger_names(table: &TableName) -> Vec<String> {
+pub(crate) fn trigger_names(table: &TableName) -> Vec<String> {
     ["ins", "upd", "del", "trunc"]
         .iter()
         .map(|suffix| object_name(table, suffix))

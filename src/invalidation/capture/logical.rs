@@ -86,7 +86,7 @@ pub enum CaptureError {
 }
 
 /// The logical consumer of one slot. Spawn [`LogicalConsumer::run`].
-pub struct LogicalConsumer {
+pub(crate) struct LogicalConsumer {
     cfg: CaptureConfig,
     invalidator: Arc<Invalidator>,
     metrics: Metrics,
@@ -170,7 +170,7 @@ impl CaptureError {
 }
 
 impl LogicalConsumer {
-    pub fn new(cfg: CaptureConfig, invalidator: Arc<Invalidator>) -> LogicalConsumer {
+    pub(crate) fn new(cfg: CaptureConfig, invalidator: Arc<Invalidator>) -> LogicalConsumer {
         let metrics = invalidator.metrics().clone();
         LogicalConsumer {
             cfg,
@@ -181,7 +181,7 @@ impl LogicalConsumer {
 
     /// Runs until `shutdown`: competes for the lease, streams while it
     /// holds it, reconnects with backoff after a failed session.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub(crate) async fn run(self, mut shutdown: watch::Receiver<bool>) {
         info!(slot = %self.cfg.slot, publication = %self.cfg.publication, "change capture (logical) starting");
         let mut lease = Witness::new(self.invalidator.clone(), "capture", &self.cfg.slot, 1);
         let mut reconnect = Reconnect::new(RETRY_BASE, RETRY_MAX, RETRY_BASE, FAST_RECONNECT_FOR);

@@ -11,11 +11,12 @@
 //!   the triggers or the publication), at start and in `check --db`.
 
 pub mod ddl;
-pub mod logical;
-pub mod rows;
+pub(crate) mod logical;
+pub(crate) mod rows;
+
+pub use logical::CaptureError;
 
 use crate::config::capture::{CaptureConfig, CaptureMode, TableMapping};
-use logical::CaptureError;
 
 /// Connects to the capture database and checks it ([`check_schema`]).
 pub async fn check(cfg: &CaptureConfig) -> Result<(), CaptureError> {
@@ -34,7 +35,7 @@ pub async fn check(cfg: &CaptureConfig) -> Result<(), CaptureError> {
 /// triggers are installed, in `mode: logical` the publication carries every
 /// table and each table's replica identity covers the columns an old row
 /// must carry. Errors name what is missing and how to fix it.
-pub async fn check_schema(
+pub(crate) async fn check_schema(
     client: &tokio_postgres::Client,
     cfg: &CaptureConfig,
 ) -> Result<(), CaptureError> {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// One column of a row as pgoutput sends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Value<'a> {
+pub(crate) enum Value<'a> {
     Null,
     Text(&'a str),
     /// A TOASTed value the `UPDATE` did not change: pgoutput leaves it
@@ -21,7 +21,7 @@ pub enum Value<'a> {
 }
 
 /// A row: the relation's column names and the tuple's values, in order.
-pub trait Row {
+pub(crate) trait Row {
     fn value(&self, column: &str) -> Option<Value<'_>>;
 }
 
@@ -49,7 +49,7 @@ fn text<'r>(row: &'r impl Row, column: &str) -> Option<&'r str> {
 }
 
 /// What happened to a row.
-pub enum Change<'a, R: Row> {
+pub(crate) enum Change<'a, R: Row> {
     Insert(&'a R),
     /// `old` is sent only when the replica identity covers a changed key
     /// column (or is `FULL`).
@@ -62,32 +62,32 @@ pub enum Change<'a, R: Row> {
 
 /// Collects a transaction's events, each object and tag once.
 #[derive(Default)]
-pub struct Events {
+pub(crate) struct Events {
     pub events: Vec<Result<Event, Poison>>,
     seen: HashSet<(String, BTreeMap<String, String>)>,
     seen_tags: HashSet<String>,
 }
 
 impl Events {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.events.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
 
     /// The events so far; what was seen is forgotten with them (a batch
     /// applied mid-transaction may be followed by the same object again,
     /// which costs one more replacement, never a miss of an event).
-    pub fn take(&mut self) -> Vec<Result<Event, Poison>> {
+    pub(crate) fn take(&mut self) -> Vec<Result<Event, Poison>> {
         self.seen.clear();
         self.seen_tags.clear();
         std::mem::take(&mut self.events)
     }
 
     /// The events of one row change under one mapping.
-    pub fn change<R: Row>(&mut self, m: &TableMapping, change: Change<'_, R>) {
+    pub(crate) fn change<R: Row>(&mut self, m: &TableMapping, change: Change<'_, R>) {
         match change {
             Change::Insert(new) => {
                 let kind = match m.create_on_insert {
@@ -108,7 +108,7 @@ impl Events {
     }
 
     /// `TRUNCATE`: every object of the route.
-    pub fn truncate(&mut self, m: &TableMapping) {
+    pub(crate) fn truncate(&mut self, m: &TableMapping) {
         let event = Event {
             route: m.route.clone(),
             params: BTreeMap::new(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 /// path and count as `bloom_check`; build steps as `bloom_build`; growth as
 /// `bloom_add`.
 impl GuardedStore {
-    pub async fn bloom_check(
+    pub(crate) async fn bloom_check(
         &self,
         keys: &BloomKeys,
         signature: &str,
@@ -23,7 +23,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn bloom_begin(
+    pub(crate) async fn bloom_begin(
         &self,
         keys: &BloomKeys,
         owner: &str,
@@ -37,7 +37,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn bloom_set_bits(
+    pub(crate) async fn bloom_set_bits(
         &self,
         candidate: &str,
         positions: &[u64],
@@ -51,7 +51,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn bloom_renew(
+    pub(crate) async fn bloom_renew(
         &self,
         keys: &BloomKeys,
         owner: &str,
@@ -64,7 +64,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn bloom_activate(
+    pub(crate) async fn bloom_activate(
         &self,
         keys: &BloomKeys,
         owner: &str,
@@ -77,12 +77,16 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn bloom_add(&self, keys: &BloomKeys, positions: &[u64]) -> Result<(), StoreError> {
+    pub(crate) async fn bloom_add(
+        &self,
+        keys: &BloomKeys,
+        positions: &[u64],
+    ) -> Result<(), StoreError> {
         self.call(Op::BloomAdd, &keys.bits, |s| s.bloom_add(keys, positions))
             .await
     }
 
-    pub async fn bloom_disable(
+    pub(crate) async fn bloom_disable(
         &self,
         keys: &BloomKeys,
         owner: Option<&str>,
@@ -91,12 +95,12 @@ impl GuardedStore {
             .await
     }
 
-    pub async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
+    pub(crate) async fn bloom_bitcount(&self, bits: &str) -> Result<u64, StoreError> {
         self.call(Op::BloomBuild, bits, |s| s.bloom_bitcount(bits))
             .await
     }
 
-    pub async fn bloom_claim_interval(
+    pub(crate) async fn bloom_claim_interval(
         &self,
         keys: &BloomKeys,
         owner: &str,

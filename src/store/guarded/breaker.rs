@@ -1,4 +1,4 @@
-//! The store circuit breaker (SPEC §5.5).
+//! The store circuit breaker (docs/architecture.md#circuit-breaker).
 //!
 //! ```text
 //!            failure                 cooldown over: next call is THE probe
@@ -35,7 +35,7 @@ const PROBE_WAIT: Duration = Duration::from_millis(10);
 
 /// Where the breaker stands (see the module diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     /// Calls go to the store.
     Closed,
     /// Calls skip the store until `until`; the first call after it probes.
@@ -46,7 +46,7 @@ pub enum BreakerState {
 
 /// One breaker per store (per master on Redis Cluster, see
 /// [`super::node_breakers`]); shared by every request of the process.
-pub struct Breaker {
+pub(crate) struct Breaker {
     cooldown: Duration,
     /// Mirrors `state == Closed` so the hot path needs no lock.
     closed: AtomicBool,
@@ -60,7 +60,7 @@ pub struct Breaker {
 /// Permission to make one store call. Report the outcome with
 /// [`Permit::success`] or [`Permit::failure`].
 #[must_use = "report the call's outcome, or a probe is abandoned"]
-pub struct Permit<'a> {
+pub(crate) struct Permit<'a> {
     breaker: &'a Breaker,
     probe: bool,
     reported: bool,
@@ -68,7 +68,7 @@ pub struct Permit<'a> {
 
 impl Breaker {
     /// `gauge` is set to 1 while the breaker is not closed.
-    pub fn new(cooldown: Duration, gauge: IntGauge) -> Breaker {
+    pub(crate) fn new(cooldown: Duration, gauge: IntGauge) -> Breaker {
         gauge.set(0);
         Breaker {
             cooldown,
@@ -81,7 +81,7 @@ impl Breaker {
 
     /// A breaker of a set (one per cluster node): `gauge` is its own,
     /// `total` counts the open breakers of the set.
-    pub fn counted(cooldown: Duration, gauge: IntGauge, total: IntGauge) -> Breaker {
+    pub(crate) fn counted(cooldown: Duration, gauge: IntGauge, total: IntGauge) -> Breaker {
         Breaker {
             total: Some(total),
             ..Breaker::new(cooldown, gauge)
@@ -101,19 +101,19 @@ impl Breaker {
     }
 
     #[cfg(test)]
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         *self.lock()
     }
 
     /// True unless closed (open, or half-open with a probe in flight).
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
     }
 
     /// When [`Breaker::admit`] will let a call through: `None` now (closed,
     /// or the cooldown is over and the next call probes), else the end of
     /// the cooldown (or, while a probe is in flight, a moment later).
-    pub fn admits_at(&self) -> Option<Instant> {
+    pub(crate) fn admits_at(&self) -> Option<Instant> {
         if self.closed.load(Ordering::Acquire) {
             return None;
         }
@@ -127,7 +127,7 @@ impl Breaker {
     }
 
     /// Admits a call, or refuses it with [`StoreError::BreakerOpen`].
-    pub fn admit(&self) -> Result<Permit<'_>, StoreError> {
+    pub(crate) fn admit(&self) -> Result<Permit<'_>, StoreError> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(self.permit(false));
         }
@@ -148,7 +148,7 @@ impl Breaker {
     /// instead of at the next probe after the cooldown. A failed early
     /// call changes nothing, so the breaker's other callers see it as
     /// if none had been made.
-    pub fn close_early(&self) {
+    pub(crate) fn close_early(&self) {
         let mut state = self.lock();
         if *state != BreakerState::Closed {
             *state = BreakerState::Closed;
@@ -228,16 +228,16 @@ impl Breaker {
 
 impl Permit<'_> {
     /// True if this call is the half-open probe.
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.probe
     }
 
-    pub fn success(mut self) {
+    pub(crate) fn success(mut self) {
         self.reported = true;
         self.breaker.on_success(self.probe);
     }
 
-    pub fn failure(mut self, error: &StoreError) {
+    pub(crate) fn failure(mut self, error: &StoreError) {
         self.reported = true;
         self.breaker.on_failure(self.probe, Some(error));
     }

@@ -1,9 +1,10 @@
 //! The invalidation feeds' breakers and their early probe.
 //!
 //! The invalidation feeds (outbox, stream) keep a breaker of their own
-//! (issue 20): a request-path breaker opened by one slow read must not stop
-//! invalidations that would succeed, and a feed needs to know whether *its*
-//! calls reach the store to decide whether to take events at all
+//! (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events): a
+//! request-path breaker opened by one slow read must not stop invalidations
+//! that would succeed, and a feed needs to know whether *its* calls reach the
+//! store to decide whether to take events at all
 //! ([`super::GuardedStore::feeds_ready_at`]). One per master on a cluster,
 //! as on the request path: a dead master must not stop the invalidations of
 //! the others' keys either.

@@ -7,7 +7,6 @@ use super::node_breakers::pick;
 use super::{GuardedStore, Op};
 use crate::store::backend::Store;
 use crate::store::protocol::{StoreError, WitnessSlot};
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use std::time::Duration;
 impl GuardedStore {
     /// `None` if a feed's store call would be let through now, else when
     /// it will be (`FeedBreakers::ready_at`).
-    pub fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn feeds_ready_at(&self) -> Option<tokio::time::Instant> {
         self.feeds.ready_at()
     }
 
@@ -23,7 +22,7 @@ impl GuardedStore {
     /// of the feeds' breaker's cooldown, or as soon as the store answers a
     /// `PING`, bounded by the command timeout
     /// (`FeedBreakers::ready`).
-    pub async fn feeds_ready(&self) {
+    pub(crate) async fn feeds_ready(&self) {
         self.feeds
             .ready(|| async {
                 let ping = self.inner.ping();
@@ -56,12 +55,15 @@ impl GuardedStore {
         out
     }
 
-    pub async fn invalidate(
+    /// One object's invalidation, for the pipeline's tests (sources go
+    /// through `invalidate_many` and `invalidate_marked`).
+    #[cfg(test)]
+    pub(crate) async fn invalidate(
         &self,
         gen_key: &str,
         nonce: &str,
         gen_ttl: Duration,
-    ) -> Result<Bytes, StoreError> {
+    ) -> Result<bytes::Bytes, StoreError> {
         self.call(Op::Invalidate, gen_key, |s| {
             s.invalidate(gen_key, nonce, gen_ttl)
         })
@@ -70,7 +72,7 @@ impl GuardedStore {
 
     /// [`crate::store::FeedStore::invalidate_marked`], counted and timed as one `invalidate`
     /// call. The feeds' call: through the feeds' breaker.
-    pub async fn invalidate_marked(
+    pub(crate) async fn invalidate_marked(
         &self,
         gen_keys: &[String],
         marks: &[String],
@@ -91,7 +93,7 @@ impl GuardedStore {
 
     /// [`crate::store::FeedStore::witness`], through the feeds' breaker: it is feed work,
     /// and a witness whose feeds' store fails should not hold its slot.
-    pub async fn witness(
+    pub(crate) async fn witness(
         &self,
         slots: &[String],
         owner: &str,
@@ -143,9 +145,9 @@ mod tests {
         results.remove(0)
     }
 
-    /// Issue 20: one slow read opens the request path's breaker; the
-    /// feeds' invalidations still reach the store, and a feed failure opens
-    /// only the feeds' breaker.
+    /// One slow read opens the request path's breaker; the feeds' invalidations
+    /// still reach the store, and a feed failure opens only the feeds' breaker
+    /// (docs/invalidation.md#an-instance-whose-store-fails-takes-no-events).
     #[tokio::test(start_paused = true)]
     async fn feeds_keep_their_own_breaker() {
         let metrics = Metrics::new();

@@ -4,8 +4,8 @@
 //! around the backend call -> outcome reported to the breaker, failures
 //! counted in `sidecache_store_errors_total{op}`. The timeout is what bounds
 //! a request's wait on a dead or paused Redis; the client's own reconnect
-//! backoff never decides it (CRATES.md: a killed server held commands for
-//! 8 s+ otherwise).
+//! backoff never decides it (a killed server held commands for 8 s+ otherwise:
+//! docs/architecture.md#redis-rs).
 //!
 //! A business "no" (lease taken, publish rejected, compare-and-delete
 //! mismatch) is a successful call. So, for the breaker, is a write the store
@@ -24,8 +24,8 @@
 //! calls it wraps are in one file per capability, as the traits are:
 //! `object.rs`, `feeds.rs`, `tags.rs`, `bloom.rs`.
 
-pub mod breaker;
-pub mod node_breakers;
+pub(crate) mod breaker;
+pub(crate) mod node_breakers;
 
 mod bloom;
 mod feed_breakers;
@@ -173,7 +173,7 @@ impl GuardedStore {
 
     /// Invalidations may take `wait` longer than other calls: they wait for
     /// replicas (`store.redis.replicas_timeout`).
-    pub fn with_replicas_wait(mut self, wait: Duration) -> GuardedStore {
+    pub(crate) fn with_replicas_wait(mut self, wait: Duration) -> GuardedStore {
         self.replicas_wait = wait;
         self
     }

@@ -1,7 +1,7 @@
-//! One breaker per Redis Cluster master (issue 15): a call is admitted by
-//! the breaker of the master serving its key's slot ([`SlotMap`]), so a
-//! dead master degrades only the keys of its own slots while the others go
-//! on being served.
+//! One breaker per Redis Cluster master (docs/operations.md#redis-cluster): a
+//! call is admitted by the breaker of the master serving its key's slot
+//! ([`SlotMap`]), so a dead master degrades only the keys of its own slots
+//! while the others go on being served.
 //!
 //! Breakers are made on first use per `host:port` and kept (a handful per
 //! cluster; a failover adds one). Each has its own gauge
@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The label of the breaker for keys no known master serves.
-pub const UNROUTED: &str = "unrouted";
+pub(crate) const UNROUTED: &str = "unrouted";
 
-pub struct NodeBreakers {
+pub(crate) struct NodeBreakers {
     map: Arc<SlotMap>,
     cooldown: Duration,
     gauges: IntGaugeVec,
@@ -41,7 +41,7 @@ pub struct NodeBreakers {
 
 impl NodeBreakers {
     /// `gauges{node}` per breaker; `total` counts the open ones.
-    pub fn new(
+    pub(crate) fn new(
         map: Arc<SlotMap>,
         cooldown: Duration,
         gauges: IntGaugeVec,
@@ -65,7 +65,7 @@ impl NodeBreakers {
     }
 
     /// The breaker guarding `key`.
-    pub fn for_key(&self, key: &[u8]) -> Arc<Breaker> {
+    pub(crate) fn for_key(&self, key: &[u8]) -> Arc<Breaker> {
         match self.map.node_of(key) {
             Some(node) => self.for_node(node),
             None => self.unrouted.clone(),
@@ -73,7 +73,7 @@ impl NodeBreakers {
     }
 
     /// The master serving `key`, if known.
-    pub fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
+    pub(crate) fn node_of(&self, key: &[u8]) -> Option<Arc<str>> {
         self.map.node_of(key)
     }
 
@@ -98,7 +98,7 @@ impl NodeBreakers {
     }
 
     /// True while any breaker of the set is open.
-    pub fn any_open(&self) -> bool {
+    pub(crate) fn any_open(&self) -> bool {
         self.unrouted.is_open() || self.by_node.load().values().any(|b| b.is_open())
     }
 
@@ -106,7 +106,7 @@ impl NodeBreakers {
     /// time one will (every master known so far refuses: the store as a
     /// whole is unavailable). Before any master is known, the `unrouted`
     /// breaker's answer.
-    pub fn all_refuse_until(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn all_refuse_until(&self) -> Option<tokio::time::Instant> {
         let nodes = self.by_node.load();
         if nodes.is_empty() {
             return self.unrouted.admits_at();
@@ -120,7 +120,7 @@ impl NodeBreakers {
     }
 
     /// [`Breaker::close_early`] on every breaker of the set.
-    pub fn close_all_early(&self) {
+    pub(crate) fn close_all_early(&self) {
         self.unrouted.close_early();
         for breaker in self.by_node.load().values() {
             breaker.close_early();

@@ -27,30 +27,30 @@ impl GuardedStore {
 
     /// What the near cache holds for `keys`, counted as a near-cache hit
     /// or miss; never waits.
-    pub fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+    pub(crate) fn read_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         self.inner.read_near(keys)
     }
 
     /// Whether there is a near cache for [`Self::read_near`] to ask.
-    pub fn has_near(&self) -> bool {
+    pub(crate) fn has_near(&self) -> bool {
         self.inner.has_near()
     }
 
     /// [`Self::read`] after [`Self::read_near`] found nothing: not counted
     /// as a second near-cache lookup.
-    pub async fn read_far(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
+    pub(crate) async fn read_far(&self, keys: &ObjectKeys) -> Result<Snapshot, StoreError> {
         self.call(Op::Read, keys.generation(), |s| s.read(keys))
             .await
     }
 
     /// Everything stored for one variant, with TTLs (`/admin/lookup`).
-    pub async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
+    pub(crate) async fn inspect(&self, keys: &ObjectKeys) -> Result<Inspection, StoreError> {
         self.call(Op::Inspect, keys.generation(), |s| s.inspect(keys))
             .await
     }
 
     /// What the near cache holds for `keys`, not counted as a lookup.
-    pub fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+    pub(crate) fn peek_near(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         self.inner.peek_near(keys)
     }
 
@@ -92,7 +92,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn publish_checked(
+    pub(crate) async fn publish_checked(
         &self,
         keys: &ObjectKeys,
         owner: &str,
@@ -131,7 +131,7 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn renew_lease(
+    pub(crate) async fn renew_lease(
         &self,
         lease_key: &str,
         owner: &str,
@@ -143,12 +143,16 @@ impl GuardedStore {
         .await
     }
 
-    pub async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn unlock(&self, lease_key: &str, owner: &str) -> Result<bool, StoreError> {
         self.call(Op::Unlock, lease_key, |s| s.unlock(lease_key, owner))
             .await
     }
 
-    pub async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
+    pub(crate) async fn delete_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+    ) -> Result<bool, StoreError> {
         self.call(Op::DeleteIfEquals, key, |s| {
             s.delete_if_equals(key, expected)
         })

@@ -12,7 +12,7 @@ use std::time::Duration;
 impl GuardedStore {
     /// Whether every stamped tag generation is current, from the near cache
     /// alone (`None`: it does not hold them all).
-    pub fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+    pub(crate) fn tags_current_near(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         self.inner.tags_current_near(stamped)
     }
 
@@ -33,7 +33,10 @@ impl GuardedStore {
 
     /// The current value of each key (tag generations, an object's tag
     /// list), from the near cache where it holds them all.
-    pub async fn read_tags(&self, tag_keys: &[&str]) -> Result<Vec<Option<Bytes>>, StoreError> {
+    pub(crate) async fn read_tags(
+        &self,
+        tag_keys: &[&str],
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
         self.read_tags_as(Op::Read, tag_keys).await
     }
 
@@ -78,7 +81,7 @@ impl GuardedStore {
                 .all(|(now, (_, then))| now.as_ref() == Some(then)))
     }
 
-    pub async fn remember_tags(
+    pub(crate) async fn remember_tags(
         &self,
         list_key: &str,
         tags: &str,
@@ -93,7 +96,7 @@ impl GuardedStore {
     /// Raises version floors; counted and timed as one `invalidate` call.
     /// `feed`: for the feeds' events, through the feeds' breaker (as
     /// `invalidate_marked`).
-    pub async fn raise_floors(
+    pub(crate) async fn raise_floors(
         &self,
         floors: &[(String, i64)],
         gen_ttl: Duration,

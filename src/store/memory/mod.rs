@@ -1,5 +1,6 @@
-//! The embedded in-process store (SPEC §5.4): the generation protocol of
-//! `lua/*.lua` on one mutex-guarded map, for a single instance without Redis.
+//! The embedded in-process store (docs/architecture.md#embedded-store): the
+//! generation protocol of `lua/*.lua` on one mutex-guarded map, for a single
+//! instance without Redis.
 //!
 //! Every key the protocol writes has a TTL, measured with
 //! `tokio::time::Instant` so tests can drive expiry with paused time.

@@ -18,7 +18,7 @@ use redis::{
 use std::net::SocketAddr;
 
 /// A client for `info`, with the certificates of `tls` if given.
-pub fn client(info: impl IntoConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<Client> {
+pub(crate) fn client(info: impl IntoConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<Client> {
     crate::tls::use_ring();
     match tls {
         Some(tls) => Client::build_with_tls(info, certificates(tls)),
@@ -27,7 +27,7 @@ pub fn client(info: impl IntoConnectionInfo, tls: Option<&RedisTls>) -> RedisRes
 }
 
 /// `store.redis.tls` in redis-rs's form.
-pub fn certificates(tls: &RedisTls) -> TlsCertificates {
+pub(crate) fn certificates(tls: &RedisTls) -> TlsCertificates {
     TlsCertificates {
         client_tls: tls
             .client
@@ -41,7 +41,7 @@ pub fn certificates(tls: &RedisTls) -> TlsCertificates {
 }
 
 /// For a failed TLS handshake, the error rephrased to name what to check.
-pub fn tls_failure(e: &RedisError) -> Option<String> {
+pub(crate) fn tls_failure(e: &RedisError) -> Option<String> {
     let detail = crate::tls::rustls_failure(e)?;
     Some(format!(
         "TLS handshake with redis failed: {detail} (check store.redis.tls.ca_file against \
@@ -56,14 +56,14 @@ pub fn tls_failure(e: &RedisError) -> Option<String> {
 /// name as its host, and this resolver sends that name to the real host.
 /// Any other name resolves as usual.
 #[derive(Clone)]
-pub struct Pinned {
+pub(crate) struct Pinned {
     name: String,
     host: String,
 }
 
 impl Pinned {
     /// The host the server name stands for.
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         &self.host
     }
 }
@@ -85,7 +85,10 @@ impl AsyncDNSResolver for Pinned {
 /// `info` as it must be given to redis-rs with `tls`'s server name: the
 /// TLS address's host replaced by the name, and the resolver that finds the
 /// real host (`None`: no server name, or no TLS; `info` unchanged).
-pub fn pin(info: ConnectionInfo, tls: Option<&RedisTls>) -> (ConnectionInfo, Option<Pinned>) {
+pub(crate) fn pin(
+    info: ConnectionInfo,
+    tls: Option<&RedisTls>,
+) -> (ConnectionInfo, Option<Pinned>) {
     let Some(name) = tls.and_then(|t| t.server_name.clone()) else {
         return (info, None);
     };
@@ -108,7 +111,7 @@ pub fn pin(info: ConnectionInfo, tls: Option<&RedisTls>) -> (ConnectionInfo, Opt
 }
 
 /// `config` with `pinned`'s resolver, if any.
-pub fn resolve_with(
+pub(crate) fn resolve_with(
     config: AsyncConnectionConfig,
     pinned: Option<&Pinned>,
 ) -> AsyncConnectionConfig {

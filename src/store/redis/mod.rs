@@ -4,7 +4,8 @@
 //! (`cluster_async`), each behind the `connection` handle every call
 //! takes. Clients are built (TLS) by [`client`]. Every multi-key operation
 //! is a script from [`scripts`]; all keys of one object share a hash slot
-//! (SPEC §5.2), so `MGET` and the scripts work on Cluster too.
+//! (docs/architecture.md#key-layout), so `MGET` and the scripts work on Cluster
+//! too.
 //!
 //! This file holds the topology: which connections [`RedisStore::connect`]
 //! makes for the configured target, and the background tasks that keep
@@ -13,7 +14,7 @@
 //! lives in one file per capability, as the traits do: `object.rs`,
 //! `feeds.rs`, `tags.rs`, `bloom.rs`.
 //!
-//! Failure behaviour (see `shared/CRATES.md`, measured on redis-rs 1.8):
+//! Failure behaviour (measured on redis-rs 1.8: docs/architecture.md#redis-rs):
 //! - Construction never touches the network. sidecache starts with Redis
 //!   down and serves degraded; the connection is made on first use and kept
 //!   alive by a heartbeat task, so a Redis that comes back is reconnected in
@@ -28,13 +29,13 @@
 //!   `ClusterConfig` then replaces the per-node one (with `None` unless set),
 //!   so it is set in both places. The cluster test fails without them.
 
-pub mod client;
-pub mod near;
-pub mod near_tracking;
-pub mod node;
-pub mod scripts;
-pub mod sentinel;
-pub mod slots;
+pub(crate) mod client;
+pub(crate) mod near;
+pub(crate) mod near_tracking;
+pub(crate) mod node;
+pub(crate) mod scripts;
+pub(crate) mod sentinel;
+pub(crate) mod slots;
 
 mod bloom;
 mod connection;

@@ -60,8 +60,9 @@ use redis::{PushInfo, PushKind, Value};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Epoch buckets: a push refuses the in-flight inserts of 1/64th of the
 /// objects, not of all of them.
@@ -97,7 +98,7 @@ impl quick_cache::Weighter<Box<str>, Arc<Object>> for ByBytes {
 
 /// A tracked connection's identity and the last time it proved that no
 /// push is missing (what objects read over it refer to).
-pub struct Link {
+pub(crate) struct Link {
     pub id: u64,
     /// Nanoseconds from the cache's `base` to the sending of the last
     /// heartbeat the connection answered; 0: none yet.
@@ -105,7 +106,7 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(id: u64) -> Arc<Link> {
+    pub(crate) fn new(id: u64) -> Arc<Link> {
         Arc::new(Link {
             id,
             confirmed: AtomicU64::new(0),
@@ -114,7 +115,7 @@ impl Link {
 }
 
 /// A connection reads go over while tracking is on.
-pub struct Tracked {
+pub(crate) struct Tracked {
     pub link: Arc<Link>,
     /// `host:port` of the node (Cluster: as in `CLUSTER SLOTS`).
     pub node: Arc<str>,
@@ -132,7 +133,7 @@ struct NearMetrics {
     tracking: IntGauge,
 }
 
-pub struct NearCache {
+pub(crate) struct NearCache {
     objects: quick_cache::sync::Cache<Box<str>, Arc<Object>, ByBytes>,
     /// Single keys by their full name (tag generations `<ns>t:{<tag>}:g`,
     /// objects' tag lists) -> (value, read at, connection), for the hit
@@ -172,7 +173,11 @@ fn split_key(key: &str) -> Option<(&str, &str)> {
 
 impl NearCache {
     /// `route`: on a Cluster, the slot map that picks a key's connection.
-    pub fn new(cfg: &NearCacheConfig, route: Option<Arc<SlotMap>>, metrics: &Metrics) -> NearCache {
+    pub(crate) fn new(
+        cfg: &NearCacheConfig,
+        route: Option<Arc<SlotMap>>,
+        metrics: &Metrics,
+    ) -> NearCache {
         let estimated_items = usize::try_from(cfg.max_bytes / 2048)
             .unwrap_or(1 << 20)
             .max(64);
@@ -233,7 +238,7 @@ impl NearCache {
 
     /// The object's entry and generation if held and younger than
     /// `max_age`; counted as a near-cache hit or miss.
-    pub fn get(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+    pub(crate) fn get(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         let found = self.peek(keys);
         match found {
             Some(_) => self.metrics.hits.inc(),
@@ -243,7 +248,7 @@ impl NearCache {
     }
 
     /// [`Self::get`] without counting (for a second look in the same read).
-    pub fn peek(&self, keys: &ObjectKeys) -> Option<Snapshot> {
+    pub(crate) fn peek(&self, keys: &ObjectKeys) -> Option<Snapshot> {
         let (object, suffix) = split_key(keys.entry())?;
         let obj = self.objects.get(object)?;
         let now = Instant::now();
@@ -260,7 +265,7 @@ impl NearCache {
 
     /// The value of each key if all are held and younger than `max_age`
     /// (a partial answer is no answer: one round trip reads all).
-    pub fn tags(&self, keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
+    pub(crate) fn tags(&self, keys: &[&str]) -> Option<Vec<Option<Bytes>>> {
         let now = Instant::now();
         keys.iter()
             .map(|k| {
@@ -273,7 +278,7 @@ impl NearCache {
     /// Whether every stamped `(key, generation)` is current: `Some(false)`
     /// as soon as a held value differs, `None` if one is not held (or too
     /// old). Allocates nothing: this is a tagged hit's whole extra cost.
-    pub fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
+    pub(crate) fn tags_current(&self, stamped: &[(Bytes, Bytes)]) -> Option<bool> {
         let now = Instant::now();
         for (key, generation) in stamped {
             let (value, read_at, link) = self.tags.get(key.as_ref())?;
@@ -289,7 +294,7 @@ impl NearCache {
 
     /// The epoch to note before sending a read of `key` (any key with a
     /// hash tag: an object's or a tag's).
-    pub fn key_epoch(&self, key: &str) -> u64 {
+    pub(crate) fn key_epoch(&self, key: &str) -> u64 {
         match split_key(key) {
             Some((object, _)) => self.bucket(object).load(Ordering::Acquire),
             None => u64::MAX,
@@ -299,7 +304,7 @@ impl NearCache {
     /// Keeps a tag generation a read over tracked connection `conn`
     /// returned, unless anything invalidated its bucket since `epoch` was
     /// noted.
-    pub fn offer_tag(&self, key: &str, epoch: u64, link: &Arc<Link>, value: &Bytes) {
+    pub(crate) fn offer_tag(&self, key: &str, epoch: u64, link: &Arc<Link>, value: &Bytes) {
         let Some((object, _)) = split_key(key) else {
             return;
         };
@@ -314,7 +319,7 @@ impl NearCache {
 
     /// The tracked connection a read of `key` goes over, if it is up: the
     /// one node's, or (Cluster) that of the master owning `key`'s slot.
-    pub fn tracked_for(&self, key: &str) -> Option<Arc<Tracked>> {
+    pub(crate) fn tracked_for(&self, key: &str) -> Option<Arc<Tracked>> {
         let tracked = self.tracked.load();
         match &self.route {
             None => tracked.first().cloned(),
@@ -326,12 +331,12 @@ impl NearCache {
     }
 
     /// How many tracked connections are up.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.tracked.load().len()
     }
 
     /// The epoch to note before sending a read of `keys`.
-    pub fn epoch(&self, keys: &ObjectKeys) -> u64 {
+    pub(crate) fn epoch(&self, keys: &ObjectKeys) -> u64 {
         self.key_epoch(keys.entry())
     }
 
@@ -339,7 +344,13 @@ impl NearCache {
     /// anything invalidated the object's bucket since `epoch` was noted.
     /// Only complete hits are kept (entry and generation present); the
     /// pipeline still judges them.
-    pub fn offer(&self, keys: &ObjectKeys, epoch: u64, link: &Arc<Link>, snapshot: &Snapshot) {
+    pub(crate) fn offer(
+        &self,
+        keys: &ObjectKeys,
+        epoch: u64,
+        link: &Arc<Link>,
+        snapshot: &Snapshot,
+    ) {
         let (Some(entry), Some(generation)) = (&snapshot.entry, &snapshot.generation) else {
             return;
         };
@@ -386,7 +397,7 @@ impl NearCache {
 
     /// Drops the object `key` belongs to (any of its keys will do) and
     /// refuses reads of it that are in flight.
-    pub fn forget(&self, key: &[u8]) {
+    pub(crate) fn forget(&self, key: &[u8]) {
         let Ok(key) = std::str::from_utf8(key) else {
             return;
         };
@@ -401,7 +412,7 @@ impl NearCache {
     }
 
     /// Drops everything and refuses every read in flight.
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         let _guard = self.lock();
         for epoch in &self.epochs {
             epoch.fetch_add(1, Ordering::AcqRel);
@@ -452,7 +463,7 @@ impl NearCache {
     /// Connection `id` can no longer be trusted to deliver pushes: stop
     /// using it and drop what was read over it. A no-op for a connection
     /// that was already replaced.
-    pub fn lost(&self, id: u64) {
+    pub(crate) fn lost(&self, id: u64) {
         self.drop_where(|t| t.link.id == id);
     }
 
@@ -492,7 +503,7 @@ impl NearCache {
 
     /// Handles a push from connection `id` (called by its reader, in order
     /// with the replies).
-    pub fn on_push(&self, id: u64, push: PushInfo) {
+    pub(crate) fn on_push(&self, id: u64, push: PushInfo) {
         match push.kind {
             PushKind::Invalidate => match push.data.first() {
                 Some(Value::Array(keys)) => {

@@ -27,18 +27,19 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo, RedisResult};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
 
 /// A tracked connection's client, with the resolver of
 /// `store.redis.tls.server_name` when one is set.
-pub struct TrackedClient {
+pub(crate) struct TrackedClient {
     client: redis::Client,
     pinned: Option<Pinned>,
 }
 
 /// Where a keeper gets the client of its node.
-pub enum Source {
+pub(crate) enum Source {
     /// Single node, or one Cluster master.
     Fixed(Arc<TrackedClient>),
     /// Sentinel: the current primary's client, replaced on a switch
@@ -69,7 +70,10 @@ impl Source {
 /// A client for tracked connections to `info` (its host as configured):
 /// RESP3 (invalidation pushes need it), with `store.redis.tls` and its
 /// server name.
-pub fn tracked_client(info: ConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<TrackedClient> {
+pub(crate) fn tracked_client(
+    info: ConnectionInfo,
+    tls: Option<&RedisTls>,
+) -> RedisResult<TrackedClient> {
     let (info, pinned) = redis_client::pin(info, tls);
     resp3_client(info, tls, pinned)
 }
@@ -92,7 +96,7 @@ fn resp3_client(
 /// Sentinel: the primary switched to `client`'s node (`pinned`: its
 /// server name's resolver, if any). Nothing read from the old primary may
 /// be served from now on, and the keeper connects to the new one.
-pub fn primary_switched(
+pub(crate) fn primary_switched(
     near: &NearCache,
     source: &ArcSwapOption<TrackedClient>,
     client: &redis::Client,
@@ -112,7 +116,7 @@ pub fn primary_switched(
 
 /// Cluster: the slot map changed (a failover, a slot moved). Writes to a
 /// moved slot now go to a master that does not know what we hold.
-pub fn on_slots_changed(near: &NearCache) {
+pub(crate) fn on_slots_changed(near: &NearCache) {
     // Nothing was read over a tracked connection before the first table.
     if near.connections() > 0 {
         tracing::info!("near cache: cluster slot map changed, cache emptied");
@@ -125,7 +129,7 @@ pub fn on_slots_changed(near: &NearCache) {
 /// every `every`), to the master's address with the settings of
 /// `template` (the first `store.redis.cluster` URL). Runs until aborted
 /// (its per-node keepers with it).
-pub async fn keep_cluster(
+pub(crate) async fn keep_cluster(
     near: Arc<NearCache>,
     map: Arc<SlotMap>,
     template: ConnectionInfo,
@@ -196,7 +200,7 @@ fn node_info(template: &ConnectionInfo, node: &str) -> Option<ConnectionInfo> {
 /// Keeps a tracked connection up for `near` to `source`'s node: connect,
 /// turn tracking on, install it, ping it every `every`; on loss, reconnect
 /// with a capped backoff. Runs until aborted.
-pub async fn keep_tracked(
+pub(crate) async fn keep_tracked(
     near: Arc<NearCache>,
     source: Source,
     every: Duration,

@@ -37,14 +37,14 @@ pub(super) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// Response and connect timeouts of a node's connection.
 #[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     pub response: Duration,
     pub connect: Duration,
 }
 
 /// One node's connection; clones share it.
 #[derive(Clone)]
-pub enum Node {
+pub(crate) enum Node {
     Manager(ConnectionManager),
     Pinned(Remade),
 }
@@ -52,7 +52,11 @@ pub enum Node {
 impl Node {
     /// A node connection to `client` (not connected yet); `pinned`: the
     /// resolver of a server name ([`redis_client::pin`]).
-    pub fn new(client: Client, pinned: Option<Pinned>, timeouts: Timeouts) -> RedisResult<Node> {
+    pub(crate) fn new(
+        client: Client,
+        pinned: Option<Pinned>,
+        timeouts: Timeouts,
+    ) -> RedisResult<Node> {
         match pinned {
             None => {
                 // Capped reconnects (module doc of `super`).
@@ -109,7 +113,7 @@ type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>
 
 /// A multiplexed connection made on first use and again after a failure.
 #[derive(Clone)]
-pub struct Remade(Arc<Inner>);
+pub(crate) struct Remade(Arc<Inner>);
 
 struct Inner {
     client: Client,

@@ -1,5 +1,6 @@
-//! The Lua scripts of the generation protocol (SPEC §5.3), embedded from
-//! `lua/*.lua` at build time so the binary and its scripts cannot drift.
+//! The Lua scripts of the generation protocol
+//! (docs/architecture.md#lua-scripts), embedded from `lua/*.lua` at build time
+//! so the binary and its scripts cannot drift.
 //!
 //! Each script is a [`redis::Script`]: `invoke_async` sends `EVALSHA` and, on
 //! `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`, failover to a replica that
@@ -21,7 +22,7 @@ macro_rules! scripts {
     ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
         $(
             $(#[$doc])*
-            pub static $name: LazyLock<Script> =
+            pub(crate) static $name: LazyLock<Script> =
                 LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file))));
         )*
         /// (file, source) of every script.
@@ -80,14 +81,14 @@ static BY_HASH: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
 });
 
 /// The source of `script`, one of these.
-pub fn source_of(script: &Script) -> Option<&'static str> {
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
     BY_HASH.get(script.get_hash()).copied()
 }
 
 /// `EVALSHA <sha> <numkeys> <keys and args>` of one of these scripts as
 /// `EVAL <source> ...` (the same keys, so it is routed to the same node);
 /// `None` for any other command.
-pub fn eval_of(cmd: &Cmd) -> Option<Cmd> {
+pub(crate) fn eval_of(cmd: &Cmd) -> Option<Cmd> {
     let mut args = cmd.args_iter();
     match args.next()? {
         Arg::Simple(name) if name.eq_ignore_ascii_case(b"EVALSHA") => {}
@@ -110,7 +111,8 @@ pub fn eval_of(cmd: &Cmd) -> Option<Cmd> {
 mod tests {
     use super::*;
 
-    /// SPEC §5.3: every script documents KEYS, ARGV and its return values.
+    /// Every script documents KEYS, ARGV and its return values
+    /// (docs/architecture.md#lua-scripts).
     #[test]
     fn scripts_have_contract_headers() {
         for (name, src) in SOURCES {

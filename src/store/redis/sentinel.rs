@@ -33,11 +33,11 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 /// The current primary's connection; empty until the sentinels named one.
-pub type Primary = Arc<ArcSwapOption<Node>>;
+pub(crate) type Primary = Arc<ArcSwapOption<Node>>;
 
 /// A client that asks `target`'s sentinels for the primary and hands out
 /// clients for it (over TLS with `tls`).
-pub fn client(
+pub(crate) fn client(
     target: &SentinelTarget,
     tls: Option<&RedisTls>,
     tcp: TcpSettings,
@@ -91,7 +91,7 @@ pub fn client(
 /// with a server name that check cannot pass, so then the lookup is done
 /// here: the first sentinel that answers names the primary, whose `ROLE`
 /// is checked over a connection verified against the server name.
-pub async fn primary(
+pub(crate) async fn primary(
     sentinel: &mut SentinelClient,
     target: &SentinelTarget,
     tls: Option<&RedisTls>,
@@ -147,7 +147,7 @@ pub async fn primary(
 /// `tls`'s server name, if any). `switched` runs with the new primary's
 /// client before calls go to it (the near cache drops what it read from
 /// the old one).
-pub async fn follow(
+pub(crate) async fn follow(
     mut sentinel: SentinelClient,
     target: SentinelTarget,
     tls: Option<RedisTls>,

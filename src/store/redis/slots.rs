@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Refreshes `map` from `conn` every `every`; each call bounded by
 /// `timeout`. `changed` runs right after a refresh that changed the table.
-pub async fn keep_current(
+pub(crate) async fn keep_current(
     map: Arc<SlotMap>,
     conn: ClusterConnection,
     every: Duration,
@@ -66,7 +66,7 @@ async fn ping_masters(map: &SlotMap, conn: &ClusterConnection, timeout: Duration
 
 /// `CLUSTER SLOTS`: `[[start, end, [host, port, id, ...], replicas...], ...]`
 /// as slot ranges (`None`: not that shape).
-pub fn parse(reply: &Value) -> Option<Vec<SlotRange>> {
+pub(crate) fn parse(reply: &Value) -> Option<Vec<SlotRange>> {
     let Value::Array(ranges) = reply else {
         return None;
     };

@@ -1,13 +1,12 @@
-//! Bloom filter operations of the store (SPEC §6): activation, signature
-//! and size checks, the build lock and its renewal, adds that reach the
-//! active filter and a running build, a crashed build.
+//! Bloom filter operations of the store (docs/architecture.md#bloom-filter):
+//! activation, signature and size checks, the build lock and its renewal, adds
+//! that reach the active filter and a running build, a crashed build.
 
 use super::eventually;
-use sidecache::bloom::hash::{positions, signature};
-use sidecache::config::bloom_sizing::Sizing;
+use sidecache::bloom::{positions, signature};
+use sidecache::config::Sizing;
 use sidecache::keys::BloomKeys;
-use sidecache::store::bloom::BloomAnswer;
-use sidecache::store::Store;
+use sidecache::store::{BloomAnswer, Store};
 use std::time::Duration;
 
 const BLOOM_SIZE: Sizing = Sizing { m: 1024, k: 4 };

@@ -6,8 +6,7 @@
 use super::{eventually, keys, redis_config, COMMAND_TIMEOUT, COOLDOWN, GEN_TTL};
 use crate::support::redis::RedisServer;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, StoreError};
+use sidecache::store::{GuardedStore, RedisStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -7,8 +7,7 @@ use bytes::Bytes;
 use sidecache::config::{RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{GuardedStore, LeaseReply, ObjectStore, PublishOutcome, Store};
+use sidecache::store::{GuardedStore, LeaseReply, ObjectStore, PublishOutcome, RedisStore, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -80,14 +79,14 @@ async fn cluster_runs_the_suite_survives_script_flush_and_times_out() {
     .await;
 }
 
-/// Per-master breakers (issue 15): one of three masters is killed. Keys
-/// on the other two are still read (the entries published before are
-/// there), also after the cluster marked the dead master failed (node
-/// timeout 2 s; `cluster-require-full-coverage no`, else Redis itself
-/// refuses every key); keys on the dead one fail and open only its
-/// breaker; a tag check that needs the dead master fails instead of
-/// showing the tag current (SPEC §5.1); after a restart its keys are
-/// served again and every breaker closes.
+/// Per-master breakers (docs/operations.md#redis-cluster): one of three masters
+/// is killed. Keys on the other two are still read (the entries published
+/// before are there), also after the cluster marked the dead master failed
+/// (node timeout 2 s; `cluster-require-full-coverage no`, else Redis itself
+/// refuses every key); keys on the dead one fail and open only its breaker; a
+/// tag check that needs the dead master fails instead of showing the tag
+/// current (docs/architecture.md#the-serving-rule); after a restart its keys
+/// are served again and every breaker closes.
 #[tokio::test]
 async fn a_dead_master_degrades_only_its_own_slots() {
     let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);

@@ -1,7 +1,8 @@
-//! Version floors and cache tags (issue 13): `raise_floors` keeps the
-//! highest revision, `publish_checked` refuses an answer below the floor or
-//! whose tag generations moved since their tickets (invalidated or lost),
-//! and `tag_tickets` / `read_tags` read what the hit check compares.
+//! Version floors and cache tags (docs/invalidation.md#dependent-invalidation):
+//! `raise_floors` keeps the highest revision, `publish_checked` refuses an
+//! answer below the floor or whose tag generations moved since their tickets
+//! (invalidated or lost), and `tag_tickets` / `read_tags` read what the hit
+//! check compares.
 
 use super::{binary_entry, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
 use sidecache::store::{PublishChecks, PublishOutcome, Store};

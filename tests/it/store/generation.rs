@@ -1,6 +1,7 @@
-//! Generations (SPEC §5.3): a ticket is never absent and stays the same
-//! until an invalidation replaces it; invalidations always give a new value,
-//! commute and are idempotent in effect; a lost generation comes back fresh.
+//! Generations (docs/architecture.md#generation-protocol): a ticket is never
+//! absent and stays the same until an invalidation replaces it; invalidations
+//! always give a new value, commute and are idempotent in effect; a lost
+//! generation comes back fresh.
 
 use super::{binary_entry, eventually, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
 use bytes::Bytes;

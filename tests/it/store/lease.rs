@@ -20,9 +20,10 @@ pub async fn lease_is_set_if_absent(s: &dyn Store) {
     assert!(lease(s, &k, "a", LEASE).await.is_none());
 }
 
-/// Issue 19: a fill whose ticket an invalidation (or a lost generation)
-/// replaced is not waited for; the next attempt takes the lease over, and
-/// the superseded fill can no longer renew, publish or release it.
+/// A fill whose ticket an invalidation (or a lost generation) replaced is not
+/// waited for; the next attempt takes the lease over, and the superseded fill
+/// can no longer renew, publish or release it
+/// (docs/architecture.md#no-older-answer-after-an-invalidation).
 pub async fn lease_of_an_older_generation_is_superseded(s: &dyn Store) {
     let k = keys("supersede");
     let (old, old_ticket) = lease(s, &k, "old", LEASE).await.expect("free");

@@ -1,12 +1,12 @@
-//! One behavioural suite for the `Store` contract (SPEC §5.1, §5.4), run
-//! on every backend: the embedded `MemoryStore` (paused Tokio time, so TTLs
-//! expire virtually), `RedisStore` on a private redis-server started by the
-//! harness (real time), and `RedisStore` with the near cache; the cluster
-//! runs it too (`cluster`). The suite's functions live by concern in
-//! `generation`, `lease`, `publish` and `bloom`; the `suite!` list below
-//! turns each into one test per backend (`memory::…`, `redis::…`,
-//! `redis_near::…`). Then Redis-only tests: the script cache flushed
-//! (`script_flush`), the server down, killed or paused (`breaker`), a
+//! One behavioural suite for the `Store` contract
+//! (docs/testing.md#store-suite), run on every backend: the embedded
+//! `MemoryStore` (paused Tokio time, so TTLs expire virtually), `RedisStore` on
+//! a private redis-server started by the harness (real time), and `RedisStore`
+//! with the near cache; the cluster runs it too (`cluster`). The suite's
+//! functions live by concern in `generation`, `lease`, `publish` and `bloom`;
+//! the `suite!` list below turns each into one test per backend (`memory::…`,
+//! `redis::…`, `redis_near::…`). Then Redis-only tests: the script cache
+//! flushed (`script_flush`), the server down, killed or paused (`breaker`), a
 //! cluster (`cluster`), and the near cache's coherence (`near_cache`).
 //!
 //! No sleep-and-hope: expiry is awaited by polling with a bounded deadline.
@@ -28,8 +28,7 @@ use bytes::Bytes;
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{LeaseReply, Store};
+use sidecache::store::{LeaseReply, RedisStore, Store};
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -143,7 +142,7 @@ macro_rules! suite {
             $(
                 #[tokio::test(start_paused = true)]
                 async fn $name() {
-                    let store = sidecache::store::memory::MemoryStore::new();
+                    let store = sidecache::store::MemoryStore::new();
                     super::$concern::$name(&store).await;
                 }
             )*

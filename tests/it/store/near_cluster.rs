@@ -1,8 +1,9 @@
-//! Redis Cluster with the near cache (issue 15): one tracked connection
-//! per master, reads that may fill go to the master owning the object's
-//! slot. Another instance's writes reach the near cache on every master; a
-//! dead master takes only its own objects out; a slot moved to another
-//! master leaves no stale near hit.
+//! Redis Cluster with the near cache
+//! (docs/operations.md#near-cache-on-redis-cluster): one tracked connection per
+//! master, reads that may fill go to the master owning the object's slot.
+//! Another instance's writes reach the near cache on every master; a dead
+//! master takes only its own objects out; a slot moved to another master leaves
+//! no stale near hit.
 
 use super::near_cache::publish_through;
 use super::{binary_entry, eventually, keys, COOLDOWN, GEN_TTL};
@@ -11,8 +12,7 @@ use bytes::Bytes;
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget};
 use sidecache::keys::ObjectKeys;
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{FeedStore, GuardedStore, ObjectStore, TagStore};
+use sidecache::store::{FeedStore, GuardedStore, ObjectStore, RedisStore, TagStore};
 use std::sync::Arc;
 use std::time::Duration;
 

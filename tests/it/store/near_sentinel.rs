@@ -1,6 +1,6 @@
-//! Redis Sentinel with the near cache (issue 15): the tracked connection
-//! goes to the primary Sentinel names; a switch drops everything read
-//! from the old primary and tracking follows to the new one.
+//! Redis Sentinel with the near cache (docs/operations.md#redis-sentinel): the
+//! tracked connection goes to the primary Sentinel names; a switch drops
+//! everything read from the old primary and tracking follows to the new one.
 
 use super::near_cache::publish_through;
 use super::{binary_entry, eventually, keys, GEN_TTL};
@@ -8,8 +8,7 @@ use crate::support::redis::RedisServer;
 use crate::support::sentinel::{Sentinels, MASTER};
 use sidecache::config::{NearCacheConfig, RedisConfig, RedisTarget, SentinelTarget};
 use sidecache::metrics::Metrics;
-use sidecache::store::redis::RedisStore;
-use sidecache::store::{FeedStore, ObjectStore};
+use sidecache::store::{FeedStore, ObjectStore, RedisStore};
 use std::time::{Duration, Instant};
 
 fn sentinel_store(

@@ -1,6 +1,6 @@
-//! The history checker of `tests/it/history.rs` (issue 19): pure logic over
-//! a recorded history, no I/O, so its verdicts are unit-tested on
-//! hand-made histories below.
+//! The history checker of `tests/it/history.rs`
+//! (docs/testing.md#history-checker): pure logic over a recorded history, no
+//! I/O, so its verdicts are unit-tested on hand-made histories below.
 //!
 //! A history holds every read and write with its invocation and completion
 //! times, every generation value seen in the store (its creation time is
@@ -37,7 +37,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 /// A read returning an older version is stale once the newer one has been
-/// committed this long before the read was invoked (issue 19).
+/// committed this long before the read was invoked
+/// (docs/invalidation.md#checked-from-outside-the-history-checker).
 pub const STALE_AFTER_US: i64 = 50_000;
 
 /// A wipe excuses the writes committed this long before it.

@@ -227,7 +227,7 @@ impl Background {
 
     /// An outbox worker on `cfg`'s `invalidation.outbox`.
     pub async fn outbox(cfg: ::sidecache::config::Config) -> Background {
-        use ::sidecache::invalidation::outbox::OutboxWorker;
+        use ::sidecache::invalidation::OutboxWorker;
         Background::start(
             cfg,
             ::sidecache::invalidation::Source::Outbox,

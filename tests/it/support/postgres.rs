@@ -2,7 +2,7 @@
 //! (`/usr/lib/postgresql/*/bin`, or `SIDECACHE_TEST_PG_BIN`) in a temporary
 //! directory on a free loopback port, which tests may kill (SIGKILL, like a
 //! machine crash) and restart with the same data. Never the shared instance
-//! on 5432 (SPEC §11).
+//! on 5432 (docs/testing.md#test-harness).
 //!
 //! As root the server runs as the `postgres` user via `runuser -u postgres
 //! --` (Postgres refuses to run as root; there is no sudo here), and the

@@ -1,6 +1,7 @@
 //! Test harness: a private `redis-server` on a free loopback port in a
 //! temporary directory, which tests may pause, kill and restart. Never the
-//! shared instance on 6379 (SPEC §11): fault tests break their own server.
+//! shared instance on 6379 (docs/testing.md#test-harness): fault tests break
+//! their own server.
 //!
 //! Every method is synchronous so it works from plain and async tests alike;
 //! each blocks at most for a bounded readiness wait.
@@ -200,6 +201,7 @@ impl RedisServer {
         let child = guard.as_ref().expect("the server is running");
         let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
         // SAFETY: kill(2) on our own child's pid; no memory is shared.
+        #[allow(unsafe_code)]
         let sent = unsafe { libc::kill(pid, signal) };
         assert_eq!(sent, 0, "kill({pid}, {signal})");
     }

@@ -158,8 +158,9 @@ mod tests {
     use crate::config::testing::{err, parse, APP};
     use crate::config::{Config, Route};
 
-    /// `also_invalidates`, `tags_from`, `version_from` (issue 13): errors name
-    /// the YAML path.
+    /// `also_invalidates`, `tags_from`, `version_from`
+    /// (docs/invalidation.md#dependent-invalidation): errors name the YAML
+    /// path.
     #[test]
     fn relations_are_validated_against_the_route_table() {
         let routes = |relations: &str, list_relations: &str| {
