@@ -62,23 +62,9 @@ fn psql(pg: &PostgresServer, sql: &str) {
     );
 }
 
-/// Polls GET through sidecache until `done(response)`.
+/// Polls GET through sidecache until `done(response)`; returns that response.
 async fn until(url: &str, what: &str, done: impl Fn(&Resp) -> bool) -> Resp {
-    let deadline = tokio::time::Instant::now() + FRESH_WITHIN;
-    loop {
-        let r = client::get(url).await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {FRESH_WITHIN:?}: {what}; last answer {} {} {}",
-            r.status,
-            x_cache(&r),
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    client::get_until(url, FRESH_WITHIN, what, done).await
 }
 
 /// Cached: a fill, then a hit.
@@ -99,9 +85,10 @@ async fn slots_created(sc: &Sidecache) -> f64 {
         .await
 }
 
-/// Whether `sc` holds the capture lease (streams the slot).
+/// Whether `sc` streams the slot (after creating it and purging the
+/// mapped routes, on a first start).
 async fn holder(sc: &Sidecache) -> bool {
-    sc.metric("sidecache_feed_witness{feed=\"capture\"}").await == Some(1.0)
+    sc.metric("sidecache_capture_streaming").await == Some(1.0)
 }
 
 struct Setup {

@@ -30,21 +30,7 @@ async fn scalar(pg: &tokio_postgres::Client, sql: &str) -> i64 {
 
 /// Polls GET through sidecache until `done(response)`; returns that response.
 async fn until(url: &str, what: &str, done: impl Fn(&Resp) -> bool) -> Resp {
-    let deadline = tokio::time::Instant::now() + FRESH_WITHIN;
-    loop {
-        let r = client::get(url).await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {FRESH_WITHIN:?}: {what}; last answer {} {} {}",
-            r.status,
-            x_cache(&r),
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    client::get_until(url, FRESH_WITHIN, what, done).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -246,3 +246,28 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Polls `GET url` every 20 ms until `done(answer)`, and returns that
+/// answer; panics after `within` naming `what` and the last answer.
+pub async fn get_until(
+    url: &str,
+    within: std::time::Duration,
+    what: &str,
+    done: impl Fn(&Resp) -> bool,
+) -> Resp {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let r = get(url).await;
+        if done(&r) {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {within:?}: {what}; last answer {} {} {}",
+            r.status,
+            x_cache(&r),
+            r.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
