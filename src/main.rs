@@ -47,6 +47,9 @@ enum Command {
         #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
         channel: String,
     },
+    /// Print the JSON Schema of the config file (for editors:
+    /// `# yaml-language-server: $schema=sidecache.schema.json`).
+    Schema,
 }
 
 /// The subcommands that read the config.
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Some(Command::Configured(command)) => command,
         // Needs no config: prints SQL for the operator to install.
         Some(Command::OutboxDdl { table, channel }) => return print_outbox_ddl(&table, &channel),
+        Some(Command::Schema) => return print_out(&(sidecache::config::json_schema() + "\n")),
     };
     let Some(path) = cli.config else {
         eprintln!("sidecache: --config PATH (or SIDECACHE_CONFIG) is required");
@@ -134,12 +138,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes `text` to stdout; a reader that went away (`| head`) is not an
+/// error of ours.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("sidecache: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
 fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
     match sidecache::invalidation::ddl::outbox_ddl(table, channel) {
-        Ok(sql) => {
-            print!("{sql}");
-            ExitCode::SUCCESS
-        }
+        Ok(sql) => print_out(&sql),
         Err(e) => {
             eprintln!("sidecache outbox-ddl: {e}");
             ExitCode::from(EXIT_CONFIG)
@@ -166,10 +180,7 @@ fn print_capture_ddl(cfg: &Config, drop: bool) -> ExitCode {
         ),
     };
     match sql {
-        Ok(sql) => {
-            print!("{sql}");
-            ExitCode::SUCCESS
-        }
+        Ok(sql) => print_out(&sql),
         Err(e) => {
             eprintln!("sidecache capture-ddl: {e}");
             ExitCode::from(EXIT_CONFIG)

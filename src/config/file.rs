@@ -8,7 +8,11 @@ use std::collections::BTreeMap;
 
 use super::units::{HumanDuration, HumanSize};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(
+    title = "sidecache configuration",
+    description = "The YAML config of sidecache (version 1). Every key: docs/configuration.md."
+)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileConfig {
     pub version: u32,
@@ -37,7 +41,7 @@ pub(crate) struct FileConfig {
 
 /// `server`: how the client listener is run
 /// (docs/configuration.md#runtime-layout).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileServer {
     #[serde(default)]
@@ -48,7 +52,7 @@ pub(crate) struct FileServer {
 }
 
 /// `server.runtime: multi_thread | per_core`.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FileRuntime {
     /// One work-stealing tokio runtime for everything.
@@ -61,7 +65,7 @@ pub enum FileRuntime {
 
 /// `access_log`: one line per client request on stdout
 /// (docs/configuration.md#access-log).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileAccessLog {
     #[serde(default)]
@@ -96,7 +100,7 @@ impl Default for FileAccessLog {
 }
 
 /// `access_log.request_id: pass | generate`.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FileRequestId {
     /// The client's `X-Request-Id` (if any) is passed through and logged.
@@ -109,7 +113,7 @@ pub enum FileRequestId {
 
 /// `limits`: what one client connection may cost
 /// (docs/configuration.md#limits).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileLimits {
     /// Absent: derived from `RLIMIT_NOFILE` (see `validate`).
@@ -138,7 +142,7 @@ impl Default for FileLimits {
 }
 
 /// `h2`: HTTP/2 (h2c) settings for client connections.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileH2 {
     #[serde(default = "defaults::max_concurrent_streams")]
@@ -153,7 +157,7 @@ impl Default for FileH2 {
     }
 }
 
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FileLogFormat {
     #[default]
@@ -161,7 +165,7 @@ pub enum FileLogFormat {
     Json,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileAdmin {
     pub listen: String,
@@ -173,7 +177,7 @@ pub(crate) struct FileAdmin {
     pub allow_unauthenticated: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileUpstream {
     pub url: String,
@@ -185,7 +189,7 @@ pub(crate) struct FileUpstream {
     pub max_idle_per_host: usize,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileStore {
     #[serde(default)]
@@ -206,7 +210,7 @@ impl Default for FileStore {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileRedis {
     #[serde(default)]
@@ -230,7 +234,7 @@ pub(crate) struct FileRedis {
 }
 
 /// `store.redis.sentinel`: follow the primary Redis Sentinel names.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileSentinel {
     pub master: String,
@@ -246,7 +250,7 @@ pub(crate) struct FileSentinel {
 }
 
 /// `store.redis.tls`: certificates for `rediss://` (files in PEM).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileRedisTls {
     /// CA bundle that signs the server's certificate; absent: system roots.
@@ -265,7 +269,7 @@ pub(crate) struct FileRedisTls {
 
 /// `store.redis.near_cache`; absent = defaults (on for `url`, off for
 /// `cluster` and `sentinel`, where it is opt-in).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileNearCache {
     #[serde(default = "defaults::yes")]
@@ -276,7 +280,7 @@ pub(crate) struct FileNearCache {
     pub max_age: HumanDuration,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileBreaker {
     #[serde(default = "defaults::cooldown")]
@@ -291,7 +295,7 @@ impl Default for FileBreaker {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileFill {
     #[serde(default = "defaults::max_concurrency")]
@@ -315,7 +319,7 @@ impl Default for FileFill {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileInvalidation {
     #[serde(default)]
@@ -340,7 +344,7 @@ impl Default for FileInvalidation {
 }
 
 /// `invalidation.capture`: change capture from the service's own tables.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileCapture {
     pub mode: FileCaptureMode,
@@ -354,7 +358,7 @@ pub(crate) struct FileCapture {
     pub tables: Vec<FileCaptureTable>,
 }
 
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileCaptureMode {
     Triggers,
@@ -362,7 +366,7 @@ pub(crate) enum FileCaptureMode {
 }
 
 /// One entry of `invalidation.capture.tables`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileCaptureTable {
     pub table: String,
@@ -379,7 +383,7 @@ pub(crate) struct FileCaptureTable {
 }
 
 /// What an `INSERT` of a mapped row does besides invalidating.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileOnInsert {
     #[default]
@@ -388,7 +392,7 @@ pub(crate) enum FileOnInsert {
     Create,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileOutbox {
     pub url: String,
@@ -410,7 +414,7 @@ pub(crate) struct FileOutbox {
     pub sslrootcert: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileRedisStream {
     #[serde(default = "defaults::stream")]
@@ -423,7 +427,7 @@ pub(crate) struct FileRedisStream {
     pub claim_idle: HumanDuration,
 }
 
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileStreamStart {
     #[default]
@@ -431,7 +435,7 @@ pub(crate) enum FileStreamStart {
     Earliest,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileRoute {
     pub name: String,
@@ -524,7 +528,7 @@ pub(crate) struct FileRoute {
 
 /// One `also_invalidates` item: a route and its params as templates over
 /// this route's params (`{ tenant: "{tenant}" }`).
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Clone, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileRelation {
     pub route: String,
@@ -551,6 +555,19 @@ impl<'de> Deserialize<'de> for FileTtl {
     }
 }
 
+impl schemars::JsonSchema for FileTtl {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Ttl".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A fixed lifetime (`60s`) or `origin`: the origin's Cache-Control/Expires.",
+            "type": "string",
+            "pattern": "^(origin|[0-9]+(ms|s|m|h))$"
+        })
+    }
+}
+
 /// `client_cache_control: pass | remaining | "<literal header value>"`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) enum FileClientCacheControl {
@@ -571,8 +588,20 @@ impl<'de> Deserialize<'de> for FileClientCacheControl {
     }
 }
 
+impl schemars::JsonSchema for FileClientCacheControl {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ClientCacheControl".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "`pass`, `remaining`, or a literal Cache-Control value for clients.",
+            "type": "string"
+        })
+    }
+}
+
 /// `etag: origin | auto`.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileEtag {
     #[default]
@@ -581,7 +610,7 @@ pub(crate) enum FileEtag {
 }
 
 /// `origin_cache_control: honor | ignore`.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileOriginCacheControl {
     #[default]
@@ -590,7 +619,7 @@ pub(crate) enum FileOriginCacheControl {
 }
 
 /// `query: include | ignore | [names]`.
-#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub(crate) enum FileQuery {
     Mode(FileQueryMode),
@@ -603,14 +632,14 @@ impl Default for FileQuery {
     }
 }
 
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum FileQueryMode {
     Include,
     Ignore,
 }
 
-#[derive(Debug, Deserialize, Clone)]
+#[derive(Debug, Deserialize, Clone, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileBloom {
     pub scope: String,

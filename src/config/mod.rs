@@ -34,6 +34,14 @@ pub use route::{
     ClientCacheControl, EtagMode, OriginCacheControl, OriginVary, QueryMode, Route, RouteTable, Ttl,
 };
 
+/// The JSON Schema of the config file, derived from the file model
+/// ([`file::FileConfig`]) so it cannot drift from what `load` accepts
+/// (`sidecache schema`). Doc comments become descriptions.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(file::FileConfig);
+    serde_json::to_string_pretty(&schema).unwrap_or_default()
+}
+
 /// A validated, typed configuration. Immutable once built; a reload builds a
 /// new one and swaps it in whole.
 #[derive(Debug)]

@@ -53,6 +53,34 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(bad)
 }
 
+impl schemars::JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A whole number with a unit: ms, s, m or h (`250ms`, `5s`).",
+            "type": "string",
+            "pattern": "^[0-9]+(ms|s|m|h)$"
+        })
+    }
+}
+
+impl schemars::JsonSchema for HumanSize {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Bytes: a number, or a whole number with a unit (B, KiB, MiB, GiB).",
+            "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": "^[0-9]+ ?(B|KiB|KB|k|MiB|MB|M|GiB|GB|G)?$" }
+            ]
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;

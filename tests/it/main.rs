@@ -43,6 +43,7 @@ mod reload;
 mod replicas_ack;
 mod revalidate;
 mod runtime_layout;
+mod schema;
 mod sentinel;
 mod stale;
 mod status_page;
