@@ -442,6 +442,11 @@ burst() {
         wrk_end=$(($(date +%s%3N) + window * 1000))
         sleep 2
     fi
+    # Logical, quiet: a second slot, read by nobody during the burst, to
+    # time Postgres' own decoding of the transaction afterwards.
+    if [[ $mode == logical && $run == quiet ]]; then
+        psql_do -c "SELECT pg_create_logical_replication_slot('bench_peek', 'pgoutput')" >/dev/null
+    fi
     t_start=$(date +%s%6N)
     psql_do -c "UPDATE app_config SET version = version + 1 WHERE tenant = 'acme'" ||
         die "[$mode] the UPDATE failed"
@@ -507,6 +512,12 @@ burst() {
                 coalesce(round((extract(epoch FROM last_autovacuum) - $commit)::numeric, 2)::text, 'none')
                 FROM pg_stat_user_tables WHERE relname = 'sidecache_outbox'")"
         else
+            if [[ $run == quiet ]]; then
+                echo "== $mode ($run): Postgres decoding the transaction alone (pgoutput to a SQL client, second slot): $(psql_val "
+                    SELECT count(*) || ' messages in ' || round(extract(epoch FROM clock_timestamp() - statement_timestamp())::numeric, 3) || ' s'
+                    FROM pg_logical_slot_get_binary_changes('bench_peek', NULL, NULL, 'proto_version', '1', 'publication_names', 'sidecache')")"
+                psql_do -c "SELECT pg_drop_replication_slot('bench_peek')" >/dev/null
+            fi
             echo "== $mode ($run): slot: $(psql_val "SELECT slot_name || ' confirmed ' || confirmed_flush_lsn || ' current ' || pg_current_wal_lsn() FROM pg_replication_slots")"
         fi
     } >"$work/detail-$mode-$run.txt"

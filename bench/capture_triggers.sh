@@ -17,6 +17,9 @@
 #   triggers_idle  the same triggers with no sidecache running: the outbox
 #              rows accumulate (the service's side of the cost alone, no
 #              worker competing for the machine)
+#   triggers_nonotify  triggers_idle without the outbox's statement
+#              trigger that NOTIFYs the workers (not a supported setup: the
+#              workers would only poll; it shows what the NOTIFY costs)
 #   wal        wal_level=logical but nothing else (no slot, no publication):
 #              the part of the logical mode's cost that the setting alone
 #              adds
@@ -35,15 +38,15 @@
 #   CT_DURATION [15]       seconds per pgbench run
 #   CT_CLIENTS [8]         pgbench clients (-c)
 #   CT_THREADS [2]         pgbench threads (-j)
-#   CT_ROUNDS [3]          runs per variant (at least 3: medians are reported)
+#   CT_ROUNDS [3]          runs per variant (medians are reported: 3 or more)
 #   CT_ROWS [10000]        rows of tenant acme the updates pick from
-#   CT_VARIANTS ["none triggers triggers_idle wal logical"]
+#   CT_VARIANTS ["none triggers triggers_idle triggers_nonotify wal logical"]
 #   CT_WARMUP [5]          seconds of unrecorded pgbench (variant none) first
 #   CT_TAGS                set to map a tag too (`tags: ["tenant:{tenant}"]`:
 #                          one more outbox row per statement in triggers mode)
-#   CT_FSYNC [off]         Postgres fsync (off: the commit costs no disk
-#                          flush, so capture's CPU is a larger share: the
-#                          ratio is conservative)
+#   CT_FSYNC [off]         Postgres fsync (off: the temp dir is on a shared
+#                          disk; on: every commit waits for its WAL flush,
+#                          and NOTIFYing commits queue behind each other)
 #   CT_SKIP_BUILD          set to use an existing binary instead of running cargo
 #   SIDECACHE_BIN          binary (default target/release/sidecache)
 #   PG_BIN                 Postgres server binaries (default: newest
@@ -66,7 +69,7 @@ threads=${CT_THREADS:-2}
 rounds=${CT_ROUNDS:-3}
 rows=${CT_ROWS:-10000}
 fsync=${CT_FSYNC:-off}
-read -r -a variants <<<"${CT_VARIANTS:-none triggers triggers_idle wal logical}"
+read -r -a variants <<<"${CT_VARIANTS:-none triggers triggers_idle triggers_nonotify wal logical}"
 sidecache_bin=${SIDECACHE_BIN:-$root/target/release/sidecache}
 
 for v in DURATION:duration CLIENTS:clients THREADS:threads ROUNDS:rounds ROWS:rows; do
@@ -78,8 +81,8 @@ done
 [[ $fsync == on || $fsync == off ]] || die "CT_FSYNC must be on or off (got '$fsync')"
 ((${#variants[@]} > 0)) || die "CT_VARIANTS is empty"
 for s in "${variants[@]}"; do
-    [[ $s =~ ^(none|triggers|triggers_idle|wal|logical)$ ]] ||
-        die "unknown variant '$s' in CT_VARIANTS (known: none triggers triggers_idle wal logical)"
+    [[ $s =~ ^(none|triggers|triggers_idle|triggers_nonotify|wal|logical)$ ]] ||
+        die "unknown variant '$s' in CT_VARIANTS (known: none triggers triggers_idle triggers_nonotify wal logical)"
 done
 has() { local s; for s in "${variants[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 has none || die "CT_VARIANTS must include none (the baseline of every ratio)"
@@ -253,6 +256,11 @@ setup() {
         pg_start replica
         psql_do -f "$work/triggers.sql" >/dev/null
         ;;
+    triggers_nonotify)
+        pg_start replica
+        psql_do -f "$work/triggers.sql" >/dev/null
+        psql_do -c 'DROP TRIGGER sidecache_outbox_notify ON sidecache_outbox' >/dev/null
+        ;;
     wal) pg_start logical ;;
     logical)
         pg_start logical
@@ -265,10 +273,11 @@ setup() {
 }
 teardown() {
     case $1 in
-    triggers | triggers_idle)
+    triggers | triggers_idle | triggers_nonotify)
         [[ $1 == triggers ]] && stop sidecache
         psql_do -f "$work/triggers-drop.sql" >/dev/null
-        psql_do -c 'TRUNCATE sidecache_outbox' >/dev/null
+        # DROP: the next install creates the table and its NOTIFY trigger anew.
+        psql_do -c 'DROP TABLE sidecache_outbox' >/dev/null
         ;;
     logical)
         stop sidecache
@@ -282,17 +291,47 @@ teardown() {
 results=$work/results.tsv
 : >"$results"
 
+# CPU ticks (utime + stime, 1/100 s) so far: pg_ticks: every Postgres
+# process (the postmaster, its live children, and those it has reaped:
+# pgbench's backends end with the run); walsender_ticks: the walsenders
+# alone; ticks_of PID: one process (0 if it is gone or not given).
+ticks_of() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+postmaster() { head -n 1 "$work/pg/data/postmaster.pid"; }
+pg_ticks() {
+    local pm pid total
+    pm=$(postmaster)
+    total=$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat")
+    for pid in $(pgrep -P "$pm" || true); do total=$((total + $(ticks_of "$pid"))); done
+    echo "$total"
+}
+walsender_ticks() {
+    local pid total=0
+    for pid in $(pgrep -P "$(postmaster)" || true); do
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q walsender; then
+            total=$((total + $(ticks_of "$pid")))
+        fi
+    done
+    echo "$total"
+}
+# cpu_sample: "postgres walsender sidecache redis" ticks so far.
+cpu_sample() {
+    echo "$(pg_ticks) $(walsender_ticks) $(ticks_of "${pid_of[sidecache]:-0}") $(ticks_of "${pid_of[redis]}")"
+}
+
 # measure VARIANT ROUND: one pgbench run; appends
 # "variant round tps latency_ms wal_bytes_per_tx transactions extra".
 measure() {
-    local variant=$1 round=$2 lsn0 lsn1 out tps lat tx wal extra=''
+    local variant=$1 round=$2 lsn0 lsn1 out tps lat tx wal extra='' cpu0 cpu1 pg_us ws_us sc_us
     setup "$variant"
     psql_do -c 'VACUUM app_config' -c 'CHECKPOINT' >/dev/null
     lsn0=$(psql_val 'SELECT pg_current_wal_lsn()')
+    cpu0=$(cpu_sample)
     "$pg_bin/pgbench" -n -M prepared -c "$clients" -j "$threads" -T "$duration" \
         -f "$work/update.sql" -h 127.0.0.1 -p "$pg_port" -U postgres postgres \
         >"$work/pgbench-$variant-$round.log" 2>&1 ||
         die "pgbench failed ($variant, round $round): $(tail -n 5 "$work/pgbench-$variant-$round.log")"
+    sleep 0.3 # pgbench's backends reaped: their time is the postmaster's now
+    cpu1=$(cpu_sample)
     lsn1=$(psql_val 'SELECT pg_current_wal_lsn()')
     out=$work/pgbench-$variant-$round.log
     tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out" | head -n 1)
@@ -300,6 +339,10 @@ measure() {
     tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
     [[ -n $tps && -n $lat && -n $tx ]] || die "cannot read pgbench's output: $out"
     wal=$(psql_val "SELECT round(pg_wal_lsn_diff('$lsn1', '$lsn0') / $tx)")
+    # CPU microseconds per transaction: Postgres (all of it), of which the
+    # walsender, and sidecache + redis-server (the consumer's side).
+    read -r pg_us ws_us sc_us < <(paste -d' ' <(tr ' ' '\n' <<<"$cpu0") <(tr ' ' '\n' <<<"$cpu1") |
+        awk -v tx="$tx" '{ d[NR] = ($2 - $1) * 10000 / tx } END { printf "%.0f %.0f %.0f\n", d[1], d[2], d[3] + d[4] }')
     case $variant in
     triggers)
         # Let the worker finish, then what it applied and what is left.
@@ -307,7 +350,7 @@ measure() {
         extra="outbox rows applied $(metric sidecache_invalidations_total 'source="outbox"' 'outcome="applied"')"
         extra+=", left $(psql_val 'SELECT count(*) FROM sidecache_outbox')"
         ;;
-    triggers_idle) extra="outbox rows accumulated $(psql_val 'SELECT count(*) FROM sidecache_outbox')" ;;
+    triggers_idle | triggers_nonotify) extra="outbox rows accumulated $(psql_val 'SELECT count(*) FROM sidecache_outbox')" ;;
     logical)
         sleep 1
         extra="events applied $(metric sidecache_invalidations_total 'source="capture"' 'outcome="applied"')"
@@ -317,8 +360,10 @@ measure() {
     alive postgres
     [[ -n ${pid_of[sidecache]:-} ]] && alive sidecache
     teardown "$variant"
-    printf '%s\t%d\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$round" "$tps" "$lat" "$wal" "$tx" "$extra" >>"$results"
-    note "  $variant round $round: $tps tps, latency $lat ms, $wal WAL bytes/tx${extra:+; $extra}"
+    printf '%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$round" "$tps" "$lat" "$wal" "$tx" "$extra" \
+        "$pg_us" "$ws_us" "$sc_us" >>"$results"
+    note "  $variant round $round: $tps tps, latency $lat ms, $wal WAL bytes/tx," \
+        "CPU/tx: Postgres $pg_us us (walsender $ws_us), sidecache+redis $sc_us us${extra:+; $extra}"
 }
 
 warmup=${CT_WARMUP:-5}
@@ -344,7 +389,7 @@ done
 echo
 printf 'Capture cost on writes: pgbench %ss x %d rounds, %d clients, UPDATE of one of %d rows, fsync=%s%s\n\n' \
     "$duration" "$rounds" "$clients" "$rows" "$fsync" "${CT_TAGS:+, mapping with a tag}"
-printf '%-13s %10s %12s %12s %12s %14s   %s\n' variant 'tps' 'latency ms' 'tps ratio' 'latency ratio' 'WAL bytes/tx' 'runs (tps)'
+printf '%-17s %8s %8s %9s %9s %7s %10s %10s %10s\n' variant tps 'lat ms' 'tps ratio' 'lat ratio' 'WAL B' 'pg us/tx' 'walsender' 'sc+redis'
 awk -F'\t' '
     function median(list,   a, n, i, j, t) {
         n = split(list, a, " ")
@@ -352,14 +397,26 @@ awk -F'\t' '
         return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
     { k = $1; if (!(k in tps)) order[++m] = k
-      tps[k] = tps[k] " " $3; lat[k] = lat[k] " " $4; wal[k] = wal[k] " " $5 }
+      tps[k] = tps[k] " " $3; lat[k] = lat[k] " " $4; wal[k] = wal[k] " " $5
+      pg[k] = pg[k] " " $8; ws[k] = ws[k] " " $9; sc[k] = sc[k] " " $10
+      t_of[k, $2] = $3; l_of[k, $2] = $4; rounds[$2] = 1 }
     END {
-        bt = median(tps["none"]); bl = median(lat["none"])
-        for (i = 1; i <= m; i++) { k = order[i]
-            t = median(tps[k]); l = median(lat[k])
-            printf "%-13s %10.0f %12.3f %11.3fx %12.3fx %14.0f   %s\n", k, t, l, t / bt, l / bl, median(wal[k]), tps[k] }
+        for (i = 1; i <= m; i++) { k = order[i]; rt = ""; rl = ""
+            # Each round against the same round of none (measured minutes
+            # apart at most): drift between rounds cancels.
+            for (r in rounds) if ((k, r) in t_of && ("none", r) in t_of) {
+                rt = rt " " t_of[k, r] / t_of["none", r]; rl = rl " " l_of[k, r] / l_of["none", r] }
+            printf "%-17s %8.0f %8.3f %8.3fx %8.3fx %7.0f %10.0f %10.0f %10.0f\n", k, median(tps[k]), median(lat[k]),
+                median(rt), median(rl), median(wal[k]), median(pg[k]), median(ws[k]), median(sc[k]) }
     }' "$results"
-echo '(medians over the rounds; ratios = the variant / none, so a tps ratio below 1 and a latency ratio above 1 are the cost)'
+echo '(medians over the rounds; ratios: median over the rounds of the variant / none of the same round, so'
+echo ' a tps ratio below 1 and a latency ratio above 1 are the cost; WAL B: WAL bytes per transaction;'
+echo ' pg us/tx: CPU of every Postgres process per transaction, of which the walsender; sc+redis: sidecache'
+echo ' and redis-server CPU per transaction, the consumer side)'
+echo
+echo 'per round (tps):'
+awk -F'\t' '{ k = $1; if (!(k in runs)) order[++m] = k; runs[k] = runs[k] sprintf(" %8.0f", $3) }
+    END { for (i = 1; i <= m; i++) printf "  %-17s%s\n", order[i], runs[order[i]] }' "$results"
 
 mkdir -p "$root/bench/out"
 out=$root/bench/out/capture_triggers-$(date -u +%Y%m%dT%H%M%SZ).json
@@ -367,8 +424,8 @@ out=$root/bench/out/capture_triggers-$(date -u +%Y%m%dT%H%M%SZ).json
     printf '{"git_commit": "%s", "loadavg": "%s", "duration_s": %d, "clients": %d, "threads": %d, "rows": %d, "fsync": "%s", "tags": %s, "runs": [\n' \
         "$(git rev-parse HEAD 2>/dev/null || echo unknown)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$duration" "$clients" \
         "$threads" "$rows" "$fsync" "$([[ -n ${CT_TAGS:-} ]] && echo true || echo false)"
-    awk -F'\t' '{ printf "%s  {\"variant\": \"%s\", \"round\": %d, \"tps\": %s, \"latency_ms\": %s, \"wal_bytes_per_tx\": %s, \"transactions\": %d, \"note\": \"%s\"}",
-                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7 } END { print "" }' "$results"
+    awk -F'\t' '{ printf "%s  {\"variant\": \"%s\", \"round\": %d, \"tps\": %s, \"latency_ms\": %s, \"wal_bytes_per_tx\": %s, \"transactions\": %d, \"note\": \"%s\", \"pg_cpu_us_per_tx\": %s, \"walsender_cpu_us_per_tx\": %s, \"sidecache_redis_cpu_us_per_tx\": %s}",
+                  (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 } END { print "" }' "$results"
     printf ']}\n'
 } >"$out"
 echo "raw numbers: $out"
