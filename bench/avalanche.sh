@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sidecache avalanche benchmark (issue 12): what clients see when many cached
+# sidecache avalanche benchmark: what clients see when many cached
 # objects expire at the same moment under steady load, with and without
 # stale serving. Everything runs on loopback, nothing is shared.
 #

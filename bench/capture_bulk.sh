@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Change capture under a bulk change (issue 32, item 5): one UPDATE touching
+# Change capture under a bulk change: one UPDATE touching
 # BULK_ROWS mapped rows, in both capture modes. How long until every one of
 # those objects is invalidated (target: 5 s), events per second, and what
 # HITs on other objects see meanwhile (target: p99 within 2x). Everything

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Change capture's cost on the service's own writes (issue 32, items 2 and
-# 3): pgbench updating one row of a mapped table, with and without capture.
+# Change capture's cost on the service's own writes: pgbench updating one row of a mapped table, with and without capture.
 # Everything runs on loopback, nothing is shared.
 #
 # Starts, on free loopback ports in a temp dir: its own redis-server and its

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fleet scale (issue 21): what background work costs the stores as the
+# Fleet scale: what background work costs the stores as the
 # number of sidecache instances grows. Counts, not timings, so it runs on a
 # busy machine. For each N in $FLEET_SIZES (default "1 5 20"): N instances
 # (near cache 4 MiB each), one redis-server, one Postgres with

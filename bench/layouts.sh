@@ -2,8 +2,7 @@
 # bench/run.sh in two CPU layouts, one summary: the servers pinned to one
 # core (wrk on another) and nothing pinned (what a sidecar in a Pod gets).
 # On a 2-core machine "unpinned" is also the "2 cores" layout, so the
-# summary's scaling column is each system's req/s on 2 cores over 1 core
-# (issue 17, points 1 and 4). On a machine with 4 or more CPUs the second
+# summary's scaling column is each system's req/s on 2 cores over 1 core. On a machine with 4 or more CPUs the second
 # layout pins the servers to CPUs 0-1 and wrk to the rest instead, so the
 # scaling is not muddied by wrk, and a third, unpinned layout is added.
 #

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # sidecache penetration benchmark: how much of a flood of requests for ids
-# that do not exist reaches the origin, with and without the Bloom filter
-# (SPEC §6, issue 5). Everything runs on loopback, nothing is shared.
+# that do not exist reaches the origin, with and without the Bloom filter (docs/bloom.md). Everything runs on loopback, nothing is shared.
 #
 # Starts, on free loopback ports in a temp dir: its own redis-server, its own
 # Postgres (initdb; as root it runs as the `postgres` user via runuser)

@@ -721,7 +721,7 @@ if [[ -n $ratios ]]; then
     echo
 fi
 
-# Targets (issue 6): checked on what was measured.
+# Targets (bench/README.md): checked on what was measured.
 targets=$(
     awk -v pinned="$pin" -F'\t' '
         function check(name, ok, value) { printf "%s\t%s\t%s\n", name, ok ? "met" : "MISSED", value }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The time to invalidate a cache tag carried by many entries (issue 13):
+# The time to invalidate a cache tag carried by many entries:
 # starts its own redis-server, the example upstream and sidecache (release
 # binaries: cargo build --release --bin sidecache --example upstream),
 # fills TAGS_ENTRIES entries of route `object` that all carry the tag
