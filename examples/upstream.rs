@@ -610,7 +610,7 @@ mod pg {
             // The outbox: exactly what `sidecache outbox-ddl` prints
             // (idempotent). A real service installs it with its migrations.
             if outbox {
-                let ddl = ddl::outbox_ddl(ddl::DEFAULT_TABLE, ddl::DEFAULT_CHANNEL)
+                let ddl = ddl::outbox_ddl(ddl::DEFAULT_TABLE, Some(ddl::DEFAULT_CHANNEL))
                     .map_err(anyhow::Error::msg)?;
                 client.batch_execute(&ddl).await?;
             }

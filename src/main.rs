@@ -46,6 +46,9 @@ enum Command {
         /// Channel the trigger notifies (`invalidation.outbox.notify_channel`).
         #[arg(long, default_value = sidecache::invalidation::ddl::DEFAULT_CHANNEL)]
         channel: String,
+        /// No NOTIFY trigger (`invalidation.outbox.notify: false`): drops it.
+        #[arg(long)]
+        no_notify: bool,
     },
     /// Print the JSON Schema of the config file (for editors:
     /// `# yaml-language-server: $schema=sidecache.schema.json`).
@@ -107,7 +110,11 @@ fn main() -> ExitCode {
         None => Configured::Run,
         Some(Command::Configured(command)) => command,
         // Needs no config: prints SQL for the operator to install.
-        Some(Command::OutboxDdl { table, channel }) => return print_outbox_ddl(&table, &channel),
+        Some(Command::OutboxDdl {
+            table,
+            channel,
+            no_notify,
+        }) => return print_outbox_ddl(&table, (!no_notify).then_some(channel.as_str())),
         Some(Command::Schema) => return print_out(&(sidecache::config::json_schema() + "\n")),
     };
     let Some(path) = cli.config else {
@@ -151,7 +158,7 @@ fn print_out(text: &str) -> ExitCode {
     }
 }
 
-fn print_outbox_ddl(table: &str, channel: &str) -> ExitCode {
+fn print_outbox_ddl(table: &str, channel: Option<&str>) -> ExitCode {
     match sidecache::invalidation::ddl::outbox_ddl(table, channel) {
         Ok(sql) => print_out(&sql),
         Err(e) => {

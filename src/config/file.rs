@@ -406,6 +406,9 @@ pub(crate) struct FileOutbox {
     pub batch: u32,
     #[serde(default = "defaults::outbox_table")]
     pub notify_channel: String,
+    /// `false`: no NOTIFY trigger; witnesses poll at `poll_interval`.
+    #[serde(default = "defaults::yes")]
+    pub notify: bool,
     /// Besides `url`: libpq's `sslmode` / `sslrootcert` (also for the
     /// Bloom source, which uses the same database).
     #[serde(default)]

@@ -276,6 +276,10 @@ pub struct OutboxConfig {
     pub batch: u32,
     /// A plain SQL identifier (validated); the `outbox-ddl` trigger notifies it.
     pub notify_channel: String,
+    /// Workers LISTEN for the trigger's NOTIFY. Off: no trigger, and the
+    /// witnesses poll at `poll_interval` even when idle (a NOTIFY serializes
+    /// the commits of every notifying transaction in the cluster).
+    pub notify: bool,
 }
 
 /// Where a new consumer group starts reading.

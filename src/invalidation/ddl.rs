@@ -1,7 +1,8 @@
 //! The SQL that installs the outbox (`sidecache outbox-ddl`): the table with
 //! the columns of docs/invalidation.md#1-install-the-table, a partial index
 //! over the rows a worker may claim, and a statement-level `AFTER INSERT`
-//! trigger that wakes `LISTEN`ing workers. Table and channel names are spliced
+//! trigger that wakes `LISTEN`ing workers (with `notify: false` no trigger:
+//! the workers poll). Table and channel names are spliced
 //! into SQL; config validation ([`check_identifier`]) lets only plain
 //! identifiers pass.
 
@@ -11,14 +12,17 @@ pub const DEFAULT_CHANNEL: &str = "sidecache_outbox";
 
 use crate::config::validate::check_identifier;
 
-/// The DDL for `table` whose trigger notifies `channel`. Idempotent (`IF NOT
-/// EXISTS`, `CREATE OR REPLACE`), so it can be re-run. Errors name the bad
-/// identifier.
-pub fn outbox_ddl(table: &str, channel: &str) -> Result<String, String> {
+/// The DDL for `table` whose trigger notifies `channel`; with no channel
+/// (`invalidation.outbox.notify: false`) the trigger is dropped instead.
+/// Idempotent (`IF NOT EXISTS`, `CREATE OR REPLACE`), so it can be re-run.
+/// Errors name the bad identifier.
+pub fn outbox_ddl(table: &str, channel: Option<&str>) -> Result<String, String> {
     check_identifier(table)?;
-    check_identifier(channel)?;
-    if channel.contains('.') {
-        return Err(format!("{channel:?}: a channel name has no schema"));
+    if let Some(channel) = channel {
+        check_identifier(channel)?;
+        if channel.contains('.') {
+            return Err(format!("{channel:?}: a channel name has no schema"));
+        }
     }
     // Names derived from the table; schema-qualified tables keep the index
     // and function in the same schema.
@@ -34,7 +38,7 @@ pub fn outbox_ddl(table: &str, channel: &str) -> Result<String, String> {
     let due_index = short("due");
     let function = format!("{schema}{}", short("notify"));
     let trigger = short("notify");
-    Ok(format!(
+    let tables = format!(
         r#"-- sidecache outbox: write one row per change, in the same transaction as
 -- the change. sidecache deletes applied rows; dead rows (dead_at set) stay
 -- for inspection.
@@ -60,8 +64,11 @@ ALTER TABLE {table} ALTER COLUMN params SET DEFAULT '{{}}';
 
 -- Rows a worker may claim: not dead-lettered, in claim order.
 CREATE INDEX IF NOT EXISTS {due_index} ON {table} (next_at, id) WHERE dead_at IS NULL;
-
--- One wake-up per inserting statement; workers poll as a fallback.
+"#
+    );
+    let wake = match channel {
+        Some(channel) => format!(
+            r#"-- One wake-up per inserting statement; workers poll as a fallback.
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -75,7 +82,17 @@ CREATE TRIGGER {trigger}
     AFTER INSERT ON {table}
     FOR EACH STATEMENT EXECUTE FUNCTION {function}();
 "#
-    ))
+        ),
+        // A NOTIFY serializes the commits of every notifying transaction
+        // (docs/invalidation.md#which-mode), so it can be left out.
+        None => format!(
+            r#"-- No wake-up trigger (notify: false): the workers poll at poll_interval.
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+DROP FUNCTION IF EXISTS {function}();
+"#
+        ),
+    };
+    Ok(format!("{tables}\n{wake}"))
 }
 
 #[cfg(test)]
@@ -84,13 +101,16 @@ mod tests {
 
     #[test]
     fn ddl_names_table_and_channel() {
-        let sql = outbox_ddl("app.events", "wake").unwrap();
+        let sql = outbox_ddl("app.events", Some("wake")).unwrap();
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.events ("));
         assert!(sql.contains("pg_notify('wake', '')"));
         assert!(sql.contains("FUNCTION app.events_notify()"));
         assert!(sql.contains("WHERE dead_at IS NULL"));
         assert!(sql.contains("ADD COLUMN IF NOT EXISTS tags text[]"));
-        assert!(outbox_ddl("x", "a.b").is_err());
-        assert!(outbox_ddl("x'; --", "c").is_err());
+        assert!(outbox_ddl("x", Some("a.b")).is_err());
+        assert!(outbox_ddl("x'; --", Some("c")).is_err());
+        let quiet = outbox_ddl("app.events", None).unwrap();
+        assert!(!quiet.contains("pg_notify"));
+        assert!(quiet.contains("DROP TRIGGER IF EXISTS events_notify ON app.events;"));
     }
 }

@@ -383,7 +383,7 @@ impl OutboxWorker {
         let mut gauges_at = Instant::now();
         // Rows this worker applied in the fan-out and still sees due.
         let mut seen = HashSet::new();
-        let mut listening = false;
+        let mut was_witness = false;
         let mut gauges_stale = false;
         // Always poll after (re)connecting: NOTIFYs sent meanwhile are lost.
         let mut poll_now = true;
@@ -395,15 +395,17 @@ impl OutboxWorker {
         witness.beat_if_due().await;
         loop {
             let is_witness = witness.is_witness();
-            if is_witness != listening {
+            if is_witness != was_witness {
                 // LISTEN before the poll: a row committed after this
                 // statement comes with a NOTIFY, one before it is polled.
-                let verb = if is_witness { "LISTEN" } else { "UNLISTEN" };
-                client
-                    .batch_execute(&format!("{verb} {}", self.cfg.notify_channel))
-                    .await?;
-                listening = is_witness;
-                info!(listening, "outbox worker: witness role changed");
+                if self.cfg.notify {
+                    let verb = if is_witness { "LISTEN" } else { "UNLISTEN" };
+                    client
+                        .batch_execute(&format!("{verb} {}", self.cfg.notify_channel))
+                        .await?;
+                }
+                was_witness = is_witness;
+                info!(witness = is_witness, "outbox worker: witness role changed");
                 if !is_witness {
                     seen.clear();
                     self.clear_gauges();
@@ -431,11 +433,13 @@ impl OutboxWorker {
                 }
                 // Idle (nothing pending, LISTEN up on this very connection):
                 // the poll is only a safety net for a lost NOTIFY
-                // (docs/invalidation.md#what-the-worker-does). Not a witness:
-                // only a safety net, whatever is pending. Unavailable store:
-                // look again when the feeds' breaker lets a probe through.
+                // (docs/invalidation.md#what-the-worker-does); with
+                // `notify: false` polling is how a witness learns of rows.
+                // Not a witness: only a safety net, whatever is pending.
+                // Unavailable store: look again when the feeds' breaker
+                // lets a probe through.
                 next_poll = Instant::now()
-                    + match woke.idle || !is_witness {
+                    + match (woke.idle && self.cfg.notify) || !is_witness {
                         true => self.cfg.idle_poll_interval,
                         false => self.cfg.poll_interval,
                     };
@@ -470,7 +474,7 @@ impl OutboxWorker {
                     }
                     // Many inserts, one cycle.
                     while wake_rx.try_recv().is_ok() {}
-                    poll_now = listening;
+                    poll_now = was_witness;
                 }
                 _ = self.invalidator.feeds_ready(), if store_lost => {
                     store_lost = false;
@@ -679,7 +683,7 @@ impl OutboxWorker {
         if !retry_ids.is_empty() {
             tx.execute(&st.retry, &[&retry_ids, &retry_delays, &retry_errors])
                 .await?;
-            if release {
+            if release && self.cfg.notify {
                 // Delivered at the commit, when the rows are unlocked.
                 tx.execute(&st.notify, &[&self.cfg.notify_channel]).await?;
             }

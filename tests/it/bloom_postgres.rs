@@ -49,8 +49,9 @@ fn routes(source: &str) -> String {
 /// (DDL from `sidecache::invalidation::ddl`, what `outbox-ddl` prints) and
 /// the gated source function.
 async fn catalogue(pg: &PostgresServer) {
-    let ddl = sidecache::invalidation::ddl::outbox_ddl("sidecache_outbox", "sidecache_outbox")
-        .expect("outbox ddl");
+    let ddl =
+        sidecache::invalidation::ddl::outbox_ddl("sidecache_outbox", Some("sidecache_outbox"))
+            .expect("outbox ddl");
     pg.execute(&ddl).await;
     pg.execute(
         r#"CREATE TABLE app_config (tenant text NOT NULL, id bigint NOT NULL,

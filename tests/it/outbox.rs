@@ -49,7 +49,7 @@ async fn start_worker(cfg: Config) -> Background {
 async fn setup(poll_interval: &str, batch: u32) -> (RedisServer, PostgresServer, Config) {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    pg.execute(&outbox_ddl(TABLE, TABLE).unwrap()).await;
+    pg.execute(&outbox_ddl(TABLE, Some(TABLE)).unwrap()).await;
     let cfg = config(&redis, &pg, poll_interval, batch);
     (redis, pg, cfg)
 }
@@ -118,11 +118,12 @@ async fn warm_up(pg: &PostgresServer, redis: &RedisServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ddl_installs_idempotently_and_defaults_fill_the_columns() {
     let pg = PostgresServer::start();
-    let sql = outbox_ddl(TABLE, TABLE).unwrap();
+    let sql = outbox_ddl(TABLE, Some(TABLE)).unwrap();
     pg.execute(&sql).await;
     pg.execute(&sql).await; // re-runnable
     pg.execute("CREATE SCHEMA app").await;
-    pg.execute(&outbox_ddl("app.events", "wake").unwrap()).await;
+    pg.execute(&outbox_ddl("app.events", Some("wake")).unwrap())
+        .await;
     let client = pg.client().await;
     insert(&client, "t", 5).await;
     let row = client
@@ -571,7 +572,7 @@ async fn with_statement_stats(pg: &PostgresServer) -> tokio_postgres::Client {
 async fn idle_worker_polls_only_at_the_idle_interval() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    pg.execute(&outbox_ddl(TABLE, TABLE).unwrap()).await;
+    pg.execute(&outbox_ddl(TABLE, Some(TABLE)).unwrap()).await;
     let client = with_statement_stats(&pg).await;
     let worker = start_worker(config_idle(&redis, &pg, "100ms", "30s", 100)).await;
     warm_up(&pg, &redis).await;
@@ -613,6 +614,56 @@ async fn idle_worker_polls_only_at_the_idle_interval() {
         || has_generation(&conn, &key),
     )
     .await;
+    worker.stop().await;
+}
+
+/// `notify: false`: the DDL installs no NOTIFY trigger (and drops one
+/// installed before), and a witness keeps polling at `poll_interval` while
+/// idle: with nothing pending it runs 10 more polls (with the idle
+/// interval of an hour used here, it would run at most 2), and a row
+/// inserted then is found by that poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notify_an_idle_witness_polls_at_poll_interval() {
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    pg.execute(&outbox_ddl(TABLE, Some(TABLE)).unwrap()).await;
+    pg.execute(&outbox_ddl(TABLE, None).unwrap()).await;
+    let client = with_statement_stats(&pg).await;
+    let triggers: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM pg_trigger WHERE tgrelid = '{TABLE}'::regclass"),
+            &[],
+        )
+        .await
+        .expect("pg_trigger")
+        .get(0);
+    assert_eq!(triggers, 0, "notify: false leaves no trigger on the outbox");
+
+    let mut cfg = config_idle(&redis, &pg, "100ms", "1h", 100);
+    cfg.invalidation
+        .outbox
+        .as_mut()
+        .expect("outbox configured")
+        .notify = false;
+    let worker = start_worker(cfg).await;
+    let conn = redis_conn(&redis).await;
+    for id in 1..=2 {
+        let before = worker_statements(&client).await;
+        eventually(
+            "the idle witness polls at poll_interval",
+            Duration::from_secs(10),
+            || async { worker_statements(&client).await >= before + 10 },
+        )
+        .await;
+        insert(&client, "quiet", id).await;
+        let key = gen_key("quiet", id);
+        eventually(
+            "the row found by the idle witness's poll",
+            Duration::from_secs(5),
+            || has_generation(&conn, &key),
+        )
+        .await;
+    }
     worker.stop().await;
 }
 
@@ -660,7 +711,7 @@ async fn a_dead_cluster_master_delays_only_its_own_rows() {
     use crate::support::redis::RedisCluster;
     let cluster = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
     let pg = PostgresServer::start();
-    pg.execute(&outbox_ddl(TABLE, TABLE).unwrap()).await;
+    pg.execute(&outbox_ddl(TABLE, Some(TABLE)).unwrap()).await;
     let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let mut cfg = crate::support::library_config_on(
         &format!("cluster: [{}]", seeds.join(", ")),

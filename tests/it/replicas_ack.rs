@@ -66,7 +66,7 @@ async fn failover(replicas: u32) -> Option<String> {
     let primary = RedisServer::start();
     let replica = RedisServer::start_replica_of(&primary);
     let pg = PostgresServer::start();
-    pg.execute(&outbox_ddl(TABLE, TABLE).unwrap()).await;
+    pg.execute(&outbox_ddl(TABLE, Some(TABLE)).unwrap()).await;
     let db = pg.client().await;
     let gen = keys::generation_key("sc:", &keys::identity("app", &["t", "7"]));
 

@@ -216,7 +216,7 @@ mod postgres {
     async fn outbox_worker_drains_over_verified_tls() {
         let certs = Certs::generate();
         let pg = PostgresServer::start_tls(&certs);
-        pg.execute(&outbox_ddl("sidecache_outbox", "sidecache_outbox").unwrap())
+        pg.execute(&outbox_ddl("sidecache_outbox", Some("sidecache_outbox")).unwrap())
             .await;
         let redis = RedisServer::start();
         let url = pg.url_with("127.0.0.1", "connect_timeout=5");

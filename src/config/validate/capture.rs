@@ -143,6 +143,7 @@ pub(super) fn capture(
             idle_poll_interval: defaults::idle_poll_interval().0,
             batch: defaults::batch(),
             notify_channel: defaults::outbox_table(),
+            notify: true,
         });
     }
     invalidation.capture = Some(CaptureConfig {

@@ -61,6 +61,7 @@ pub(super) fn invalidation(raw: &FileConfig, store: &StoreConfig) -> Result<Inva
                 idle_poll_interval: o.idle_poll_interval.0,
                 batch: o.batch,
                 notify_channel: o.notify_channel.clone(),
+                notify: o.notify,
             })
         }
     };

@@ -95,7 +95,10 @@ fn by_table(cfg: &CaptureConfig) -> Vec<(&TableName, Vec<&TableMapping>)> {
 /// The install script: the outbox (its own idempotent DDL first, so one
 /// script is enough), then every table's triggers, in one transaction.
 pub fn install(cfg: &CaptureConfig, outbox: &OutboxConfig) -> Result<String, String> {
-    let mut sql = super::super::ddl::outbox_ddl(&outbox.table, &outbox.notify_channel)?;
+    let mut sql = super::super::ddl::outbox_ddl(
+        &outbox.table,
+        outbox.notify.then_some(outbox.notify_channel.as_str()),
+    )?;
     sql.push_str("\n-- sidecache change capture (mode: triggers): every change of a mapped\n");
     sql.push_str("-- table writes outbox rows in its own transaction.\nBEGIN;\n");
     for (table, mappings) in by_table(cfg) {
