@@ -225,9 +225,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
         let checks = match publish_checks(fill, &tickets, &mut entry, deps).await {
-            Some(checks) => checks,
-            None => {
+            Checks::Ready(checks) => checks,
+            Checks::Unticketed => {
                 count_publish(fill, FillOutcome::TagsUnticketed);
+                return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
+            }
+            Checks::TagMoved => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: a tag was invalidated during the fill");
+                count_publish(fill, FillOutcome::Rejected);
                 return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
             }
         };
@@ -278,43 +283,76 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     Answer::Shared(CacheOutcome::Miss, Arc::new(entry))
 }
 
+/// What [`publish_checks`] made of an answer's dependencies.
+enum Checks {
+    Ready(PublishChecks),
+    /// The answer carries a tag the fill could not ticket: not stored.
+    Unticketed,
+    /// A tag the fill learned from its answer was invalidated during the
+    /// fill: not stored, and for the request that started it only.
+    TagMoved,
+}
+
 /// What stage 8 checks besides generation and lease (`depends`): the
 /// object's floor (`version_from`), the route's generation and the
 /// answer's tags (`tags_from`), stamped into `entry` with the tickets the
-/// fill took. `None`: the answer carries a tag the fill has no ticket for;
-/// it is not stored, and its tags are remembered so the next fill takes
-/// their tickets.
-async fn publish_checks(
-    fill: &Fill,
-    tickets: &Tickets,
-    entry: &mut Entry,
-    deps: Deps,
-) -> Option<PublishChecks> {
+/// fill took. A tag the fill took no ticket for before its upstream call
+/// gets one now, if it was not invalidated since the fill began
+/// ([`Tickets::start`]); the answer's tags are remembered so the next fill
+/// takes their tickets first.
+async fn publish_checks(fill: &Fill, tickets: &Tickets, entry: &mut Entry, deps: Deps) -> Checks {
     let ns = &fill.cfg.store.namespace;
     let mut checks = PublishChecks::default();
     if fill.route.version_from.is_some() {
         checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
         checks.version = deps.version;
     }
-    match tickets.stamp(&deps.tags) {
-        Stamp::Stamps(stamps) => {
-            entry.tags = stamps
+    let stamps = match tickets.stamp(&deps.tags) {
+        Stamp::Stamps(stamps) => stamps,
+        Stamp::Unticketed {
+            mut stamps,
+            missing,
+        } => {
+            remember_tags(fill, tickets, &deps.tags).await;
+            let Some(start) = &tickets.start else {
+                return Checks::Unticketed;
+            };
+            let tag_keys: Vec<String> = missing
                 .iter()
-                .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
+                .map(|t| keys::tag_generation_key(ns, t))
                 .collect();
-            checks.tags = stamps;
-            Some(checks)
-        }
-        Stamp::Unticketed(tags) => {
-            if let Some(list_key) = &tickets.list_key {
-                let list = tags.join(" ");
-                let store = &fill.shared.store;
-                let remembered = store.remember_tags(list_key, &list, fill.cfg.gen_ttl);
-                if let Err(e) = remembered.await {
-                    tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
+            let store = &fill.shared.store;
+            let nonce = nonce();
+            let taken = store.tag_tickets_since(&tag_keys, start, &nonce, fill.cfg.gen_ttl);
+            match taken.await {
+                Ok(Some(generations)) => stamps.extend(tag_keys.into_iter().zip(generations)),
+                Ok(None) => return Checks::TagMoved,
+                Err(e) => {
+                    tracing::debug!(route = %fill.route.name, error = %e, "could not ticket the answer's new tags");
+                    return Checks::Unticketed;
                 }
             }
-            None
+            stamps
+        }
+    };
+    entry.tags = stamps
+        .iter()
+        .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
+        .collect();
+    checks.tags = stamps;
+    Checks::Ready(checks)
+}
+
+/// Records the tags an answer carried for its object, so the next fill
+/// takes their tickets before its upstream call. A lost write costs that
+/// fill a store call at publish (or, on a cluster, a refetch).
+async fn remember_tags(fill: &Fill, tickets: &Tickets, tags: &[String]) {
+    if let Some(list_key) = &tickets.list_key {
+        let list = tags.join(" ");
+        let store = &fill.shared.store;
+        let remembered = store.remember_tags(list_key, &list, fill.cfg.gen_ttl);
+        if let Err(e) = remembered.await {
+            tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
         }
     }
 }
