@@ -16,6 +16,7 @@ use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
 use super::flight::{Answer, FlightKey, Flights};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
+use super::pass::{self, PassMarkers};
 use super::publish::{self, Cacheability, FillOutcome, Lifetime, Uncacheable};
 use super::{cache_control, etag, revalidate, stale, vary};
 use crate::bloom::Blooms;
@@ -42,6 +43,8 @@ pub(super) struct Shared {
     pub(super) metrics: Metrics,
     pub(super) permits: FillPermits,
     pub(super) blooms: Arc<Blooms>,
+    /// Hit-for-pass: object variants forwarded without a fill (`pass`).
+    pub(super) passes: PassMarkers,
 }
 
 /// One fill's inputs, owned so the fill can run in its own task.
@@ -209,10 +212,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
             count_publish(fill, FillOutcome::TooLarge);
+            mark_pass(fill, &ticket);
             return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::OneClient(resp, reason) => {
             count_uncacheable(fill, reason);
+            if pass::passes(reason, resp.status()) {
+                mark_pass(fill, &ticket);
+            }
             return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
@@ -280,7 +287,20 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         return Answer::Shared(CacheOutcome::Miss, Arc::new(entry));
     };
     count_uncacheable(fill, reason);
+    let status = http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::OK);
+    if pass::passes(reason, status) {
+        mark_pass(fill, &ticket);
+    }
     Answer::Shared(CacheOutcome::Miss, Arc::new(entry))
+}
+
+/// Hit-for-pass: the object variant's answers are not stored for a reason
+/// of its own; requests that read `generation` are forwarded without a
+/// fill for the route's `hit_for_pass` (`pass`).
+fn mark_pass(fill: &Fill, generation: &Bytes) {
+    let ttl = fill.route.hit_for_pass;
+    let entry_key = fill.key.keys.entry();
+    fill.shared.passes.mark(entry_key, generation, ttl);
 }
 
 /// What [`publish_checks`] made of an answer's dependencies.
