@@ -20,6 +20,9 @@ pub(crate) enum CacheOutcome {
     /// An expired entry of the current generation, within its grace or
     /// stale-if-error window.
     Stale,
+    /// Hit-for-pass: the object's last fill could not be stored for a
+    /// reason of its own, so it is forwarded without a fill.
+    Pass,
 }
 
 /// The `X-Cache` response header's name, parsed once.
@@ -27,7 +30,7 @@ pub(crate) static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-c
 
 impl CacheOutcome {
     /// How many values there are (see [`CacheOutcome::index`]).
-    pub(crate) const COUNT: usize = 7;
+    pub(crate) const COUNT: usize = 8;
 
     /// 0..[`CacheOutcome::COUNT`], for arrays with a slot per value.
     pub(crate) fn index(self) -> usize {
@@ -39,6 +42,7 @@ impl CacheOutcome {
             CacheOutcome::Bypass => 4,
             CacheOutcome::Degraded => 5,
             CacheOutcome::Stale => 6,
+            CacheOutcome::Pass => 7,
         }
     }
 
@@ -51,6 +55,7 @@ impl CacheOutcome {
             CacheOutcome::Bypass => "BYPASS",
             CacheOutcome::Degraded => "DEGRADED",
             CacheOutcome::Stale => "STALE",
+            CacheOutcome::Pass => "PASS",
         }
     }
 

@@ -476,6 +476,10 @@ pub(crate) struct FileRoute {
     /// How long an expired entry with validators is kept to be revalidated.
     #[serde(default = "defaults::keep")]
     pub keep: HumanDuration,
+    /// Hit-for-pass: how long an object variant whose answer could not be
+    /// stored for a reason of its own is forwarded without a fill; `0s` off.
+    #[serde(default = "defaults::hit_for_pass")]
+    pub hit_for_pass: HumanDuration,
     #[serde(default = "defaults::cache_status")]
     pub cache_status: Vec<u16>,
     #[serde(default = "defaults::negative_status")]
@@ -740,6 +744,9 @@ pub(super) mod defaults {
     }
     pub(crate) fn negative_status() -> Vec<u16> {
         vec![404]
+    }
+    pub(crate) fn hit_for_pass() -> HumanDuration {
+        HumanDuration(Duration::from_secs(60))
     }
     pub(crate) fn lease() -> HumanDuration {
         HumanDuration(Duration::from_secs(3))

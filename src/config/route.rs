@@ -65,6 +65,10 @@ pub struct Route {
     /// `Last-Modified`) stays in the store so that a fill can revalidate it
     /// with a conditional request instead of fetching the whole body.
     pub keep: Duration,
+    /// Hit-for-pass: how long an object variant whose fill's answer could
+    /// not be stored for a reason of its own is forwarded without a fill
+    /// (zero: off).
+    pub hit_for_pass: Duration,
     pub cache_status: Vec<u16>,
     pub negative_status: Vec<u16>,
     pub lease: Duration,

@@ -11,12 +11,16 @@
 //!   served after it.
 //! - **Tags.** Before its upstream call a fill reads the tags the object's
 //!   last answer carried (`…:t`) and takes their tickets (current tag
-//!   generations, created if missing). An answer whose tags are all among
-//!   them is stamped with those tickets; publish re-checks them (in the
-//!   script on a single node), and every hit checks them again. An answer
-//!   with a tag the fill holds no ticket for cannot prove that tag was not
-//!   invalidated during the fill: it is not published (`tags_changed`),
-//!   and its tags are remembered so the next fill takes their tickets.
+//!   generations, created if missing), reading the store's clock in the
+//!   same step: the fill's start. An answer whose tags are all among them
+//!   is stamped with those tickets; publish re-checks them (in the script
+//!   on a single node), and every hit checks them again. For a tag the fill
+//!   holds no ticket for (a first fill, a changed tag set), one atomic step
+//!   at publish reads its generation (created if missing) and accepts it
+//!   only if it was made before the fill's start: no invalidation of that
+//!   tag happened during the fill. Otherwise, or where there is no one
+//!   clock to compare with (Redis Cluster), it is not published, and its
+//!   tags are remembered so the next fill takes their tickets.
 //! - **Floors.** An answer's version (the `version_from` header: an
 //!   integer, or a numeric `ETag`) below the object's floor is not
 //!   published (`below_floor`); the publish script compares it.
@@ -38,6 +42,9 @@ pub(crate) struct Tickets {
     pub(crate) list_key: Option<String>,
     /// (tag, tag generation key, ticket), sorted by tag.
     tags: Vec<(String, String, Bytes)>,
+    /// The store's clock when the tickets were taken, where all tag keys
+    /// share one clock (`tags_from`, not on a cluster).
+    pub(crate) start: Option<Bytes>,
 }
 
 /// What a fill's answer carries, judged against the tickets.
@@ -46,9 +53,12 @@ pub(crate) enum Stamp {
     /// (generation key, ticket): the route's first, then one per tag of
     /// the answer.
     Stamps(Vec<(String, Bytes)>),
-    /// The answer carries tags the fill holds no ticket for: these are its
-    /// tags, to remember for the next fill.
-    Unticketed(Vec<String>),
+    /// The answer carries tags the fill holds no ticket for: the stamps of
+    /// the route and the ticketed tags, and the tags without a ticket.
+    Unticketed {
+        stamps: Vec<(String, Bytes)>,
+        missing: Vec<String>,
+    },
 }
 
 impl Tickets {
@@ -88,10 +98,11 @@ impl Tickets {
         let mut gen_keys = Vec::with_capacity(tags.len() + 1);
         gen_keys.push(route_key);
         gen_keys.extend(tags.iter().map(|t| keys::tag_generation_key(namespace, t)));
-        let mut generations = store
-            .tag_tickets(&gen_keys, nonce, gen_ttl)
-            .await?
-            .into_iter();
+        let (generations, start) = match tags_from {
+            true => store.tag_tickets_timed(&gen_keys, nonce, gen_ttl).await?,
+            false => (store.tag_tickets(&gen_keys, nonce, gen_ttl).await?, None),
+        };
+        let mut generations = generations.into_iter();
         let mut gen_keys = gen_keys.into_iter();
         let (Some(route_key), Some(route_ticket)) = (gen_keys.next(), generations.next()) else {
             return Err(StoreError::Protocol("no ticket for the route".into()));
@@ -107,6 +118,7 @@ impl Tickets {
             route: (route_key, route_ticket),
             list_key,
             tags,
+            start,
         })
     }
 
@@ -115,13 +127,17 @@ impl Tickets {
     pub(crate) fn stamp(&self, tags: &[String]) -> Stamp {
         let mut stamps = Vec::with_capacity(tags.len() + 1);
         stamps.push(self.route.clone());
+        let mut missing = Vec::new();
         for tag in tags {
             match self.tags.binary_search_by(|t| t.0.as_str().cmp(tag)) {
                 Ok(i) => stamps.push((self.tags[i].1.clone(), self.tags[i].2.clone())),
-                Err(_) => return Stamp::Unticketed(tags.to_vec()),
+                Err(_) => missing.push(tag.clone()),
             }
         }
-        Stamp::Stamps(stamps)
+        match missing.is_empty() {
+            true => Stamp::Stamps(stamps),
+            false => Stamp::Unticketed { stamps, missing },
+        }
     }
 }
 
@@ -169,6 +185,7 @@ mod tests {
                 ("a".into(), "sc:t:{a}:g".into(), Bytes::from_static(b"ga")),
                 ("b".into(), "sc:t:{b}:g".into(), Bytes::from_static(b"gb")),
             ],
+            start: None,
         };
         assert_eq!(
             t.stamp(&["b".into()]),
@@ -177,10 +194,13 @@ mod tests {
                 ("sc:t:{b}:g".into(), Bytes::from_static(b"gb"))
             ])
         );
-        assert_eq!(t.stamp(&[]), Stamp::Stamps(vec![route]));
+        assert_eq!(t.stamp(&[]), Stamp::Stamps(vec![route.clone()]));
         assert_eq!(
             t.stamp(&["a".into(), "c".into()]),
-            Stamp::Unticketed(vec!["a".into(), "c".into()])
+            Stamp::Unticketed {
+                stamps: vec![route, ("sc:t:{a}:g".into(), Bytes::from_static(b"ga"))],
+                missing: vec!["c".into()]
+            }
         );
     }
 }

@@ -16,6 +16,7 @@ use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
 use super::flight::{Answer, FlightKey, Flights};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
+use super::pass::{self, PassMarkers};
 use super::publish::{self, Cacheability, FillOutcome, Lifetime, Uncacheable};
 use super::{cache_control, etag, revalidate, stale, vary};
 use crate::bloom::Blooms;
@@ -42,6 +43,8 @@ pub(super) struct Shared {
     pub(super) metrics: Metrics,
     pub(super) permits: FillPermits,
     pub(super) blooms: Arc<Blooms>,
+    /// Hit-for-pass: object variants forwarded without a fill (`pass`).
+    pub(super) passes: PassMarkers,
 }
 
 /// One fill's inputs, owned so the fill can run in its own task.
@@ -209,10 +212,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
             count_publish(fill, FillOutcome::TooLarge);
+            mark_pass(fill, &ticket);
             return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::OneClient(resp, reason) => {
             count_uncacheable(fill, reason);
+            if pass::passes(reason, resp.status()) {
+                mark_pass(fill, &ticket);
+            }
             return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
@@ -225,9 +232,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     let Cacheability::Uncacheable(reason) = kind else {
         let ttl = life.store_ttl();
         let checks = match publish_checks(fill, &tickets, &mut entry, deps).await {
-            Some(checks) => checks,
-            None => {
+            Checks::Ready(checks) => checks,
+            Checks::Unticketed => {
                 count_publish(fill, FillOutcome::TagsUnticketed);
+                return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
+            }
+            Checks::TagMoved => {
+                tracing::info!(route = %route.name, key = %fill.key.keys.entry(), "publish rejected: a tag was invalidated during the fill");
+                count_publish(fill, FillOutcome::Rejected);
                 return Answer::Starter(CacheOutcome::Miss, Arc::new(entry));
             }
         };
@@ -275,46 +287,92 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         return Answer::Shared(CacheOutcome::Miss, Arc::new(entry));
     };
     count_uncacheable(fill, reason);
+    let status = http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::OK);
+    if pass::passes(reason, status) {
+        mark_pass(fill, &ticket);
+    }
     Answer::Shared(CacheOutcome::Miss, Arc::new(entry))
+}
+
+/// Hit-for-pass: the object variant's answers are not stored for a reason
+/// of its own; requests that read `generation` are forwarded without a
+/// fill for the route's `hit_for_pass` (`pass`).
+fn mark_pass(fill: &Fill, generation: &Bytes) {
+    let ttl = fill.route.hit_for_pass;
+    let entry_key = fill.key.keys.entry();
+    fill.shared.passes.mark(entry_key, generation, ttl);
+}
+
+/// What [`publish_checks`] made of an answer's dependencies.
+enum Checks {
+    Ready(PublishChecks),
+    /// The answer carries a tag the fill could not ticket: not stored.
+    Unticketed,
+    /// A tag the fill learned from its answer was invalidated during the
+    /// fill: not stored, and for the request that started it only.
+    TagMoved,
 }
 
 /// What stage 8 checks besides generation and lease (`depends`): the
 /// object's floor (`version_from`), the route's generation and the
 /// answer's tags (`tags_from`), stamped into `entry` with the tickets the
-/// fill took. `None`: the answer carries a tag the fill has no ticket for;
-/// it is not stored, and its tags are remembered so the next fill takes
-/// their tickets.
-async fn publish_checks(
-    fill: &Fill,
-    tickets: &Tickets,
-    entry: &mut Entry,
-    deps: Deps,
-) -> Option<PublishChecks> {
+/// fill took. A tag the fill took no ticket for before its upstream call
+/// gets one now, if it was not invalidated since the fill began
+/// ([`Tickets::start`]); the answer's tags are remembered so the next fill
+/// takes their tickets first.
+async fn publish_checks(fill: &Fill, tickets: &Tickets, entry: &mut Entry, deps: Deps) -> Checks {
     let ns = &fill.cfg.store.namespace;
     let mut checks = PublishChecks::default();
     if fill.route.version_from.is_some() {
         checks.floor_key = Some(keys::floor_key(ns, &fill.key.identity));
         checks.version = deps.version;
     }
-    match tickets.stamp(&deps.tags) {
-        Stamp::Stamps(stamps) => {
-            entry.tags = stamps
+    let stamps = match tickets.stamp(&deps.tags) {
+        Stamp::Stamps(stamps) => stamps,
+        Stamp::Unticketed {
+            mut stamps,
+            missing,
+        } => {
+            remember_tags(fill, tickets, &deps.tags).await;
+            let Some(start) = &tickets.start else {
+                return Checks::Unticketed;
+            };
+            let tag_keys: Vec<String> = missing
                 .iter()
-                .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
+                .map(|t| keys::tag_generation_key(ns, t))
                 .collect();
-            checks.tags = stamps;
-            Some(checks)
-        }
-        Stamp::Unticketed(tags) => {
-            if let Some(list_key) = &tickets.list_key {
-                let list = tags.join(" ");
-                let store = &fill.shared.store;
-                let remembered = store.remember_tags(list_key, &list, fill.cfg.gen_ttl);
-                if let Err(e) = remembered.await {
-                    tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
+            let store = &fill.shared.store;
+            let nonce = nonce();
+            let taken = store.tag_tickets_since(&tag_keys, start, &nonce, fill.cfg.gen_ttl);
+            match taken.await {
+                Ok(Some(generations)) => stamps.extend(tag_keys.into_iter().zip(generations)),
+                Ok(None) => return Checks::TagMoved,
+                Err(e) => {
+                    tracing::debug!(route = %fill.route.name, error = %e, "could not ticket the answer's new tags");
+                    return Checks::Unticketed;
                 }
             }
-            None
+            stamps
+        }
+    };
+    entry.tags = stamps
+        .iter()
+        .map(|(k, g)| (Bytes::copy_from_slice(k.as_bytes()), g.clone()))
+        .collect();
+    checks.tags = stamps;
+    Checks::Ready(checks)
+}
+
+/// Records the tags an answer carried for its object, so the next fill
+/// takes their tickets before its upstream call. A lost write costs that
+/// fill a store call at publish (or, on a cluster, a refetch).
+async fn remember_tags(fill: &Fill, tickets: &Tickets, tags: &[String]) {
+    if let Some(list_key) = &tickets.list_key {
+        let list = tags.join(" ");
+        let store = &fill.shared.store;
+        let remembered = store.remember_tags(list_key, &list, fill.cfg.gen_ttl);
+        if let Err(e) = remembered.await {
+            tracing::debug!(route = %fill.route.name, error = %e, "could not remember the answer's tags");
         }
     }
 }

@@ -2,13 +2,16 @@
 //! (docs/architecture.md#read-pipeline). Each stage is a named function in its
 //! own file; this file is the chart that chooses between them
 //! ([`Pipeline::try_hit`] for a near-cache hit, else `serve`: stage 0, then
-//! `serve_keyed` for stages 1-3 and `serve_missed` for 4-10), and `filler` runs
+//! `serve_keyed` for stages 1-3 and `serve_missed` for 3a-10), and `filler` runs
 //! a fill once one is chosen (stages 5-9):
 //!
 //! ```text
 //! 0 validate + bypass   (route match in server; bypass() here)
 //! 1 key                 keys::cache_key
 //! 2 read, 3 hit check   lookup::lookup = store read + lookup::check_entry
+//!   3a pass             pass::PassMarkers: an object variant whose answers
+//!                       are not stored for a reason of its own is
+//!                       forwarded (hit-for-pass), no fill
 //!   3b stale            stale: expired but current entry; grace answers it
 //!                       at once + stale::refresh in the background;
 //!                       stale-if-error keeps it for a failed refill
@@ -46,6 +49,7 @@ mod filler;
 pub(crate) mod flight;
 pub(crate) mod lease;
 pub(crate) mod lookup;
+pub(crate) mod pass;
 pub(crate) mod publish;
 pub(crate) mod range;
 pub(crate) mod revalidate;
@@ -117,6 +121,8 @@ enum Keyed {
     /// `vary_from_origin`: the answer varies on names the key did not
     /// include and is not this client's variant: key again with these.
     Relearn(Vec<HeaderName>),
+    /// Hit-for-pass: forward the request as it came.
+    Pass,
 }
 
 impl Pipeline {
@@ -134,6 +140,7 @@ impl Pipeline {
                 blooms,
                 store,
                 metrics,
+                passes: pass::PassMarkers::default(),
             }),
             flights: Arc::new(Flights::default()),
         }
@@ -265,8 +272,9 @@ impl Pipeline {
             None => (Vec::new(), false),
         };
         let (parts, body) = req.into_parts();
-        // Kept only where the request may still be forwarded as it came.
-        let mut body = route.origin_vary.map(|_| body);
+        // Kept while the request may still be forwarded as it came (a long
+        // learned `Vary` value, hit-for-pass).
+        let mut body = Some(body);
         let read = CacheRead {
             cfg: &cfg,
             route,
@@ -293,6 +301,18 @@ impl Pipeline {
             let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
             match keyed.await {
                 Keyed::Served(status, resp) => return (status, resp),
+                Keyed::Pass => {
+                    let Some(body) = body.take() else {
+                        let bug = ProxyError::Bug("pass without the request's body".into());
+                        return (CacheOutcome::Pass, bug.to_response());
+                    };
+                    let req = Request::from_parts(parts, body);
+                    let timeout = cfg.upstream.timeout;
+                    let resp =
+                        crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
+                            .await;
+                    return (CacheOutcome::Pass, resp);
+                }
                 // Once: an origin that changes its `Vary` on every answer
                 // gets the second answer served as it is.
                 Keyed::Relearn(names) => {
@@ -361,7 +381,7 @@ impl Pipeline {
         rest.await
     }
 
-    /// Stages 4-10 for a key that found no fresh entry.
+    /// Stages 3a, 3b and 4-10 for a key that found no fresh entry.
     async fn serve_missed(
         &self,
         read: &CacheRead<'_>,
@@ -377,6 +397,14 @@ impl Pipeline {
             expired,
             read_generation,
         } = missed;
+        // Hit-for-pass: this variant's answers are not stored, as its last
+        // fill found for the generation this request read.
+        let seen = expired.as_ref().map(|e| &e.generation);
+        if let Some(generation) = seen.or(read_generation.as_ref()) {
+            if sh.passes.is_marked(key.keys.entry(), generation) {
+                return Keyed::Pass;
+            }
+        }
         // Stage 4: only on a real miss (an expired entry of the current
         // generation proves the object exists); with the store unavailable
         // the filter is too, and the degraded path takes over.
@@ -417,6 +445,7 @@ impl Pipeline {
             (None, None) => filler::generation(&fill).await,
         };
         // Stages 5-9 (`filler`), or the degraded fetch without a generation.
+        let joined = generation.clone();
         let (answer, started) = filler::join(&self.flights, &fill, generation).await;
         // stale-if-error: a failed refill answers with the expired entry
         // if, read again now, it is still of the current generation and
@@ -446,7 +475,12 @@ impl Pipeline {
             return Keyed::Served(status, resp);
         }
         // The answer belongs to the request that started the flight (its
-        // headers went upstream, a Set-Cookie is for it): fetch our own.
+        // headers went upstream, a Set-Cookie is for it): fetch our own,
+        // forwarded as it came if that fill made the object a hit-for-pass.
+        let passed = joined.is_some_and(|g| sh.passes.is_marked(fill.key.keys.entry(), &g));
+        if passed {
+            return Keyed::Pass;
+        }
         let own = filler::fetch_only(&fill, CacheOutcome::Miss).await;
         let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
             (

@@ -8,6 +8,10 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use std::time::Duration;
 
+/// Tag tickets and the store's clock read with them
+/// ([`TagStore::tag_tickets_timed`]).
+pub(crate) type TimedTickets = (Vec<Bytes>, Option<Bytes>);
+
 /// Tag generations, an object's remembered tag list, and version floors.
 /// Optional for a backend: one without them keeps the defaults, which fail
 /// every call.
@@ -21,6 +25,38 @@ pub trait TagStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
         let _ = (tag_keys, nonce, gen_ttl);
+        unsupported("tags are not supported")
+    }
+
+    /// [`TagStore::tag_tickets`], plus the store's clock read in the same
+    /// atomic step (`'<seconds>.<microseconds>'`, the shape of a
+    /// generation's time): when the fill began, for
+    /// [`TagStore::tag_tickets_since`]. `None` where the keys do not share
+    /// one clock (Redis Cluster: other masters), and by default.
+    fn tag_tickets_timed<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<TimedTickets, StoreError>> {
+        let tickets = self.tag_tickets(tag_keys, nonce, gen_ttl);
+        Box::pin(async move { Ok((tickets.await?, None)) })
+    }
+
+    /// Tag tickets for tags a fill learned from its answer
+    /// (`lua/tag_tickets_since.lua`): the current generation of each,
+    /// created where missing, in one atomic step, but only if none was
+    /// made at or after `since` (a [`TagStore::tag_tickets_timed`] clock),
+    /// i.e. none of those tags was invalidated since the fill began.
+    /// `None`: one was (nothing written).
+    fn tag_tickets_since<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        since: &'a [u8],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<Bytes>>, StoreError>> {
+        let _ = (tag_keys, since, nonce, gen_ttl);
         unsupported("tags are not supported")
     }
 

@@ -41,9 +41,11 @@ impl Backend {
         }
     }
 
-    /// The `app` route with `route_keys` added.
+    /// The `app` route with `route_keys` added, hit-for-pass off (these
+    /// tests look at every fill of an answer that is not stored).
     fn builder(&self, origin: &Origin, route_keys: &str) -> SidecacheBuilder {
-        let b = SidecacheBuilder::new(origin.url()).routes(&app_routes(route_keys));
+        let keys = format!("{route_keys}\nhit_for_pass: 0s");
+        let b = SidecacheBuilder::new(origin.url()).routes(&app_routes(&keys));
         match self {
             Backend::Embedded => b,
             Backend::Redis(r) => b.store(&format!(

@@ -13,9 +13,10 @@ use std::time::Duration;
 const P: &str = "/api/tenants/acme/apps/1";
 
 /// The `app` route (with jitter and a negative TTL) and three routes for
-/// vary and the query modes.
+/// vary and the query modes. Hit-for-pass is off: these tests look at every
+/// fill of an answer that is not stored (hit_for_pass.rs covers the pass).
 fn routes() -> String {
-    app_routes("jitter: 5s\nnegative_ttl: 60s") + MORE_ROUTES
+    app_routes("jitter: 5s\nnegative_ttl: 60s\nhit_for_pass: 0s") + MORE_ROUTES
 }
 
 const MORE_ROUTES: &str = r#"  - name: varied

@@ -136,9 +136,9 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
     let sc = builder(&origin, &redis, "").start().await;
     let path = "/api/tagged/1";
     origin.reply(path, Reply::ok("v1").header("surrogate-key", "t:1 shared"));
-    // The first fill learns the object's tags; the second publishes.
-    read(&sc, path).await;
-    read(&sc, path).await;
+    // The first fill publishes (its tags were not invalidated during it)
+    // and remembers them, so later fills take their tickets up front.
+    assert_eq!(read(&sc, path).await.0, "MISS");
     assert_eq!(read(&sc, path).await.0, "HIT");
     // Explained (`/admin/lookup`) as never served once its tag moved.
     assert_eq!(admin(&sc, r#"{"tags": ["t:1"]}"#).await, 200);
@@ -207,6 +207,87 @@ async fn a_fill_racing_a_tag_invalidation_is_never_served() {
         );
         assert_eq!(read(&sc, path).await, ("HIT".into(), "new".into()));
     }
+}
+
+/// The first fill of an object whose tags no fill has seen yet is stored:
+/// 100 cold objects, each with a tag of its own and one they share, cost
+/// 100 origin calls, and each is a HIT on its next read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_fills_of_tagged_objects_are_stored() {
+    let origin = Origin::start().await;
+    let redis = RedisServer::start();
+    let sc = builder(&origin, &redis, "").start().await;
+    for id in 1..=100 {
+        let path = format!("/api/tagged/{id}");
+        let tags = format!("item:{id} catalogue");
+        origin.reply(
+            &path,
+            Reply::ok(format!("v{id}")).header("surrogate-key", &tags),
+        );
+        assert_eq!(read(&sc, &path).await, ("MISS".into(), format!("v{id}")));
+    }
+    assert_eq!(origin.total(), 100);
+    for id in 1..=100 {
+        let path = format!("/api/tagged/{id}");
+        assert_eq!(read(&sc, &path).await, ("HIT".into(), format!("v{id}")));
+    }
+    assert_eq!(origin.total(), 100, "one origin call per object");
+    let published = sc
+        .metric_sum(
+            "sidecache_publish_total",
+            &[("route", "tagged"), ("outcome", "published")],
+        )
+        .await;
+    assert_eq!(published, 100.0);
+    // The tags they were stamped with still work: one tag event kills all.
+    assert_eq!(admin(&sc, r#"{"tags": ["catalogue"]}"#).await, 200);
+    assert_eq!(read(&sc, "/api/tagged/7").await.0, "MISS");
+    assert_eq!(read(&sc, "/api/tagged/8").await.0, "MISS");
+}
+
+/// The first fill of a tagged object (no ticket for its tags before the
+/// upstream call) whose tag is invalidated while the fill waits for the
+/// origin is not published, and a request that joined it after the
+/// invalidation fetches its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_fill_racing_its_tags_invalidation_is_never_served() {
+    let origin = Origin::start().await;
+    let redis = RedisServer::start();
+    let sc = builder(&origin, &redis, "").start().await;
+    let path = "/api/tagged/5";
+    // The tag exists already (another object's fill created it), so only
+    // the invalidation during the fill can make it newer than the fill.
+    origin.reply(
+        "/api/tagged/6",
+        Reply::ok("six").header("surrogate-key", "shared"),
+    );
+    assert_eq!(read(&sc, "/api/tagged/6").await.0, "MISS");
+    origin.reply(path, Reply::ok("old").header("surrogate-key", "t:5 shared"));
+    let (gate, held) = get_held(&origin, path, sc.url(path)).await;
+    assert_eq!(admin(&sc, r#"{"tags": ["shared"]}"#).await, 200);
+    origin.reply(path, Reply::ok("new").header("surrogate-key", "t:5 shared"));
+    let coalesced = || sc.metric_sum("sidecache_coalesced_total", &[("route", "tagged")]);
+    let joiner_url = sc.url(path);
+    let joiner = tokio::spawn(async move { client::get(&joiner_url).await });
+    eventually(
+        "the second read joins the held fill",
+        Duration::from_secs(10),
+        || async { coalesced().await >= 1.0 },
+    )
+    .await;
+    gate.release();
+    assert_eq!(held.await.expect("held read").text(), "old");
+    assert_eq!(joiner.await.expect("joiner").text(), "new");
+    let rejected = sc
+        .metric_sum(
+            "sidecache_publish_total",
+            &[("route", "tagged"), ("outcome", "publish_rejected")],
+        )
+        .await;
+    assert_eq!(rejected, 1.0, "refused at publish");
+    // Nothing old was stored: the next reads see the new answer.
+    assert_eq!(read(&sc, path).await.1, "new");
+    assert_eq!(read(&sc, path).await, ("HIT".into(), "new".into()));
 }
 
 /// Version floor: invalidate with revision 7; a fill answering version 6

@@ -22,6 +22,8 @@ use std::time::Duration;
 /// Every attacker value contains this, so one `contains` finds any leak.
 const EVIL: &str = "evil-7d1f";
 
+/// Hit-for-pass is off: these tests look at every fill of a refused answer
+/// (hit_for_pass.rs covers the pass that would follow).
 const ROUTES: &str = r#"routes:
   - name: echo
     path: /echo/{id}
@@ -29,17 +31,20 @@ const ROUTES: &str = r#"routes:
     vary: [Accept]
     ttl: 60s
     negative_ttl: 60s
+    hit_for_pass: 0s
   - name: personal
     path: /echo/personal/{id}
     params: { id: "[0-9]+" }
     fill_headers: [x-user]
     ttl: 60s
+    hit_for_pass: 0s
   - name: trusting
     path: /echo/trusting/{id}
     params: { id: "[0-9]+" }
     fill_headers: [x-user]
     origin_cache_control: ignore
     ttl: 60s
+    hit_for_pass: 0s
   - name: paged
     path: /echo/paged/{id}
     params: { id: "[0-9]+" }

@@ -28,6 +28,7 @@ mod example_postgres;
 mod fill_hardening;
 mod forwarding;
 mod history;
+mod hit_for_pass;
 mod invalidation_binary;
 mod join_current;
 mod kubernetes;

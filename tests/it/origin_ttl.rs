@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 /// `o` trusts the origin up to a minute (1 s without a lifetime), `capped`
 /// at most 1 s, `strict` stores only answers that give a lifetime, `cdn`
-/// as `strict` but reads `CDN-Cache-Control` first.
+/// as `strict` but reads `CDN-Cache-Control` first. Hit-for-pass is off on
+/// the last two: these tests look at every fill of an answer not stored.
 const ROUTES: &str = r#"routes:
   - name: o
     path: /o/{id}
@@ -32,12 +33,14 @@ const ROUTES: &str = r#"routes:
     params: { id: "[a-z0-9]+" }
     ttl: origin
     max_ttl: 60s
+    hit_for_pass: 0s
   - name: cdn
     path: /cdn/{id}
     params: { id: "[a-z0-9]+" }
     ttl: origin
     max_ttl: 60s
     cdn_cache_control: true
+    hit_for_pass: 0s
 "#;
 
 /// The entry key of an object without query or vary headers.

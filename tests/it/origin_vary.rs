@@ -24,6 +24,7 @@ fn routes(extra: &str) -> String {
     ttl: origin
     max_ttl: 60s
     vary_from_origin: true
+    hit_for_pass: 0s
 {extra}"#
     )
 }

@@ -5,6 +5,7 @@
 use super::node_breakers::{pick, Breakers};
 use super::{GuardedStore, Op};
 use crate::store::protocol::StoreError;
+use crate::store::tags::TimedTickets;
 use bytes::Bytes;
 use std::time::Duration;
 
@@ -29,6 +30,48 @@ impl GuardedStore {
             Box::pin(async move { s.tag_tickets(&group, nonce, gen_ttl).await })
         })
         .await
+    }
+
+    /// `tag_tickets` plus the store's clock in the same step, where the
+    /// keys share one clock (not on a cluster: `None`).
+    pub async fn tag_tickets_timed(
+        &self,
+        tag_keys: &[String],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<TimedTickets, StoreError> {
+        match &self.breakers {
+            Breakers::One(b) => {
+                self.call_through(b, Op::Ticket, |s| {
+                    s.tag_tickets_timed(tag_keys, nonce, gen_ttl)
+                })
+                .await
+            }
+            Breakers::PerNode(_) => Ok((self.tag_tickets(tag_keys, nonce, gen_ttl).await?, None)),
+        }
+    }
+
+    /// Tag tickets for tags learned from an answer, only if none of them
+    /// was replaced since `since` (`None`: one was). Only where
+    /// `tag_tickets_timed` gave a clock.
+    pub async fn tag_tickets_since(
+        &self,
+        tag_keys: &[String],
+        since: &[u8],
+        nonce: &str,
+        gen_ttl: Duration,
+    ) -> Result<Option<Vec<Bytes>>, StoreError> {
+        match &self.breakers {
+            Breakers::One(b) => {
+                self.call_through(b, Op::Ticket, |s| {
+                    s.tag_tickets_since(tag_keys, since, nonce, gen_ttl)
+                })
+                .await
+            }
+            Breakers::PerNode(_) => Err(StoreError::Protocol(
+                "tag tickets since a time: not on a cluster".into(),
+            )),
+        }
     }
 
     /// The current value of each key (tag generations, an object's tag

@@ -23,7 +23,7 @@ use super::protocol::{
     covers, lease_ticket, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot,
     StoreError, WitnessSlot,
 };
-use super::tags::TagStore;
+use super::tags::{TagStore, TimedTickets};
 use crate::keys::ObjectKeys;
 use bitmap::Bitmap;
 use bytes::Bytes;
@@ -180,10 +180,28 @@ fn parse_i64(value: &[u8]) -> Option<i64> {
 /// `TIME`: `<unix secs>.<micros>-<nonce>`. The nonce makes it unique across
 /// callers within one microsecond.
 fn fresh_generation(nonce: &str) -> String {
+    let now = unix_micros();
+    format!("{}.{:06}-{}", now / 1_000_000, now % 1_000_000, nonce)
+}
+
+/// The clock generations are made from, in microseconds since the epoch.
+fn unix_micros() -> u64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    format!("{}.{:06}-{}", now.as_secs(), now.subsec_micros(), nonce)
+    now.as_secs() * 1_000_000 + u64::from(now.subsec_micros())
+}
+
+/// The time a generation (or a `tag_tickets_timed` clock) was made, in
+/// microseconds: its `<secs>.<micros>` prefix.
+fn micros_of(value: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (secs, rest) = text.split_once('.')?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let micros: u64 = rest[..end].parse().ok()?;
+    Some(secs.parse::<u64>().ok()? * 1_000_000 + micros)
 }
 
 impl Store for MemoryStore {
@@ -399,6 +417,54 @@ impl TagStore for MemoryStore {
                 .iter()
                 .map(|k| inner.ticket(k, nonce, gen_ttl, now))
                 .collect())
+        })
+    }
+
+    fn tag_tickets_timed<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<TimedTickets, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            let tickets = tag_keys
+                .iter()
+                .map(|k| inner.ticket(k, nonce, gen_ttl, now))
+                .collect();
+            let clock = unix_micros();
+            let clock = format!("{}.{:06}", clock / 1_000_000, clock % 1_000_000);
+            Ok((tickets, Some(Bytes::from(clock))))
+        })
+    }
+
+    fn tag_tickets_since<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        since: &'a [u8],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<Bytes>>, StoreError>> {
+        Box::pin(async move {
+            let since = micros_of(since)
+                .ok_or_else(|| StoreError::Protocol("tag_tickets_since: bad start".into()))?;
+            let now = Instant::now();
+            let mut inner = self.lock();
+            let moved = tag_keys.iter().any(|k| {
+                inner
+                    .get(k, now)
+                    .is_some_and(|g| micros_of(g).is_none_or(|at| at >= since))
+            });
+            if moved {
+                return Ok(None);
+            }
+            Ok(Some(
+                tag_keys
+                    .iter()
+                    .map(|k| inner.ticket(k, nonce, gen_ttl, now))
+                    .collect(),
+            ))
         })
     }
 

@@ -45,6 +45,9 @@ scripts! {
     FLOOR = "floor.lua";
     /// `tag_tickets.lua`: the tags' generations, created where missing.
     TAG_TICKETS = "tag_tickets.lua";
+    /// `tag_tickets_since.lua`: {'1', generations...} when no tag was
+    /// replaced since the given clock, {'0'} otherwise.
+    TAG_TICKETS_SINCE = "tag_tickets_since.lua";
     /// `invalidate.lua`: replaces the generation, returns the new value.
     INVALIDATE = "invalidate.lua";
     /// `invalidate_marked.lua`: 1 replaced, 0 already covered by the event's mark.

@@ -8,7 +8,7 @@ use super::near::NearCache;
 use super::scripts;
 use super::RedisStore;
 use crate::store::protocol::StoreError;
-use crate::store::tags::TagStore;
+use crate::store::tags::{TagStore, TimedTickets};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionLike;
@@ -58,6 +58,67 @@ impl TagStore for RedisStore {
                 ));
             }
             Ok(generations.into_iter().map(Bytes::from).collect())
+        })
+    }
+
+    fn tag_tickets_timed<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<TimedTickets, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.current();
+            // A cluster's tag keys live on masters with clocks of their own.
+            if tag_keys.is_empty() || matches!(conn, Conn::Cluster(_)) {
+                return Ok((self.tag_tickets(tag_keys, nonce, gen_ttl).await?, None));
+            }
+            let mut call = scripts::TAG_TICKETS.prepare_invoke();
+            for k in tag_keys {
+                call.key(k);
+            }
+            call.arg(nonce).arg(px(gen_ttl)).arg("1");
+            let mut values: Vec<Vec<u8>> = call.invoke_async(&mut conn).await.map_err(map_error)?;
+            if values.len() != tag_keys.len() + 1 {
+                return Err(StoreError::Protocol(
+                    "tag_tickets.lua: one value per key and the clock expected".into(),
+                ));
+            }
+            let clock = values.pop().map(Bytes::from);
+            Ok((values.into_iter().map(Bytes::from).collect(), clock))
+        })
+    }
+
+    fn tag_tickets_since<'a>(
+        &'a self,
+        tag_keys: &'a [String],
+        since: &'a [u8],
+        nonce: &'a str,
+        gen_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<Bytes>>, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.current();
+            if matches!(conn, Conn::Cluster(_)) {
+                return Err(StoreError::Protocol(
+                    "tag tickets since a time: not on a cluster".into(),
+                ));
+            }
+            let mut call = scripts::TAG_TICKETS_SINCE.prepare_invoke();
+            for k in tag_keys {
+                call.key(k);
+            }
+            call.arg(nonce).arg(px(gen_ttl)).arg(since);
+            let values: Vec<Vec<u8>> = call.invoke_async(&mut conn).await.map_err(map_error)?;
+            let mut values = values.into_iter();
+            match values.next().as_deref() {
+                Some(b"0") => Ok(None),
+                Some(b"1") if values.len() == tag_keys.len() => {
+                    Ok(Some(values.map(Bytes::from).collect()))
+                }
+                _ => Err(StoreError::Protocol(
+                    "tag_tickets_since.lua: a status and one value per key expected".into(),
+                )),
+            }
         })
     }
 

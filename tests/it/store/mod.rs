@@ -198,6 +198,7 @@ suite!(
     publish::entry_expires_after_its_ttl,
     depends::publish_checked_refuses_below_the_floor,
     depends::publish_checked_refuses_moved_or_lost_tags,
+    depends::tag_tickets_since_refuses_tags_replaced_since_the_start,
     bloom::bloom_is_unknown_until_activated_then_answers,
     bloom::bloom_signature_mismatch_short_bitmap_and_disable_are_unknown,
     bloom::bloom_build_lock_is_exclusive_and_activation_needs_the_owner,

@@ -16,6 +16,11 @@ use crate::config::FillConfig;
 use http::{HeaderName, Method};
 use std::time::Duration;
 
+/// The longest `hit_for_pass`: a marker only spares fills that would not be
+/// stored anyway, but an object that became cacheable again should not
+/// wait longer than this to be cached.
+const MAX_HIT_FOR_PASS: Duration = Duration::from_secs(3600);
+
 /// Validates route `at` (`routes[i]`); `default_budget` is its share of
 /// `fill.max_concurrency` unless it sets its own. `also_invalidates` is
 /// left empty: relations are resolved against the whole table.
@@ -144,6 +149,9 @@ pub(super) fn route(
     if r.lease.0 < Duration::from_millis(10) {
         return err(format!("{at}.lease"), "must be at least 10ms");
     }
+    if r.hit_for_pass.0 > MAX_HIT_FOR_PASS {
+        return err(format!("{at}.hit_for_pass"), "must be at most 1h");
+    }
     let bloom = match r.bloom {
         Some(b) => Some(super::bloom::validate(at, b, &params)?),
         None => None,
@@ -185,6 +193,7 @@ pub(super) fn route(
         max_grace,
         stale_if_error: r.stale_if_error.0,
         keep: r.keep.0,
+        hit_for_pass: r.hit_for_pass.0,
         cache_status: r.cache_status,
         negative_status: r.negative_status,
         lease: r.lease.0,
