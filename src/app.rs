@@ -16,6 +16,7 @@ use crate::invalidation::{self, Invalidator};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
+use crate::proxy::upload::UploadBudget;
 use crate::server::{self, layout, ProxyState};
 use crate::store;
 use anyhow::Context;
@@ -122,6 +123,10 @@ impl App {
         let limit = server::connection_limit(config.clone(), &metrics);
         let upstream = config.load().upstream.clone();
         // Everything but the forwarding pool is shared by all workers.
+        let uploads = UploadBudget::new(
+            metrics.request_buffer_reserved.clone(),
+            metrics.request_buffer_bytes.clone(),
+        );
         let proxy_state = move |client: UpstreamClient| {
             Arc::new(ProxyState {
                 config: config.clone(),
@@ -130,6 +135,7 @@ impl App {
                 client,
                 metrics: metrics.clone(),
                 access_log: access_log.clone(),
+                uploads: uploads.clone(),
             })
         };
         let proxy_task = match proxy_listeners {

@@ -3,9 +3,12 @@
 //! (docs/architecture.md#degradation-policy):
 //! - store unavailable -> never an error to the client: the degraded path;
 //! - upstream unreachable / timed out -> 502 / 504;
-//! - overload (fill permits, lease wait budget) -> 503 with `Retry-After`;
+//! - overload (fill permits, lease wait budget, request buffer budget) ->
+//!   503 with `Retry-After`;
 //! - bad request input -> 400, never forwarded (a request body that turns
-//!   out malformed while it streams upstream -> 400 as well);
+//!   out malformed while it streams upstream -> 400 as well); a target over
+//!   `limits.max_target_bytes` -> 414; a request body that does not arrive
+//!   within `limits.body_timeout` -> 408;
 //! - a transfer coding other than chunked -> 501;
 //! - a bug -> 500, logged, nothing internal leaks.
 //!
@@ -43,6 +46,9 @@ impl UpstreamError {
 /// The [`ProxyError::Overloaded`] reason when the lease wait budget is
 /// spent (any other reason is the fill permits).
 pub(crate) const LEASE_WAIT_SPENT: &str = "lease wait budget spent";
+/// The [`ProxyError::Overloaded`] reason when `limits.request_buffer_budget`
+/// has no room for another request body.
+pub(crate) const REQUEST_BUFFER_SPENT: &str = "request buffer budget spent";
 
 /// Why sidecache answers a request itself instead of with an upstream response.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -55,9 +61,17 @@ pub(crate) enum ProxyError {
     /// coding other than chunked, RFC 9112 §6.1).
     #[error("not implemented: {0}")]
     NotImplemented(String),
-    /// Fill permits exhausted, or the lease wait budget spent.
+    /// Fill permits exhausted, the lease wait budget spent, or no room in
+    /// the request buffer budget.
     #[error("overloaded: {0}")]
     Overloaded(&'static str),
+    /// The request target is over `limits.max_target_bytes`.
+    #[error("request target too long")]
+    UriTooLong,
+    /// The buffered part of a request body did not arrive within
+    /// `limits.body_timeout`.
+    #[error("request body timed out")]
+    BodyTimeout,
     #[error("internal error: {0}")]
     Bug(String),
 }
@@ -71,6 +85,8 @@ impl ProxyError {
             ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -87,6 +103,8 @@ impl ProxyError {
                 "bad request: malformed request body\n".to_owned()
             }
             ProxyError::Upstream(_) => "upstream unavailable\n".to_owned(),
+            ProxyError::UriTooLong => "request target too long\n".to_owned(),
+            ProxyError::BodyTimeout => "request body not received in time\n".to_owned(),
             ProxyError::Bug(_) => "internal error\n".to_owned(),
         };
         let mut resp = Response::new(full(text));
@@ -114,12 +132,16 @@ pub(crate) enum Overload {
     FillPermits,
     /// The lease `wait` budget was spent waiting for another fill.
     LeaseWait,
+    /// `limits.request_buffer_budget` had no room for a request body.
+    RequestBuffer,
 }
 
 impl Overload {
     fn of(reason: &str) -> Overload {
         if reason == LEASE_WAIT_SPENT {
             Overload::LeaseWait
+        } else if reason == REQUEST_BUFFER_SPENT {
+            Overload::RequestBuffer
         } else {
             Overload::FillPermits
         }
@@ -129,6 +151,7 @@ impl Overload {
         match self {
             Overload::FillPermits => "fill_permits",
             Overload::LeaseWait => "lease_wait",
+            Overload::RequestBuffer => "request_buffer",
         }
     }
 }

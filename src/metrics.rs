@@ -70,6 +70,8 @@ pub(crate) mod names {
     pub(crate) const CLIENT_ERRORS: &str = "sidecache_client_errors_total";
     pub(crate) const ACCESS_LOG_DROPPED: &str = "sidecache_access_log_dropped_total";
     pub(crate) const OVERLOADED: &str = "sidecache_overloaded_total";
+    pub(crate) const REQUEST_BUFFER_BYTES: &str = "sidecache_request_buffer_bytes";
+    pub(crate) const REQUEST_BUFFER_RESERVED: &str = "sidecache_request_buffer_reserved_bytes";
     pub(crate) const CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
         "sidecache_config_last_reload_successful";
     pub(crate) const CONFIG_LAST_RELOAD_TIMESTAMP: &str =
@@ -92,6 +94,11 @@ pub(crate) mod client_error {
     pub(crate) const HEADER_TOO_LARGE: &str = "header_too_large";
     /// The client took nothing of a response for `limits.send_timeout`.
     pub(crate) const SEND_TIMEOUT: &str = "send_timeout";
+    /// A request target over `limits.max_target_bytes` (414).
+    pub(crate) const TARGET_TOO_LONG: &str = "target_too_long";
+    /// The buffered part of a request body did not arrive within
+    /// `limits.body_timeout` (408).
+    pub(crate) const BODY_TIMEOUT: &str = "body_timeout";
 }
 
 /// All metrics of one process.
@@ -220,6 +227,10 @@ pub struct Metrics {
     /// `{route, reason}`: 503s sidecache answered itself (an
     /// `error::Overload` string).
     pub overloaded: IntCounterVec,
+    /// Bytes of request bodies held before forwarding, now.
+    pub request_buffer_bytes: IntGauge,
+    /// What held request bodies reserve of `limits.request_buffer_budget`.
+    pub request_buffer_reserved: IntGauge,
     /// 0 after a reload was rejected, until the file is valid again.
     pub config_reload_ok: IntGauge,
     /// Unix time of the last reload attempt that was not `unchanged`.
@@ -677,8 +688,24 @@ impl Metrics {
             ),
             overloaded: counter(
                 OVERLOADED,
-                "503 answers sidecache gave itself: fill permits full or lease wait spent.",
+                "503 answers sidecache gave itself: fill permits full, lease wait spent, or the request buffer budget spent.",
                 &["route", "reason"],
+            ),
+            request_buffer_bytes: reg(
+                &registry,
+                IntGauge::new(
+                    REQUEST_BUFFER_BYTES,
+                    "Bytes of request bodies held before forwarding (limits.request_buffer).",
+                )
+                .expect("valid metric"),
+            ),
+            request_buffer_reserved: reg(
+                &registry,
+                IntGauge::new(
+                    REQUEST_BUFFER_RESERVED,
+                    "Bytes held request bodies reserve of limits.request_buffer_budget.",
+                )
+                .expect("valid metric"),
             ),
             config_reload_ok: reg(
                 &registry,

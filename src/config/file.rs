@@ -127,6 +127,24 @@ pub(crate) struct FileLimits {
     pub idle_timeout: HumanDuration,
     #[serde(default = "defaults::send_timeout")]
     pub send_timeout: HumanDuration,
+    /// The request target (path and query); longer -> 414.
+    #[serde(default = "defaults::max_target_bytes")]
+    pub max_target_bytes: HumanSize,
+    /// A forwarded request body is held up to this size before the
+    /// upstream request starts (docs/configuration.md#request-bodies).
+    #[serde(default = "defaults::request_buffer")]
+    pub request_buffer: HumanSize,
+    /// What all buffered request bodies together may hold; past it new
+    /// uploads get 503.
+    #[serde(default = "defaults::request_buffer_budget")]
+    pub request_buffer_budget: HumanSize,
+    /// The buffered part of a request body must arrive within this, or
+    /// 408 and the connection is closed.
+    #[serde(default = "defaults::body_timeout")]
+    pub body_timeout: HumanDuration,
+    /// Path prefixes whose request bodies stream to the service unbuffered.
+    #[serde(default)]
+    pub stream_uploads: Vec<String>,
 }
 
 impl Default for FileLimits {
@@ -137,6 +155,11 @@ impl Default for FileLimits {
             max_header_bytes: defaults::max_header_bytes(),
             idle_timeout: defaults::idle_timeout(),
             send_timeout: defaults::send_timeout(),
+            max_target_bytes: defaults::max_target_bytes(),
+            request_buffer: defaults::request_buffer(),
+            request_buffer_budget: defaults::request_buffer_budget(),
+            body_timeout: defaults::body_timeout(),
+            stream_uploads: Vec::new(),
         }
     }
 }
@@ -772,6 +795,22 @@ pub(super) mod defaults {
         HumanDuration(Duration::from_secs(60))
     }
     pub(crate) fn send_timeout() -> HumanDuration {
+        HumanDuration(Duration::from_secs(30))
+    }
+    /// nginx's and Apache's request-line limit.
+    pub(crate) fn max_target_bytes() -> HumanSize {
+        HumanSize(8 * 1024)
+    }
+    /// nginx's `client_max_body_size` default: most form posts and JSON
+    /// bodies fit whole.
+    pub(crate) fn request_buffer() -> HumanSize {
+        HumanSize(1024 * 1024)
+    }
+    pub(crate) fn request_buffer_budget() -> HumanSize {
+        HumanSize(64 * 1024 * 1024)
+    }
+    /// Like `send_timeout`: a full 1 MiB buffer needs 35 KB/s.
+    pub(crate) fn body_timeout() -> HumanDuration {
         HumanDuration(Duration::from_secs(30))
     }
     pub(crate) fn max_concurrent_streams() -> u32 {

@@ -55,6 +55,9 @@ pub struct Config {
     pub routes: RouteTable,
     pub invalidation: InvalidationConfig,
     pub limits: LimitsConfig,
+    /// Request bodies on their way to the service (also `limits` in the
+    /// file); read per request.
+    pub uploads: UploadConfig,
     /// Reloadable at run time: read per request.
     pub access_log: AccessLogConfig,
     /// The runtime layout (restart to change).
@@ -134,6 +137,44 @@ pub struct LimitsConfig {
     /// this long is closed.
     pub send_timeout: Duration,
     pub h2_max_concurrent_streams: u32,
+    /// Request target (path and query, or the absolute URI); longer is 414.
+    pub max_target_bytes: usize,
+}
+
+/// How forwarded request bodies are held before the upstream request
+/// starts (docs/configuration.md#request-bodies). All apply on reload, to
+/// requests that start after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadConfig {
+    /// Bytes of one body held before the upstream request starts; the rest
+    /// of a larger body streams.
+    pub buffer: usize,
+    /// Bytes all held bodies may reserve together; past it, 503.
+    pub budget: usize,
+    /// The held part must arrive within this; otherwise 408.
+    pub body_timeout: Duration,
+    /// Path prefixes (normal form, segment-aligned) whose bodies stream.
+    pub stream: Vec<String>,
+}
+
+impl UploadConfig {
+    /// Whether the body of a request to `raw_path` streams unbuffered: its
+    /// normal form starts with a `stream_uploads` prefix at a segment
+    /// boundary. A path with no normal form never does, so `..` or an
+    /// encoded `/` cannot reach an unlisted path through a listed prefix.
+    pub(crate) fn streams(&self, raw_path: &str) -> bool {
+        if self.stream.is_empty() {
+            return false;
+        }
+        let Ok(path) = path::normalize(raw_path) else {
+            return false;
+        };
+        self.stream.iter().any(|prefix| {
+            path.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/')
+            })
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -64,6 +64,7 @@ use crate::keys::{self, CacheKey};
 use crate::metrics::Metrics;
 use crate::outcome::{CacheOutcome, X_CACHE};
 use crate::proxy::client::UpstreamClient;
+use crate::proxy::upload::UploadBody;
 use crate::store::GuardedStore;
 use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
 use entry::Entry;
@@ -255,7 +256,7 @@ impl Pipeline {
         if early.is_none() && bypass(route, req.headers(), req.uri().query()) {
             let resp = crate::proxy::forward::forward(
                 &sh.client,
-                req,
+                req.map(UploadBody::streamed),
                 peer,
                 cfg.upstream.timeout,
                 &sh.metrics,
@@ -290,7 +291,7 @@ impl Pipeline {
                 .is_some_and(|b| vary::too_long(&parts.headers, &learned, b.max_value));
             if too_long {
                 if let Some(body) = body.take() {
-                    let req = Request::from_parts(parts, body);
+                    let req = Request::from_parts(parts, UploadBody::streamed(body));
                     let timeout = cfg.upstream.timeout;
                     let resp =
                         crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)

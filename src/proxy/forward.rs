@@ -1,16 +1,17 @@
 //! Streaming pass-through of one request to the upstream: everything that is
-//! not a cache read. Bodies stream both ways (never buffered), hop-by-hop
+//! not a cache read. Response bodies stream; a request body arrives here
+//! already held or streaming as `upload` decided. Hop-by-hop
 //! headers are dropped, `Host` is kept, `X-Forwarded-*` added, trailers pass
 //! where HTTP/1.1 chunked allows, and `Upgrade` (WebSocket) is tunnelled.
 
-use super::client::{ClientBodyError, UpstreamClient};
+use super::client::UpstreamClient;
 use super::headers::{append_forwarded, strip_hop_by_hop, tokens};
+use super::upload::UploadBody;
 use crate::body::{boxed, Body};
 use crate::error::{ProxyError, UpstreamError};
 use crate::metrics::{client_error, Metrics};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,7 +24,7 @@ const ROUTE: &str = crate::metrics::FORWARD_ROUTE;
 /// streams the answer back. Upgrades are tunnelled. 502/504 on failure.
 pub(crate) async fn forward(
     client: &UpstreamClient,
-    mut req: Request<Incoming>,
+    mut req: Request<UploadBody>,
     peer: SocketAddr,
     timeout: Duration,
     metrics: &Metrics,
@@ -71,8 +72,7 @@ pub(crate) async fn forward(
     // where the request goes).
     parts.version = Version::HTTP_11;
     // The client's body errors are marked as the client's (see
-    // `ClientBodyError`): a malformed chunked body is a 400, not a 502.
-    let body = http_body_util::BodyExt::map_err(body, ClientBodyError);
+    // `UploadBody`): a malformed chunked body is a 400, not a 502.
     let upstream_req = Request::from_parts(parts, boxed(body));
 
     let (result, took) = client.send(upstream_req, timeout).await;

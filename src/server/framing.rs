@@ -31,6 +31,11 @@
 //! - the head size: a head it follows is only copied up to the connection's
 //!   `max_header_bytes` (hyper answers 431 beyond that), so an unfinished
 //!   head costs at most that here.
+//! - the target length: a request line whose target grows past
+//!   `max_target_bytes` before the head is complete is answered `414` here
+//!   and the connection closed (hyper would answer 431 once the head passed
+//!   `max_header_bytes`, and a complete head's target is the handler's to
+//!   check).
 //!
 //! And it replays bytes the server read before hyper started (a partial
 //! HTTP/2 preface, see `server::sniff`), ahead of the socket's.
@@ -38,7 +43,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,6 +54,8 @@ use tokio::time::{Instant, Sleep};
 /// [`FramingGuard::limit_head`]).
 const MAX_HEAD: usize = 1 << 20;
 const NONE: u64 = u64::MAX;
+/// Written to a client whose request target is too long (see the module doc).
+const URI_TOO_LONG: &[u8] = b"HTTP/1.1 414 URI Too Long\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 24\r\nconnection: close\r\n\r\nrequest target too long\n";
 
 /// Shared between the connection's reader and its request handler.
 #[derive(Debug)]
@@ -67,6 +74,8 @@ pub(crate) struct FramingState {
     /// shut (see `server::h2_watch`).
     body_polls: AtomicU64,
     bodies_waiting: AtomicU64,
+    /// The guard answered 414 (a request target over `max_target_bytes`).
+    target_refused: AtomicBool,
 }
 
 impl FramingState {
@@ -77,6 +86,7 @@ impl FramingState {
             finished: AtomicU64::new(0),
             body_polls: AtomicU64::new(0),
             bodies_waiting: AtomicU64::new(0),
+            target_refused: AtomicBool::new(false),
         })
     }
 
@@ -123,6 +133,11 @@ impl FramingState {
         index >= self.ambiguous_from.load(Ordering::Acquire)
     }
 
+    /// Whether the guard answered a request target as too long (414).
+    pub(crate) fn target_refused(&self) -> bool {
+        self.target_refused.load(Ordering::Relaxed)
+    }
+
     /// Called when hyper drops a response body on this connection: it has
     /// encoded all of it (or given up on the connection).
     pub(crate) fn response_finished(&self) {
@@ -141,6 +156,11 @@ pub(crate) struct HeadTimedOut;
 #[derive(Debug, thiserror::Error)]
 #[error("the client took nothing for the send timeout")]
 pub(crate) struct SendTimedOut;
+
+/// The error a read ends with once the guard has answered 414.
+#[derive(Debug, thiserror::Error)]
+#[error("the request target is longer than the limit")]
+pub(crate) struct TargetTooLong;
 
 enum Phase {
     /// Collecting a request head (bytes so far).
@@ -178,6 +198,10 @@ pub(crate) struct FramingGuard<IO> {
     parked: bool,
     /// Heads are followed up to this many bytes.
     max_head: usize,
+    /// A request target longer than this is answered 414.
+    max_target: usize,
+    /// Bytes of [`URI_TOO_LONG`] written so far, once refusing.
+    refusing: Option<usize>,
     /// Bytes read before hyper started, handed out before the socket's.
     replay: Vec<u8>,
     /// A blocked write fails after this long (None: never).
@@ -217,6 +241,8 @@ impl<IO> FramingGuard<IO> {
             idle_since: Instant::now(),
             parked: false,
             max_head: MAX_HEAD,
+            max_target: usize::MAX,
+            refusing: None,
             replay: Vec::new(),
             send_timeout: None,
             stall: None,
@@ -233,6 +259,12 @@ impl<IO> FramingGuard<IO> {
     /// refuse (with the same limit, as 431), and nothing here holds more.
     pub(crate) fn limit_head(&mut self, max: usize) {
         self.max_head = max;
+    }
+
+    /// A request line whose target passes `max` bytes before its head is
+    /// complete is answered 414 here (see the module doc).
+    pub(crate) fn limit_target(&mut self, max: usize) {
+        self.max_target = max;
     }
 
     /// `bytes` are read before the socket's (they were taken from it).
@@ -461,6 +493,12 @@ impl<IO> FramingGuard<IO> {
                                 self.phase = self.after_head(&head[..end]);
                                 take - extra
                             }
+                            None if target_so_far(buf) > self.max_target => {
+                                self.phase = Phase::Off;
+                                self.refusing = Some(0);
+                                self.state.target_refused.store(true, Ordering::Relaxed);
+                                return;
+                            }
                             None if buf.len() > max => {
                                 self.lose();
                                 return;
@@ -617,6 +655,18 @@ fn head_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// The length of the request target in a partial head (`buf` starts at
+/// the request line): from after the method to the next space, or to the
+/// end of what arrived.
+fn target_so_far(buf: &[u8]) -> usize {
+    let line = memchr::memchr(b'\n', buf).map_or(buf, |nl| &buf[..nl]);
+    let Some(sp) = memchr::memchr(b' ', line) else {
+        return 0;
+    };
+    let target = &line[sp + 1..];
+    memchr::memchr(b' ', target).unwrap_or(target.len())
+}
+
 /// Parses a chunk-size line (`1a;ext=1\r`) into the next phase.
 fn chunk_size(line: &[u8]) -> Phase {
     let digits: &[u8] = line
@@ -633,7 +683,28 @@ fn chunk_size(line: &[u8]) -> Phase {
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
+impl<IO: AsyncWrite + Unpin> FramingGuard<IO> {
+    /// Writes the 414 (bounded by the send timeout), then fails the read
+    /// with [`TargetTooLong`]: hyper ends the connection without an answer
+    /// of its own.
+    fn poll_refuse(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some(sent) = self.refusing.filter(|sent| *sent < URI_TOO_LONG.len()) {
+            let res = Pin::new(&mut self.io).poll_write(cx, &URI_TOO_LONG[sent..]);
+            match std::task::ready!(self.progressed(res, cx))? {
+                0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                n => self.refusing = Some(sent + n),
+            }
+        }
+        let res = Pin::new(&mut self.io).poll_flush(cx);
+        std::task::ready!(self.progressed(res, cx))?;
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            TargetTooLong,
+        )))
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -641,6 +712,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
+        if this.refusing.is_some() {
+            return this.poll_refuse(cx);
+        }
         if this.lost && this.state.finished.load(Ordering::Relaxed) == this.heads {
             // Every request it carried is answered: end it (see `lost`).
             return Poll::Ready(Ok(()));
@@ -658,6 +732,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
                 this.armed = false;
                 if !matches!(this.phase, Phase::Off) {
                     this.feed(&buf.filled()[before..]);
+                }
+                if this.refusing.is_some() {
+                    // hyper must not see this head: over its own limit it
+                    // would answer 431 first.
+                    buf.set_filled(before);
+                    return this.poll_refuse(cx);
                 }
                 this.note_head();
                 res

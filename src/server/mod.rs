@@ -32,6 +32,7 @@ use crate::pipeline::Pipeline;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::forward::forward;
 use crate::proxy::headers::{check_framing, check_host};
+use crate::proxy::upload::{self, UploadBudget, UploadError};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use framing::{FramingGuard, FramingState, HeadTimedOut, SendTimedOut};
@@ -75,6 +76,8 @@ pub(crate) struct ProxyState {
     pub client: UpstreamClient,
     pub metrics: Metrics,
     pub access_log: Arc<AccessLog>,
+    /// Request bodies held before forwarding, process-wide.
+    pub uploads: Arc<UploadBudget>,
 }
 
 /// The cap on open client connections (`limits.max_connections`), one
@@ -140,6 +143,7 @@ async fn serve_client(
     let parked = state.metrics.connections_parked.clone();
     io.replay(taken);
     io.limit_head(limits.max_header_bytes);
+    io.limit_target(limits.max_target_bytes);
     io.send_timeout(limits.send_timeout);
     let watched = framing.clone();
     let metrics = state.metrics.clone();
@@ -190,7 +194,15 @@ async fn serve_client(
         );
         conn = match Box::pin(session).await {
             Some(conn) => conn,
-            None => return,
+            None => {
+                // Answered 414 by the framing guard: counted here, since
+                // hyper need not have seen the guard's error (it may have
+                // had none of that head yet).
+                if watched.target_refused() {
+                    count_client_error(&metrics, client_error::TARGET_TOO_LONG);
+                }
+                return;
+            }
         };
         // Parked: hyper's buffers are freed; wait for the next request,
         // whose head then gets the whole header timeout.
@@ -675,6 +687,13 @@ async fn answer(
         return ProxyError::BadRequest(why.to_owned()).to_response();
     }
 
+    // Over the limit before hyper's head limit (or on HTTP/2): refused
+    // here. A request line still growing past it is the framing guard's.
+    if target_len(req.uri()) > cfg.limits.max_target_bytes {
+        count_client_error(&state.metrics, client_error::TARGET_TOO_LONG);
+        return ProxyError::UriTooLong.to_response();
+    }
+
     // A reverse proxy for one service is not a forward proxy: no tunnels
     // to arbitrary hosts.
     if req.method() == Method::CONNECT {
@@ -730,11 +749,18 @@ async fn answer(
         RouteMatch::Write(..) | RouteMatch::Forward => None,
     };
     count_forward(state);
+    let http1 = req.version() < Version::HTTP_2;
+    let (parts, body) = req.into_parts();
+    let stream = cfg.uploads.streams(parts.uri.path());
+    let body = match upload::hold(&state.uploads, &cfg.uploads, body, stream).await {
+        Ok(body) => body,
+        Err(refused) => return refused_upload(state, refused, http1),
+    };
     // One call site: a future keeps separate room for every `forward` it
     // awaits (two of them doubled this future's size).
     let resp = forward(
         &state.client,
-        req,
+        Request::from_parts(parts, body),
         peer,
         cfg.upstream.timeout,
         &state.metrics,
@@ -748,6 +774,51 @@ async fn answer(
             let write_through = Box::pin(state.invalidator.write_through(&cfg, &route, params));
             write_through.await;
         }
+    }
+    resp
+}
+
+/// The length of a request target as the client sent it: the path and
+/// query, with the scheme and authority of an absolute URI.
+fn target_len(uri: &http::Uri) -> usize {
+    let pq = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    match (uri.scheme(), uri.authority()) {
+        (Some(scheme), Some(authority)) => {
+            scheme.as_str().len() + 3 + authority.as_str().len() + pq
+        }
+        (None, Some(authority)) => authority.as_str().len() + pq,
+        _ => pq,
+    }
+}
+
+/// The answer to a forwarded request whose body was not held: 503 (the
+/// budget is spent), 408 (too slow) or 400 (the body failed). The service
+/// was not called; on HTTP/1 the rest of the body is unread, so the
+/// connection closes.
+fn refused_upload(state: &ProxyState, refused: UploadError, http1: bool) -> Response<Body> {
+    debug!(reason = %refused, "request body not forwarded");
+    let error = match refused {
+        UploadError::Budget => {
+            state
+                .metrics
+                .overloaded
+                .with_label_values(&[crate::metrics::FORWARD_ROUTE, "request_buffer"])
+                .inc();
+            ProxyError::Overloaded(crate::error::REQUEST_BUFFER_SPENT)
+        }
+        UploadError::TimedOut => {
+            count_client_error(&state.metrics, client_error::BODY_TIMEOUT);
+            ProxyError::BodyTimeout
+        }
+        UploadError::Body(e) => {
+            count_client_error(&state.metrics, client_error::BAD_BODY);
+            ProxyError::Upstream(crate::error::UpstreamError::ClientBody(e.to_string()))
+        }
+    };
+    let mut resp = error.to_response();
+    if http1 {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
 }

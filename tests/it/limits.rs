@@ -663,3 +663,243 @@ async fn header_timeout_bounds_every_head_of_a_connection() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// The request target has its own limit, `max_target_bytes` (8 KiB by
+/// default): over it the answer is 414 (RFC 9110 §15.5.15), whether the
+/// head is complete and under `max_header_bytes` (the handler), a target
+/// still arriving past both limits (the framing guard, before hyper's 431),
+/// or HTTP/2. Long header fields stay 431. Nothing reaches the origin.
+#[tokio::test]
+async fn long_targets_get_414_and_long_header_fields_431() {
+    let origin = Origin::start().await;
+    let sc = Sidecache::start(&origin.url()).await;
+
+    let just_under = format!("/echo/t?q={}", "a".repeat(8 * 1024 - 10));
+    let head = format!("GET {just_under} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let answer = exchange(sc.addr(), head.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "8 KiB target: {answer:.80}"
+    );
+
+    let over = format!("/echo/t?q={}", "a".repeat(9 * 1024));
+    let head = format!("GET {over} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let answer = exchange(sc.addr(), head.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 414"),
+        "9 KiB target: {answer:.80}"
+    );
+
+    // The finding: 100 KiB, past max_header_bytes too.
+    let huge = format!("/echo/t?q={}", "a".repeat(100 * 1024));
+    let head = format!("GET {huge} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let answer = exchange(sc.addr(), head.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 414"),
+        "100 KiB target: {answer:.80}"
+    );
+
+    let h2 = request_h2("GET", &sc.url(&over), &[], "").await;
+    assert_eq!(h2.status, 414, "HTTP/2, 9 KiB :path");
+
+    let head = format!(
+        "GET /echo/t HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let answer = exchange(sc.addr(), head.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "70 KiB header: {answer:.80}"
+    );
+
+    assert_eq!(origin.total(), 1, "only the 8 KiB target was forwarded");
+    metric_reaches(
+        &sc,
+        "sidecache_client_errors_total{kind=\"target_too_long\"}",
+        3.0,
+    )
+    .await;
+}
+
+/// Bytes held in request buffers now, as `/metrics` says.
+async fn held_bytes(sc: &Sidecache) -> f64 {
+    sc.metric("sidecache_request_buffer_bytes")
+        .await
+        .unwrap_or(0.0)
+}
+
+/// A forwarded body is held until its last byte: with all but one byte
+/// sent (and held, as the gauge shows) the origin has not been called;
+/// the last byte releases the request, whose body is handed over whole,
+/// and nothing stays held while the origin (held itself) has not answered.
+#[tokio::test]
+async fn upload_reaches_origin_only_after_its_last_byte() {
+    const LEN: usize = 64 * 1024;
+    let origin = Origin::start().await;
+    let sc = Sidecache::start(&origin.url()).await;
+    let gate = origin.hold("/echo/up");
+    let body: Vec<u8> = (0..LEN).map(|i| b'a' + (i % 26) as u8).collect();
+
+    let mut s = connect(sc.addr()).await;
+    let head = format!("POST /echo/up HTTP/1.1\r\nHost: x\r\nContent-Length: {LEN}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body[..LEN - 1]).await.expect("body");
+    eventually(
+        "all but the last byte held (or the origin called)",
+        Duration::from_secs(5),
+        || async { held_bytes(&sc).await == (LEN - 1) as f64 || origin.hits("/echo/up") > 0 },
+    )
+    .await;
+    assert_eq!(
+        origin.hits("/echo/up"),
+        0,
+        "the origin was called before the body's last byte"
+    );
+
+    s.write_all(&body[LEN - 1..]).await.expect("last byte");
+    gate.arrived(1).await;
+    eventually(
+        "nothing held once forwarded",
+        Duration::from_secs(5),
+        || async {
+            held_bytes(&sc).await == 0.0
+                && sc.metric("sidecache_request_buffer_reserved_bytes").await == Some(0.0)
+        },
+    )
+    .await;
+    gate.release();
+    let answer = read_head(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let got = origin.last_request("/echo/up").expect("recorded");
+    assert_eq!(got.body.as_ref(), body.as_slice(), "body arrived whole");
+}
+
+/// A client that trickles its body (slowhttptest -B's shape: a declared
+/// 8 KiB, 24 bytes sent) gets 408 after `body_timeout` and is closed; the
+/// origin is never called and nothing stays held.
+#[tokio::test]
+async fn trickling_upload_gets_408_and_never_reaches_origin() {
+    let origin = Origin::start().await;
+    let sc = start_with_limits(&origin, "limits:\n  body_timeout: 1s\n").await;
+
+    let started = Instant::now();
+    let mut s = connect(sc.addr()).await;
+    s.write_all(b"POST /echo/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 8192\r\n\r\n")
+        .await
+        .expect("head");
+    s.write_all(&[b'x'; 24]).await.expect("first bytes");
+    let (out, after) = closed_within(&mut s, started, Duration::from_secs(10))
+        .await
+        .expect("closed within 10 s");
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(
+        after >= Duration::from_millis(900),
+        "408 after {after:?}, before body_timeout"
+    );
+    assert_eq!(origin.total(), 0, "the origin was called");
+    metric_reaches(
+        &sc,
+        "sidecache_client_errors_total{kind=\"body_timeout\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(held_bytes(&sc).await, 0.0);
+    assert_eq!(
+        sc.metric("sidecache_request_buffer_reserved_bytes").await,
+        Some(0.0)
+    );
+}
+
+/// Buffered bodies share `request_buffer_budget`: while one upload holds
+/// most of it, another that does not fit gets 503 with `Retry-After` at
+/// once (counted, never forwarded); once the first is forwarded the
+/// budget is free again.
+#[tokio::test]
+async fn request_buffer_budget_spent_gives_503_with_retry_after() {
+    let origin = Origin::start().await;
+    let sc = start_with_limits(
+        &origin,
+        "limits:\n  request_buffer: 64KiB\n  request_buffer_budget: 64KiB\n",
+    )
+    .await;
+
+    let mut first = connect(sc.addr()).await;
+    first
+        .write_all(b"POST /echo/first HTTP/1.1\r\nHost: x\r\nContent-Length: 40000\r\n\r\n")
+        .await
+        .expect("head");
+    first.write_all(&[b'x'; 100]).await.expect("first bytes");
+    eventually(
+        "the first upload reserved",
+        Duration::from_secs(5),
+        || async { sc.metric("sidecache_request_buffer_reserved_bytes").await == Some(40000.0) },
+    )
+    .await;
+
+    let refused = client::post(&sc.url("/echo/second"), vec![b'y'; 30000]).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(origin.hits("/echo/second"), 0);
+    assert_eq!(
+        sc.metric("sidecache_overloaded_total{reason=\"request_buffer\",route=\"-\"}")
+            .await,
+        Some(1.0)
+    );
+
+    first.write_all(&[b'x'; 39900]).await.expect("rest");
+    let answer = read_head(&mut first).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let again = client::post(&sc.url("/echo/second"), vec![b'y'; 30000]).await;
+    assert_eq!(again.status, 200, "budget given back");
+}
+
+/// Bodies under and far over the buffer (1 KiB, 10 MiB: held, then held
+/// and streamed) arrive byte for byte: `/pipe` sends back what the origin
+/// received.
+#[tokio::test]
+async fn buffered_and_larger_posts_arrive_identical() {
+    use sha2::{Digest, Sha256};
+    let origin = Origin::start().await;
+    let sc = Sidecache::start(&origin.url()).await;
+    for len in [1024usize, 10 << 20] {
+        let body: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let sent = Sha256::digest(&body);
+        let resp = client::post(&sc.url("/pipe"), body).await;
+        assert_eq!(resp.status, 200, "{len} bytes");
+        assert_eq!(resp.body.len(), len);
+        assert_eq!(Sha256::digest(&resp.body), sent, "{len} bytes differ");
+    }
+}
+
+/// `stream_uploads` paths are not held: the origin is called while the
+/// body is still arriving (`/pipe` sends the first part back before the
+/// rest is sent).
+#[tokio::test]
+async fn stream_uploads_paths_stream() {
+    let origin = Origin::start().await;
+    let sc = start_with_limits(&origin, "limits:\n  stream_uploads: [/pipe]\n").await;
+
+    let mut s = connect(sc.addr()).await;
+    s.write_all(b"POST /pipe HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello")
+        .await
+        .expect("head and half");
+    eventually(
+        "the origin called mid-body",
+        Duration::from_secs(5),
+        || async { origin.hits("/pipe") == 1 },
+    )
+    .await;
+    assert_eq!(held_bytes(&sc).await, 0.0);
+    s.write_all(b"world").await.expect("rest");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&out).contains("helloworld") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("answer within 5 s")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(&buf[..n]);
+    }
+}

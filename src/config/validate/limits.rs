@@ -1,8 +1,9 @@
-//! `limits` and `h2`: what one client connection may cost.
+//! `limits` and `h2`: what one client connection may cost, and what
+//! forwarded request bodies may hold.
 
 use super::{err, Result};
 use crate::config::file::FileConfig;
-use crate::config::LimitsConfig;
+use crate::config::{path, LimitsConfig, UploadConfig};
 use std::time::Duration;
 
 pub(super) fn limits(raw: &FileConfig) -> Result<LimitsConfig> {
@@ -27,6 +28,14 @@ pub(super) fn limits(raw: &FileConfig) -> Result<LimitsConfig> {
     if !(8 * 1024..=1024 * 1024).contains(&max_header_bytes) {
         return err("limits.max_header_bytes", "must be between 8KiB and 1MiB");
     }
+    // A target longer than the head is a 431 before it could be a 414.
+    let max_target_bytes = l.max_target_bytes.0;
+    if !(1024..=max_header_bytes).contains(&max_target_bytes) {
+        return err(
+            "limits.max_target_bytes",
+            "must be between 1KiB and limits.max_header_bytes",
+        );
+    }
     if raw.h2.max_concurrent_streams == 0 {
         return err("h2.max_concurrent_streams", "must be at least 1");
     }
@@ -37,6 +46,42 @@ pub(super) fn limits(raw: &FileConfig) -> Result<LimitsConfig> {
         idle_timeout: l.idle_timeout.0,
         send_timeout: l.send_timeout.0,
         h2_max_concurrent_streams: raw.h2.max_concurrent_streams,
+        max_target_bytes: max_target_bytes as usize,
+    })
+}
+
+pub(super) fn uploads(raw: &FileConfig) -> Result<UploadConfig> {
+    let l = &raw.limits;
+    let (buffer, budget) = (l.request_buffer.0, l.request_buffer_budget.0);
+    // 0 turns buffering off; one body must fit the budget, or no upload
+    // could ever be buffered.
+    if budget < buffer {
+        return err(
+            "limits.request_buffer_budget",
+            "must be at least limits.request_buffer",
+        );
+    }
+    if l.body_timeout.0 < Duration::from_millis(100) {
+        return err("limits.body_timeout", "must be at least 100ms");
+    }
+    for (i, prefix) in l.stream_uploads.iter().enumerate() {
+        // Matched against the normal form of request paths: a prefix that
+        // is not one itself would never match.
+        let normal =
+            prefix.starts_with('/') && path::normalize(prefix).ok().as_deref() == Some(prefix);
+        if !normal {
+            return err(
+                format!("limits.stream_uploads[{i}]"),
+                format!("{prefix:?} must be a path in normal form starting with '/'"),
+            );
+        }
+    }
+    let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    Ok(UploadConfig {
+        buffer: size(buffer),
+        budget: size(budget),
+        body_timeout: l.body_timeout.0,
+        stream: l.stream_uploads.clone(),
     })
 }
 
@@ -91,6 +136,11 @@ mod tests {
         assert_eq!(l.send_timeout, Duration::from_secs(30));
         assert_eq!(l.h2_max_concurrent_streams, 100);
         assert!((1..=10_000).contains(&l.max_connections));
+        assert_eq!(l.max_target_bytes, 8 * 1024);
+        let u = &cfg.uploads;
+        assert_eq!((u.buffer, u.budget), (1 << 20, 64 << 20));
+        assert_eq!(u.body_timeout, Duration::from_secs(30));
+        assert!(u.stream.is_empty());
 
         let set = parse(&format!(
             "limits: {{ max_connections: 7, header_timeout: 2s, max_header_bytes: 16KiB, \
@@ -100,6 +150,20 @@ mod tests {
         assert_eq!(set.limits.max_connections, 7);
         assert_eq!(set.limits.max_header_bytes, 16 * 1024);
         assert_eq!(set.limits.h2_max_concurrent_streams, 9);
+
+        let set_uploads = parse(&format!(
+            "limits: {{ max_target_bytes: 2KiB, request_buffer: 0, request_buffer_budget: 1MiB, \
+             body_timeout: 5s, stream_uploads: [/upload, /files/] }}\n{APP}"
+        ))
+        .expect("valid");
+        assert_eq!(set_uploads.limits.max_target_bytes, 2048);
+        let u = &set_uploads.uploads;
+        assert_eq!((u.buffer, u.budget), (0, 1 << 20));
+        assert!(u.streams("/upload") && u.streams("/upload/a") && u.streams("/files/x"));
+        assert!(!u.streams("/uploads") && !u.streams("/files") && !u.streams("/up"));
+        // Matched on the normal form: no way out of a prefix with `..`.
+        assert!(!u.streams("/upload/../api") && u.streams("/x/../upload/a"));
+        assert!(cfg.restart_only_changes(&set_uploads).is_empty());
         // Nothing in `limits` or `h2` needs a restart.
         assert!(cfg.restart_only_changes(&set).is_empty());
 
@@ -112,6 +176,23 @@ mod tests {
             ),
             ("limits: { send_timeout: 0s }", "limits.send_timeout"),
             ("limits: { idle: 1s }", "limits"),
+            (
+                "limits: { max_target_bytes: 128KiB }",
+                "limits.max_target_bytes",
+            ),
+            (
+                "limits: { request_buffer: 2MiB, request_buffer_budget: 1MiB }",
+                "limits.request_buffer_budget",
+            ),
+            ("limits: { body_timeout: 0s }", "limits.body_timeout"),
+            (
+                "limits: { stream_uploads: [/a, up] }",
+                "limits.stream_uploads[1]",
+            ),
+            (
+                "limits: { stream_uploads: [/a/../b] }",
+                "limits.stream_uploads[0]",
+            ),
             (
                 "h2: { max_concurrent_streams: 0 }",
                 "h2.max_concurrent_streams",

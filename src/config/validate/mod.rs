@@ -45,6 +45,7 @@ pub(crate) fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     let fill = fill::fill(&raw)?;
     let mut invalidation = invalidation::invalidation(&raw, &store)?;
     let limits = limits::limits(&raw)?;
+    let uploads = limits::uploads(&raw)?;
     let access_log = access_log::access_log(&raw)?;
     let server = server::server(&raw)?;
     let (routes, warnings) = routes::routes(raw.routes, &fill, &upstream)?;
@@ -78,6 +79,7 @@ pub(crate) fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         routes,
         invalidation,
         limits,
+        uploads,
         access_log,
         server,
         gen_ttl,
