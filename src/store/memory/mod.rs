@@ -676,13 +676,14 @@ mod tests {
         else {
             panic!("lease held");
         };
-        // Other objects' anchors push this one's generation out.
+        // Other fills in flight push this one's generation and lease out.
         for id in 1..500 {
             store
-                .ticket(object(id).generation(), "n", long)
+                .take_lease(&object(id), "o", "n", long, long)
                 .await
                 .unwrap();
         }
+        assert!(store.read(&keys).await.unwrap().generation.is_none());
         let body = Bytes::from_static(b"old");
         let outcome = store.publish(&keys, &value, &ticket, body, long).await;
         assert_ne!(outcome.unwrap(), PublishOutcome::Published);
