@@ -44,6 +44,8 @@
 mod bitmap;
 mod bloom;
 pub(crate) mod evict;
+#[cfg(test)]
+mod proptests;
 mod shard;
 
 use super::backend::Store;
