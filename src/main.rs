@@ -343,9 +343,9 @@ fn print_routes(path: &Path, cfg: &Config) {
         cfg.upstream.scheme,
         cfg.upstream.authority,
         if cfg.store.redis.is_some() {
-            "redis"
+            "redis".to_owned()
         } else {
-            "embedded"
+            format!("embedded (max_bytes {})", cfg.store.memory_max_bytes)
         },
     );
     println!(

@@ -20,6 +20,11 @@ pub(crate) mod names {
     pub(crate) const BLOOM_BUILD_DURATION: &str = "sidecache_bloom_build_duration_seconds";
     pub(crate) const BLOOM_FILL_RATIO: &str = "sidecache_bloom_fill_ratio";
     pub(crate) const BLOOM_ADDS: &str = "sidecache_bloom_adds_total";
+    pub(crate) const MEMORY_STORE_BYTES: &str = "sidecache_memory_store_bytes";
+    pub(crate) const MEMORY_STORE_BUDGET: &str = "sidecache_memory_store_budget_bytes";
+    pub(crate) const MEMORY_STORE_ENTRIES: &str = "sidecache_memory_store_entries";
+    pub(crate) const MEMORY_STORE_KEYS: &str = "sidecache_memory_store_keys";
+    pub(crate) const MEMORY_STORE_EVICTIONS: &str = "sidecache_memory_store_evictions_total";
     pub(crate) const STORE_ERRORS: &str = "sidecache_store_errors_total";
     pub(crate) const BREAKER_OPEN: &str = "sidecache_breaker_open";
     pub(crate) const FEED_BREAKER_OPEN: &str = "sidecache_feed_breaker_open";
@@ -237,6 +242,8 @@ pub struct Metrics {
     pub config_reload_time: Gauge,
     /// The forwarding path's series, looked up once.
     pub forward: Arc<ForwardMetrics>,
+    /// The embedded store's budget, use and evictions.
+    pub memory_store: MemoryStoreMetrics,
 }
 
 /// The series every forwarded request touches (route `-`), each looked up
@@ -338,6 +345,7 @@ impl Metrics {
         use names::*;
         let metrics = Metrics {
             forward: Arc::default(),
+            memory_store: MemoryStoreMetrics::new(Some(&registry)),
             requests: counter(
                 REQUESTS,
                 "Requests by route and cache result.",
@@ -843,6 +851,66 @@ impl BloomMetrics {
         for c in collectors {
             if let Err(e) = registry.register(c) {
                 tracing::warn!(error = %e, "bloom metrics not registered");
+            }
+        }
+        m
+    }
+}
+
+/// The embedded store's metrics (docs/metrics.md#embedded-store), updated
+/// by its shards as they write and evict; all 0 on a Redis-backed process
+/// (the budget gauge is set when the embedded store is built).
+#[derive(Clone)]
+pub struct MemoryStoreMetrics {
+    /// Bytes charged against the budget: keys, values, per-key overhead.
+    pub bytes: IntGauge,
+    /// `store.memory.max_bytes`.
+    pub budget: IntGauge,
+    /// Cached answers (entry keys).
+    pub entries: IntGauge,
+    /// Every key: entries, generations, leases and the rest.
+    pub keys: IntGauge,
+    /// One counter per eviction kind (`evict::Kind::ALL` order), looked up
+    /// once.
+    pub(crate) evictions: [IntCounter; 5],
+}
+
+impl MemoryStoreMetrics {
+    /// Built and, with a registry, registered in it.
+    pub(crate) fn new(registry: Option<&Registry>) -> MemoryStoreMetrics {
+        use names::*;
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let evictions = IntCounterVec::new(
+            Opts::new(
+                MEMORY_STORE_EVICTIONS,
+                "Keys the embedded store evicted to stay within its budget, by kind.",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let m = MemoryStoreMetrics {
+            bytes: gauge(
+                MEMORY_STORE_BYTES,
+                "Bytes the embedded store charges against its budget (keys, values, per-key overhead).",
+            ),
+            budget: gauge(MEMORY_STORE_BUDGET, "The embedded store's byte budget."),
+            entries: gauge(MEMORY_STORE_ENTRIES, "Cached answers in the embedded store."),
+            keys: gauge(MEMORY_STORE_KEYS, "Keys in the embedded store, of every kind."),
+            evictions: crate::store::memory::EVICTION_KINDS
+                .map(|kind| evictions.with_label_values(&[kind])),
+        };
+        if let Some(registry) = registry {
+            let collectors: [Box<dyn prometheus::core::Collector>; 5] = [
+                Box::new(m.bytes.clone()),
+                Box::new(m.budget.clone()),
+                Box::new(m.entries.clone()),
+                Box::new(m.keys.clone()),
+                Box::new(evictions),
+            ];
+            for c in collectors {
+                registry
+                    .register(c)
+                    .expect("metric names are unique constants");
             }
         }
         m

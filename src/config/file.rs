@@ -221,6 +221,9 @@ pub(crate) struct FileStore {
     pub namespace: String,
     #[serde(default)]
     pub breaker: FileBreaker,
+    /// The embedded store (no `redis`): its byte budget.
+    #[serde(default)]
+    pub memory: FileMemoryStore,
 }
 
 impl Default for FileStore {
@@ -229,6 +232,25 @@ impl Default for FileStore {
             redis: None,
             namespace: defaults::namespace(),
             breaker: FileBreaker::default(),
+            memory: FileMemoryStore::default(),
+        }
+    }
+}
+
+/// `store.memory`: the embedded store's limits (docs/architecture.md#embedded-store).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileMemoryStore {
+    /// Bytes of keys, values and per-key overhead the store may hold
+    /// before it evicts.
+    #[serde(default = "defaults::memory_max_bytes")]
+    pub max_bytes: HumanSize,
+}
+
+impl Default for FileMemoryStore {
+    fn default() -> Self {
+        FileMemoryStore {
+            max_bytes: defaults::memory_max_bytes(),
         }
     }
 }
@@ -698,6 +720,9 @@ pub(super) mod defaults {
     }
     pub(crate) fn command_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(300))
+    }
+    pub(crate) fn memory_max_bytes() -> HumanSize {
+        HumanSize(crate::store::memory::DEFAULT_MAX_BYTES)
     }
     pub(crate) fn near_max_bytes() -> HumanSize {
         HumanSize(64 << 20)

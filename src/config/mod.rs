@@ -272,6 +272,9 @@ pub struct StoreConfig {
     pub redis: Option<RedisConfig>,
     pub namespace: String,
     pub breaker_cooldown: Duration,
+    /// `store.memory.max_bytes`: the embedded store's budget (unused with
+    /// `redis`).
+    pub memory_max_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy)]

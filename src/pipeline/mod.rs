@@ -307,7 +307,7 @@ impl Pipeline {
                         let bug = ProxyError::Bug("pass without the request's body".into());
                         return (CacheOutcome::Pass, bug.to_response());
                     };
-                    let req = Request::from_parts(parts, body);
+                    let req = Request::from_parts(parts, UploadBody::streamed(body));
                     let timeout = cfg.upstream.timeout;
                     let resp =
                         crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)

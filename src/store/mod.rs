@@ -76,7 +76,14 @@ pub async fn open(cfg: &StoreConfig, metrics: &Metrics) -> Result<Arc<GuardedSto
     crate::tls::use_ring();
     let cooldown = cfg.breaker_cooldown;
     let guarded = match &cfg.redis {
-        None => GuardedStore::new(Arc::new(MemoryStore::new()), None, cooldown, metrics),
+        None => {
+            let store = MemoryStore::with_budget(
+                cfg.memory_max_bytes,
+                memory::SHARDS,
+                metrics.memory_store.clone(),
+            );
+            GuardedStore::new(Arc::new(store), None, cooldown, metrics)
+        }
         Some(redis) => {
             // Ping often enough that a recovered Redis is reconnected before
             // the breaker's next probe.
@@ -111,6 +118,7 @@ mod tests {
             redis: None,
             namespace: "sc:".into(),
             breaker_cooldown: cooldown,
+            memory_max_bytes: 64 << 20,
         };
         let store = open(&cfg, &metrics).await.unwrap();
         assert_eq!(store.inner().kind(), "memory");

@@ -82,7 +82,7 @@ pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % SLOTS
 }
 
-fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+pub(crate) fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     let open = key.iter().position(|b| *b == b'{')?;
     let len = key[open + 1..].iter().position(|b| *b == b'}')?;
     let tag = &key[open + 1..open + 1 + len];

@@ -11,6 +11,10 @@ use crate::config::{
 use redis::IntoConnectionInfo;
 use std::time::Duration;
 
+/// The smallest `store.memory.max_bytes`: one default `fill.max_body` per
+/// shard.
+const MIN_MEMORY_BYTES: u64 = 16 << 20;
+
 pub(super) fn store(raw: &FileConfig) -> Result<StoreConfig> {
     let s = &raw.store;
     let redis = match &s.redis {
@@ -59,10 +63,17 @@ pub(super) fn store(raw: &FileConfig) -> Result<StoreConfig> {
     if s.namespace.contains(['{', '}']) || s.namespace.chars().any(char::is_whitespace) {
         return err("store.namespace", "must not contain '{', '}' or whitespace");
     }
+    let memory_max_bytes = s.memory.max_bytes.0;
+    // Below this a shard's share would hold few answers of the default
+    // `fill.max_body`; answers larger than a share are not stored.
+    if memory_max_bytes < MIN_MEMORY_BYTES {
+        return err("store.memory.max_bytes", "must be at least 16MiB");
+    }
     Ok(StoreConfig {
         redis,
         namespace: s.namespace.clone(),
         breaker_cooldown: s.breaker.cooldown.0,
+        memory_max_bytes,
     })
 }
 
@@ -187,6 +198,19 @@ mod tests {
     use crate::config::testing::{err, parse, APP};
     use crate::config::NearCacheConfig;
     use std::time::Duration;
+
+    #[test]
+    fn memory_budget_defaults_and_lower_bound() {
+        assert_eq!(parse(APP).expect("valid").store.memory_max_bytes, 256 << 20);
+        let set = parse(&format!(
+            "store: {{ memory: {{ max_bytes: 64MiB }} }}\n{APP}"
+        ));
+        assert_eq!(set.expect("valid").store.memory_max_bytes, 64 << 20);
+        let small = err(&format!(
+            "store: {{ memory: {{ max_bytes: 8MiB }} }}\n{APP}"
+        ));
+        assert!(small.contains("store.memory.max_bytes"), "{small}");
+    }
 
     #[test]
     fn near_cache_defaults_and_limits() {

@@ -2,11 +2,13 @@
 //! own map (so a `SETBIT` does not copy an immutable value), with the same
 //! bit order as Redis (offset 0 is the most significant bit of byte 0) and
 //! the same three-state, lock and rename semantics as `lua/bloom_*.lua`.
-//! Lock and `ready` are ordinary string keys. Every operation runs under
-//! the store's one lock, like a script.
+//! Lock and `ready` are ordinary string keys. One filter's keys share a
+//! hash tag, so a shard: every operation runs under that shard's lock,
+//! like a script.
 
 use super::bitmap::Bitmap;
-use super::{deadline, Inner, MemoryStore};
+use super::shard::{deadline, Shard};
+use super::MemoryStore;
 use crate::keys::BloomKeys;
 use crate::store::bloom::{BloomAnswer, BloomStore};
 use crate::store::protocol::StoreError;
@@ -15,7 +17,7 @@ use futures_util::future::BoxFuture;
 use std::time::Duration;
 use tokio::time::Instant;
 
-impl Inner {
+impl Shard {
     fn bitmap(&mut self, key: &str, now: Instant) -> Option<&mut Bitmap> {
         if self
             .bitmaps
@@ -38,7 +40,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<BloomAnswer, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(&keys.bits);
             if inner.get(&keys.ready, now).map(Bytes::as_ref) != Some(signature.as_bytes()) {
                 return Ok(BloomAnswer::Unknown);
             }
@@ -66,7 +68,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(&keys.bits);
             if inner.get(&keys.lock, now).is_some() {
                 return Ok(false);
             }
@@ -100,7 +102,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(candidate);
             // Like SETBIT on a missing key: creates it (without TTL; Redis
             // would too — the builder only writes candidates it created).
             if inner.bitmap(candidate, now).is_none() {
@@ -130,7 +132,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(&keys.bits);
             if inner.get(&keys.lock, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
                 return Ok(false);
             }
@@ -165,7 +167,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(&keys.bits);
             if inner.get(&keys.lock, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
                 return Ok(false);
             }
@@ -189,7 +191,7 @@ impl BloomStore for MemoryStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(&keys.bits);
             // One critical section: no owner can change between reading the
             // lock and writing the candidate (the Redis side retries instead).
             let owner = inner.get(&keys.lock, now).cloned();
@@ -216,8 +218,8 @@ impl BloomStore for MemoryStore {
         owner: Option<&'a str>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut inner = self.lock();
-            inner.map.remove(&keys.ready);
+            let mut inner = self.lock(&keys.bits);
+            inner.remove(&keys.ready);
             if let Some(owner) = owner {
                 inner.bitmaps.remove(&keys.candidate(owner));
             }
@@ -239,7 +241,7 @@ impl BloomStore for MemoryStore {
     fn bloom_bitcount<'a>(&'a self, bits: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock();
+            let mut inner = self.lock(bits);
             Ok(inner.bitmap(bits, now).map_or(0, |b| {
                 b.bytes.iter().map(|x| u64::from(x.count_ones())).sum()
             }))
