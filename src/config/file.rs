@@ -446,6 +446,11 @@ pub(crate) struct FileRoute {
     pub params: BTreeMap<String, String>,
     #[serde(default)]
     pub query: FileQuery,
+    /// Query parameter names (`*` matches any run of characters) dropped
+    /// from the key and the fill request, never a reason to bypass:
+    /// tracking parameters such as `utm_*`, `fbclid`, `gclid`.
+    #[serde(default)]
+    pub query_ignore: Vec<String>,
     #[serde(default)]
     pub vary: Vec<String>,
     /// A duration, or `origin` (then `max_ttl` is required).

@@ -16,6 +16,7 @@ pub(crate) mod file;
 pub(crate) mod interpolate;
 pub(crate) mod path;
 pub(crate) mod pattern;
+pub(crate) mod query_ignore;
 pub(crate) mod relations;
 pub(crate) mod route;
 pub(crate) mod units;

@@ -47,6 +47,8 @@ pub struct Route {
     pub params: Vec<Param>,
     pub methods: Vec<Method>,
     pub query: QueryMode,
+    /// Parameters dropped from the key and the fill, never a bypass reason.
+    pub query_ignore: super::query_ignore::QueryIgnore,
     /// Lower-case header names whose values are part of the variant.
     pub vary: Vec<http::HeaderName>,
     pub ttl: Ttl,

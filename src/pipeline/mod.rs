@@ -476,10 +476,11 @@ impl Pipeline {
 
 /// Stage 0: a request carrying credentials is cached only if the route
 /// makes them part of the key, and one whose query names a parameter
-/// outside the route's `query: [..]` list is not cached at all.
+/// outside the route's `query: [..]` list (and not in `query_ignore`) is
+/// not cached at all.
 pub(crate) fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
     [header::AUTHORIZATION, header::COOKIE]
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
-        || keys::has_unlisted_param(&route.query, query)
+        || keys::has_unlisted_param(&route.query, &route.query_ignore, query)
 }

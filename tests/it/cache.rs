@@ -12,8 +12,8 @@ use std::time::Duration;
 
 const P: &str = "/api/tenants/acme/apps/1";
 
-/// The `app` route (with jitter and a negative TTL) and three routes for
-/// vary and the query modes.
+/// The `app` route (with jitter and a negative TTL) and four routes for
+/// vary, the query modes and ignored (tracking) parameters.
 fn routes() -> String {
     app_routes("jitter: 5s\nnegative_ttl: 60s") + MORE_ROUTES
 }
@@ -32,6 +32,12 @@ const MORE_ROUTES: &str = r#"  - name: varied
     path: /allowq/{id}
     params: { id: "[0-9]+" }
     query: [a]
+    query_ignore: ["utm_*", fbclid]
+    ttl: 60s
+  - name: trackq
+    path: /trackq/{id}
+    params: { id: "[0-9]+" }
+    query_ignore: ["utm_*", fbclid, gclid]
     ttl: 60s
 "#;
 
@@ -358,6 +364,59 @@ async fn query_modes_shape_key_and_fill(b: Backend) {
     );
     assert_eq!(x_cache(&client::get(&q("/allowq/1", "a=1")).await), "MISS");
     assert_eq!(x_cache(&client::get(&q("/allowq/1", "a=1")).await), "HIT");
+}
+
+async fn ignored_query_params_leave_key_and_fill(b: Backend) {
+    let origin = Origin::start().await;
+    for p in ["/trackq/1", "/trackq/2", "/allowq/2"] {
+        origin.reply(p, Reply::echo());
+    }
+    let sc = b.start(&origin).await;
+    let q = |path: &str, query: &str| format!("{}?{query}", sc.url(path));
+    let origin_query = |path: &str| origin.last_request(path).and_then(|r| r.query);
+
+    // The plain object, then a campaign click: a HIT of the same entry.
+    assert_eq!(x_cache(&client::get(&q("/trackq/1", "a=1")).await), "MISS");
+    let r = client::get(&q("/trackq/1", "utm_source=news&a=1&fbclid=x&utm_medium")).await;
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "HIT".into()));
+    assert_eq!(origin.hits("/trackq/1"), 1);
+    // A cold object filled by a tracked request: the origin never sees the
+    // tracking parameters, and the plain request hits what it stored.
+    let r = client::get(&q("/trackq/2", "gclid=9&b=2&utm_campaign=spring")).await;
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(origin_query("/trackq/2").as_deref(), Some("b=2"));
+    let r = client::get(&q("/trackq/2", "b=2")).await;
+    assert_eq!(x_cache(&r), "HIT");
+    // Only tracking parameters: the fill carries no query at all.
+    assert_eq!(
+        x_cache(&client::get(&q("/trackq/2", "utm_source=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/trackq/2"), None);
+    assert_eq!(x_cache(&client::get(&sc.url("/trackq/2")).await), "HIT");
+    // Other parameters still make variants of their own.
+    assert_eq!(
+        x_cache(&client::get(&q("/trackq/1", "a=2&fbclid=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/trackq/1").as_deref(), Some("a=2"));
+
+    // With an allow-list, an ignored parameter is not a reason to bypass;
+    // any other unlisted one still is.
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "a=1&utm_source=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/allowq/2").as_deref(), Some("a=1"));
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "fbclid=y&a=1")).await),
+        "HIT"
+    );
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "a=1&z=9&utm_source=x")).await),
+        "BYPASS"
+    );
+    assert_eq!(origin.hits("/allowq/2"), 2);
 }
 
 async fn fills_drop_poisoning_headers(b: Backend) {
@@ -847,6 +906,7 @@ on_both_stores!(
     private_and_no_store_are_never_cached,
     vary_headers_make_isolated_variants,
     query_modes_shape_key_and_fill,
+    ignored_query_params_leave_key_and_fill,
     fills_drop_poisoning_headers,
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,

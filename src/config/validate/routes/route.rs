@@ -1,16 +1,14 @@
 //! One route (`routes[i]`): its name, path template and param patterns,
-//! methods, query and `vary` keys, cached statuses, lease, Bloom filter
-//! and share of the fill permits; freshness (`freshness`) and headers
-//! (`headers`) are checked in their own files. Checks across routes are in
-//! `routes`.
+//! methods, `vary` keys, cached statuses, lease, Bloom filter and share of
+//! the fill permits; query keys (`query`), freshness (`freshness`) and
+//! headers (`headers`) are checked in their own files. Checks across
+//! routes are in `routes`.
 
 use super::freshness::freshness;
 use super::headers::{client_cache_control, fill_headers, fill_host, optional_header, origin_vary};
-use crate::config::file::{
-    defaults, FileEtag, FileOriginCacheControl, FileQuery, FileQueryMode, FileRoute,
-};
+use crate::config::file::{defaults, FileEtag, FileOriginCacheControl, FileRoute};
 use crate::config::pattern::ParamPattern;
-use crate::config::route::{parse_template, EtagMode, OriginCacheControl, Param, QueryMode, Route};
+use crate::config::route::{parse_template, EtagMode, OriginCacheControl, Param, Route};
 use crate::config::validate::{err, Result};
 use crate::config::FillConfig;
 use http::{HeaderName, Method};
@@ -79,15 +77,8 @@ pub(super) fn route(
         );
     }
     // Taken, not moved: `freshness` reads the rest of `r` by reference.
-    let query = match std::mem::take(&mut r.query) {
-        FileQuery::Mode(FileQueryMode::Include) => QueryMode::Include,
-        FileQuery::Mode(FileQueryMode::Ignore) => QueryMode::Ignore,
-        FileQuery::Allow(mut names) => {
-            names.sort();
-            names.dedup();
-            QueryMode::Allow(names)
-        }
-    };
+    let (query, query_ignore) =
+        super::query::query(at, std::mem::take(&mut r.query), &r.query_ignore)?;
     let mut vary = Vec::with_capacity(r.vary.len());
     for (i, h) in r.vary.iter().enumerate() {
         let name = HeaderName::from_bytes(h.as_bytes()).or_else(|_| {
@@ -177,6 +168,7 @@ pub(super) fn route(
         params,
         methods,
         query,
+        query_ignore,
         vary,
         ttl,
         jitter: r.jitter.0,
