@@ -19,6 +19,9 @@ pub(crate) struct FileConfig {
     pub listen: String,
     #[serde(default)]
     pub log_format: FileLogFormat,
+    /// The cache's name in `Cache-Status` (RFC 9211): an sf-token.
+    #[serde(default = "defaults::cache_name")]
+    pub cache_name: String,
     pub admin: FileAdmin,
     pub upstream: FileUpstream,
     #[serde(default)]
@@ -670,6 +673,9 @@ pub(super) mod defaults {
     }
     pub(crate) fn namespace() -> String {
         "sc:".to_owned()
+    }
+    pub(crate) fn cache_name() -> String {
+        "sidecache".to_owned()
     }
     pub(crate) fn command_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(300))

@@ -31,11 +31,13 @@
 //!                       (conditional) and range (range) against the entry
 //! ```
 //! [`CacheOutcome`] is the result of every request: the `X-Cache` header,
-//! the metric label and the log field.
+//! the metric label and the log field; with the [`Facts`] the answering
+//! stage adds, the `Cache-Status` header (`cache_status`).
 
 pub(crate) mod answer;
 pub(crate) mod bloom;
 pub(crate) mod cache_control;
+pub(crate) mod cache_status;
 pub(crate) mod client_cc;
 pub(crate) mod conditional;
 pub(crate) mod depends;
@@ -62,9 +64,11 @@ use crate::outcome::{CacheOutcome, X_CACHE};
 use crate::proxy::client::UpstreamClient;
 use crate::store::GuardedStore;
 use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
+use cache_status::{Facts, Fwd};
 use entry::Entry;
 use fill::FillPermits;
 use filler::{Fill, Shared};
+use flight::Answer;
 use flight::Flights;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response};
@@ -113,7 +117,7 @@ struct Missed {
 
 /// What [`Pipeline::serve_keyed`] did with one key.
 enum Keyed {
-    Served(CacheOutcome, Response<Body>),
+    Served(CacheOutcome, Facts, Response<Body>),
     /// `vary_from_origin`: the answer varies on names the key did not
     /// include and is not this client's variant: key again with these.
     Relearn(Vec<HeaderName>),
@@ -176,7 +180,8 @@ impl Pipeline {
                 let status = hit_status(entry);
                 let ask = ClientAsk::from_request(req.method(), headers);
                 let resp = respond_with(route, entry, prepared.head.clone(), status, &ask);
-                Ok((status, self.finish(route, status, resp)))
+                let facts = Facts::from_entry(entry);
+                Ok((status, self.finish(cfg, route, status, &facts, resp)))
             }
             Err(near) => Err(Some(Box::new(Early { key, near }))),
         }
@@ -195,21 +200,35 @@ impl Pipeline {
         peer: SocketAddr,
         early: Option<Box<Early>>,
     ) -> (CacheOutcome, Response<Body>) {
-        let (status, resp) = self
-            .serve_inner(cfg, &route, params, req, peer, early)
+        let (status, facts, resp) = self
+            .serve_inner(&cfg, &route, params, req, peer, early)
             .await;
-        (status, self.finish(&route, status, resp))
+        (status, self.finish(&cfg, &route, status, &facts, resp))
     }
 
-    /// Every answer's `X-Cache` and counters.
+    /// Every answer's `X-Cache`, `Cache-Status` and counters.
     fn finish(
         &self,
+        cfg: &Config,
         route: &Route,
         status: CacheOutcome,
+        facts: &Facts,
         mut resp: Response<Body>,
     ) -> Response<Body> {
-        resp.headers_mut()
-            .insert(X_CACHE.clone(), status.header_value());
+        // An answer sidecache made itself (502, 504, 503) came from no
+        // service: no `fwd-status`, and the reason as `detail`.
+        let facts = match resp.extensions().get::<crate::error::SelfMade>() {
+            Some(made) => &Facts {
+                fwd_status: None,
+                detail: Some(made.0),
+                ..*facts
+            },
+            None => facts,
+        };
+        let value = cache_status::value(&cfg.cache_name, status, facts);
+        let h = resp.headers_mut();
+        h.insert(X_CACHE.clone(), status.header_value());
+        h.insert(cache_status::CACHE_STATUS.clone(), value);
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
             self.shared
                 .metrics
@@ -233,13 +252,13 @@ impl Pipeline {
 
     async fn serve_inner(
         &self,
-        cfg: Arc<Config>,
+        cfg: &Arc<Config>,
         route: &Arc<Route>,
         params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
         mut early: Option<Box<Early>>,
-    ) -> (CacheOutcome, Response<Body>) {
+    ) -> (CacheOutcome, Facts, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
         // response personal, and a query parameter outside the route's
@@ -254,21 +273,21 @@ impl Pipeline {
                 &sh.metrics,
             )
             .await;
-            return (CacheOutcome::Bypass, resp);
+            return (CacheOutcome::Bypass, forwarded(&resp), resp);
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
         // `vary_from_origin`: the names this object's answers vary on; on
         // other routes none, and no answer is keyed again.
         let (mut learned, mut may_relearn) = match route.origin_vary {
-            Some(_) => (vary::learned(&sh.store, &cfg, route, &params).await, true),
+            Some(_) => (vary::learned(&sh.store, cfg, route, &params).await, true),
             None => (Vec::new(), false),
         };
         let (parts, body) = req.into_parts();
         // Kept only where the request may still be forwarded as it came.
         let mut body = route.origin_vary.map(|_| body);
         let read = CacheRead {
-            cfg: &cfg,
+            cfg,
             route,
             params: &params,
             head: &parts,
@@ -287,12 +306,12 @@ impl Pipeline {
                     let resp =
                         crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
                             .await;
-                    return (CacheOutcome::Bypass, resp);
+                    return (CacheOutcome::Bypass, forwarded(&resp), resp);
                 }
             }
             let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
             match keyed.await {
-                Keyed::Served(status, resp) => return (status, resp),
+                Keyed::Served(status, facts, resp) => return (status, facts, resp),
                 // Once: an origin that changes its `Vary` on every answer
                 // gets the second answer served as it is.
                 Keyed::Relearn(names) => {
@@ -334,7 +353,8 @@ impl Pipeline {
         let missed = match found.await {
             Ok(Found::Fresh(entry)) => {
                 let status = hit_status(&entry);
-                return Keyed::Served(status, respond(route, &entry, status, read.ask));
+                let facts = Facts::from_entry(&entry);
+                return Keyed::Served(status, facts, respond(route, &entry, status, read.ask));
             }
             Ok(Found::Expired(entry)) => Missed {
                 degraded: false,
@@ -382,7 +402,7 @@ impl Pipeline {
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
             if let Some(rejected) = bloom::stage(&sh.blooms, cfg, route, params, ask.head).await {
-                return Keyed::Served(rejected.0, rejected.1);
+                return Keyed::Served(rejected.0, Facts::default(), rejected.1);
             }
         }
         // What a fill of this key needs, owned: the fill runs in its own task.
@@ -408,7 +428,7 @@ impl Pipeline {
         {
             filler::start_refresh(&self.flights, &fill, entry.generation.clone());
             let (status, resp) = self.serve_stale(route, entry, StaleReason::Revalidating, ask);
-            return Keyed::Served(status, resp);
+            return Keyed::Served(status, Facts::from_entry(entry), resp);
         }
         let generation = match (&expired, read_generation) {
             _ if degraded => None,
@@ -426,11 +446,19 @@ impl Pipeline {
             match again.map(|found| stale::usable_after_failure(found, publish::now_ms())) {
                 Ok(Some(AfterFailure::Fresh(entry))) => {
                     let status = hit_status(&entry);
-                    return Keyed::Served(status, respond(route, &entry, status, ask));
+                    let facts = Facts::from_entry(&entry);
+                    return Keyed::Served(status, facts, respond(route, &entry, status, ask));
                 }
                 Ok(Some(AfterFailure::Stale(entry))) => {
                     let (status, resp) = self.serve_stale(route, &entry, reason, ask);
-                    return Keyed::Served(status, resp);
+                    // This request went forward, and the refill failed.
+                    let facts = Facts {
+                        fwd: Some(Fwd::Stale),
+                        fwd_status: upstream_status(&answer),
+                        detail: Some("stale-if-error"),
+                        ..Facts::from_entry(&entry)
+                    };
+                    return Keyed::Served(status, facts, resp);
                 }
                 Ok(None) | Err(_) => {}
             }
@@ -442,19 +470,33 @@ impl Pipeline {
                 return Keyed::Relearn(names);
             }
         }
-        if let Some((status, resp)) = to_client(route, &answer, started, ask) {
-            return Keyed::Served(status, resp);
+        // Why a MISS went forward, as far as this request can tell.
+        let fwd = if expired.is_some() {
+            Fwd::Stale
+        } else if route.origin_vary.is_some() && !may_relearn {
+            Fwd::VaryMiss
+        } else if route.vary.is_empty() && fill.learned.is_empty() {
+            Fwd::UriMiss
+        } else {
+            Fwd::Miss
+        };
+        let with_fwd = |(status, facts, resp): (CacheOutcome, Facts, Response<Body>)| {
+            let fwd = (status == CacheOutcome::Miss).then_some(fwd);
+            Keyed::Served(status, Facts { fwd, ..facts }, resp)
+        };
+        if let Some(served) = to_client(route, &answer, started, ask) {
+            return with_fwd(served);
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own.
         let own = filler::fetch_only(&fill, CacheOutcome::Miss).await;
-        let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
+        with_fwd(to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
                 CacheOutcome::Miss,
+                Facts::default(),
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
-        });
-        Keyed::Served(status, resp)
+        }))
     }
 
     fn serve_stale(
@@ -483,4 +525,25 @@ pub(crate) fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) ->
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
         || keys::has_unlisted_param(&route.query, &route.query_ignore, query)
+}
+
+/// The `Cache-Status` facts of a forwarded (BYPASS) answer.
+fn forwarded(resp: &Response<Body>) -> Facts {
+    Facts {
+        fwd_status: Some(resp.status().as_u16()),
+        ..Facts::default()
+    }
+}
+
+/// The status the service answered a failed refill with, if it answered.
+fn upstream_status(answer: &Answer) -> Option<u16> {
+    match answer {
+        Answer::Shared(_, _, trip) => trip.fwd_status,
+        Answer::Starter(_, entry) => Some(entry.status),
+        Answer::Exclusive(_, slot) => {
+            let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.as_ref().map(|r| r.status().as_u16())
+        }
+        Answer::Failed(..) => None,
+    }
 }

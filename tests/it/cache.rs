@@ -419,6 +419,77 @@ async fn ignored_query_params_leave_key_and_fill(b: Backend) {
     assert_eq!(origin.hits("/allowq/2"), 2);
 }
 
+/// `Cache-Status` (RFC 9211) beside `X-Cache`: a fill that stores, a
+/// request that joined it, a hit, a bypass; under the configured name.
+async fn cache_status_says_what_happened(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b
+        .builder(&origin)
+        .extra("cache_name: edge-1\n")
+        .start()
+        .await;
+    let status = |r: &client::Resp| r.header("cache-status").unwrap_or_default();
+    // `ttl=<n>` with n within the route's ttl (60s, + jitter 5s).
+    let ttl = |v: &str| -> i64 {
+        let n = v
+            .split(';')
+            .find_map(|p| p.strip_prefix("ttl="))
+            .unwrap_or_else(|| panic!("no ttl in {v:?}"));
+        n.parse().unwrap_or_else(|_| panic!("ttl {n:?} in {v:?}"))
+    };
+    // One fill held at the origin, a second request joined to it.
+    let (gate, starter) = get_held(&origin, P, sc.url(P)).await;
+    let url = sc.url(P);
+    let joiner = tokio::spawn(async move { client::get(&url).await });
+    let joined = || async {
+        let labels = [("route", "app")];
+        sc.metric_sum("sidecache_coalesced_total", &labels).await >= 1.0
+    };
+    eventually(
+        "the second request joins the fill",
+        Duration::from_secs(5),
+        joined,
+    )
+    .await;
+    gate.release();
+    let starter = starter.await.expect("starter");
+    let joiner = joiner.await.expect("joiner");
+    assert_eq!(
+        (x_cache(&starter), x_cache(&joiner)),
+        ("MISS".into(), "MISS".into())
+    );
+    let (s, j) = (status(&starter), status(&joiner));
+    assert!(
+        s.starts_with("edge-1;fwd=uri-miss;fwd-status=200;ttl=") && s.ends_with(";stored"),
+        "{s}"
+    );
+    assert!((55..=65).contains(&ttl(&s)), "{s}");
+    assert!(
+        j.starts_with("edge-1;fwd=uri-miss;fwd-status=200;ttl="),
+        "{j}"
+    );
+    assert!(j.ends_with(";stored;collapsed"), "{j}");
+    assert_eq!(origin.hits(P), 1);
+
+    let hit = client::get(&sc.url(P)).await;
+    let h = status(&hit);
+    assert_eq!(x_cache(&hit), "HIT");
+    assert!(
+        h.starts_with("edge-1;hit;ttl=") && (55..=65).contains(&ttl(&h)),
+        "{h}"
+    );
+    assert_eq!(
+        h.matches(';').count(),
+        2,
+        "nothing else on a plain hit: {h}"
+    );
+
+    // Credentials outside the key: forwarded, and the service's status.
+    let r = client::request("GET", &sc.url(P), &[("authorization", "Bearer x")], "").await;
+    assert_eq!(x_cache(&r), "BYPASS");
+    assert_eq!(status(&r), "edge-1;fwd=bypass;fwd-status=200");
+}
+
 async fn fills_drop_poisoning_headers(b: Backend) {
     let origin = Origin::start().await;
     origin.reply(P, Reply::echo());
@@ -907,6 +978,7 @@ on_both_stores!(
     vary_headers_make_isolated_variants,
     query_modes_shape_key_and_fill,
     ignored_query_params_leave_key_and_fill,
+    cache_status_says_what_happened,
     fills_drop_poisoning_headers,
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,
