@@ -472,7 +472,7 @@ pub(crate) struct FileRoute {
     #[serde(default = "defaults::zero")]
     pub grace: HumanDuration,
     /// With `ttl: origin`: the widest stale window an answer's own
-    /// `stale-while-revalidate` may open (beyond `grace`).
+    /// `stale-while-revalidate` may open (beyond `grace`); absent: 1m.
     #[serde(default)]
     pub max_grace: Option<HumanDuration>,
     /// Window after expiry in which an entry answers instead of a failed refill.
@@ -481,8 +481,13 @@ pub(crate) struct FileRoute {
     /// How long an expired entry with validators is kept to be revalidated.
     #[serde(default = "defaults::keep")]
     pub keep: HumanDuration,
-    #[serde(default = "defaults::cache_status")]
-    pub cache_status: Vec<u16>,
+    /// Statuses stored as positive answers. Absent: `[200]`; with `ttl:
+    /// origin`, the statuses RFC 9110 §15.1 marks heuristically cacheable
+    /// (200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501; those not in
+    /// `negative_status`), and any other status whose answer gives explicit
+    /// freshness.
+    #[serde(default)]
+    pub cache_status: Option<Vec<u16>>,
     #[serde(default = "defaults::negative_status")]
     pub negative_status: Vec<u16>,
     #[serde(default = "defaults::lease")]
@@ -506,9 +511,10 @@ pub(crate) struct FileRoute {
     #[serde(default)]
     pub cdn_cache_control: bool,
     /// Key each object's variants on the request headers its answers name
-    /// in `Vary` (learned per object), besides `vary`.
+    /// in `Vary` (learned per object), besides `vary`. Absent: on with
+    /// `ttl: origin`, off otherwise.
     #[serde(default)]
-    pub vary_from_origin: bool,
+    pub vary_from_origin: Option<bool>,
     /// With `vary_from_origin`: most header names learned from one answer.
     #[serde(default)]
     pub max_vary_headers: Option<usize>,
@@ -745,6 +751,11 @@ pub(super) mod defaults {
     }
     pub(crate) fn cache_status() -> Vec<u16> {
         vec![200]
+    }
+    /// With `ttl: origin`: RFC 9110 §15.1's heuristically cacheable
+    /// statuses, 206 aside (fills ask for whole objects).
+    pub(crate) fn origin_cache_status() -> Vec<u16> {
+        vec![200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501]
     }
     pub(crate) fn negative_status() -> Vec<u16> {
         vec![404]

@@ -68,6 +68,9 @@ pub struct Route {
     /// with a conditional request instead of fetching the whole body.
     pub keep: Duration,
     pub cache_status: Vec<u16>,
+    /// `ttl: origin` without `cache_status`: an answer of any other status
+    /// (206 and 304 aside) is stored too when it gives explicit freshness.
+    pub fresh_any_status: bool,
     pub negative_status: Vec<u16>,
     pub lease: Duration,
     pub wait: Duration,
