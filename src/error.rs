@@ -91,6 +91,23 @@ impl ProxyError {
         }
     }
 
+    /// Why sidecache answered itself, as a `Cache-Status` `detail` token
+    /// (docs/caching.md#cache-status).
+    pub(crate) fn detail(&self) -> &'static str {
+        match self {
+            ProxyError::Upstream(UpstreamError::Timeout) => "upstream-timeout",
+            ProxyError::Upstream(UpstreamError::ClientBody(_)) | ProxyError::BadRequest(_) => {
+                "bad-request"
+            }
+            ProxyError::Upstream(_) => "upstream-unavailable",
+            ProxyError::NotImplemented(_) => "not-implemented",
+            ProxyError::Overloaded(_) => "overloaded",
+            ProxyError::UriTooLong => "uri-too-long",
+            ProxyError::BodyTimeout => "body-timeout",
+            ProxyError::Bug(_) => "internal-error",
+        }
+    }
+
     /// The client-facing answer: a short plain-text body, no internals.
     pub(crate) fn to_response(&self) -> Response<Body> {
         let status = self.status();
@@ -120,6 +137,7 @@ impl ProxyError {
         if let ProxyError::Overloaded(reason) = self {
             resp.extensions_mut().insert(Overload::of(reason));
         }
+        resp.extensions_mut().insert(SelfMade(self.detail()));
         resp
     }
 }
@@ -155,3 +173,9 @@ impl Overload {
         }
     }
 }
+
+/// Marks an answer sidecache made itself instead of the service's (a
+/// response extension), with [`ProxyError::detail`]: such an answer has no
+/// `fwd-status` in `Cache-Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SelfMade(pub &'static str);

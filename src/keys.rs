@@ -9,6 +9,7 @@
 //! One hash tag per object (and per filter), so all its keys live in one
 //! Redis Cluster slot and `MGET` and scripts work.
 
+use crate::config::query_ignore::QueryIgnore;
 use crate::config::{QueryMode, Route};
 use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
@@ -239,9 +240,10 @@ pub(crate) fn object_keys(namespace: &str, identity: &str, variant: &str) -> Obj
 
 /// The query as it takes part in the key and the fill request: `include`
 /// sorts all pairs, `ignore` drops it, an allow-list keeps only those names
-/// (sorted). Pairs are compared as written (no decoding), so two spellings of
-/// one value are two variants, never one poisoned entry.
-pub(crate) fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
+/// (sorted); pairs `ignore` names (`query_ignore`) are dropped in every mode.
+/// Pairs are compared as written (no decoding), so two spellings of one
+/// value are two variants, never one poisoned entry.
+pub(crate) fn normalize_query(mode: &QueryMode, ignore: &QueryIgnore, raw: Option<&str>) -> String {
     let raw = match (mode, raw) {
         (QueryMode::Ignore, _) | (_, None) => return String::new(),
         (_, Some(q)) => q,
@@ -253,23 +255,30 @@ pub(crate) fn normalize_query(mode: &QueryMode, raw: Option<&str>) -> String {
             QueryMode::Allow(names) => is_listed(names, p),
             _ => true,
         })
+        .filter(|p| !ignore.drops(p))
         .collect();
     pairs.sort_unstable();
     pairs.join("&")
 }
 
-/// True if `raw` names a parameter outside an allow-list (`query: [..]`).
-/// Such a request is not cached (BYPASS): dropping the parameter from the
-/// key would serve one cached answer for requests the service may answer
-/// differently, and keeping it would let random values (cache-busting)
-/// turn every request into a fill. `include` and `ignore` never refuse.
-pub(crate) fn has_unlisted_param(mode: &QueryMode, raw: Option<&str>) -> bool {
+/// True if `raw` names a parameter outside an allow-list (`query: [..]`)
+/// that `ignore` does not drop either. Such a request is not cached
+/// (BYPASS): dropping the parameter from the key would serve one cached
+/// answer for requests the service may answer differently, and keeping it
+/// would let random values (cache-busting) turn every request into a fill.
+/// `include` and `ignore` never refuse; an ignored parameter never does
+/// (the operator said it does not change the answer).
+pub(crate) fn has_unlisted_param(
+    mode: &QueryMode,
+    ignore: &QueryIgnore,
+    raw: Option<&str>,
+) -> bool {
     let (QueryMode::Allow(names), Some(raw)) = (mode, raw) else {
         return false;
     };
     raw.split('&')
         .filter(|p| !p.is_empty())
-        .any(|p| !is_listed(names, p))
+        .any(|p| !is_listed(names, p) && !ignore.drops(p))
 }
 
 /// Whether the name of the query pair `pair` (`name` or `name=value`) is
@@ -340,7 +349,7 @@ pub(crate) fn cache_key<S: AsRef<str>>(
     headers: &HeaderMap,
 ) -> CacheKey {
     let identity = identity(&route.name, params);
-    let query = normalize_query(&route.query, raw_query);
+    let query = normalize_query(&route.query, &route.query_ignore, raw_query);
     let variant = variant(&query, route, learned, headers);
     let keys = object_keys(namespace, &identity, &variant);
     CacheKey {
@@ -424,27 +433,77 @@ mod tests {
         assert_ne!(identity("app", &["%3A"]), identity("app", &[":"]));
     }
 
+    fn tracking() -> QueryIgnore {
+        use crate::config::query_ignore::ParamGlob;
+        let glob = |t: &str| ParamGlob::parse(t).expect("valid pattern");
+        QueryIgnore::new(vec![glob("utm_*"), glob("fbclid")])
+    }
+
     #[test]
     fn query_modes() {
+        let none = QueryIgnore::default();
         let q = Some("b=2&a=1&&c=3");
-        assert_eq!(normalize_query(&QueryMode::Include, q), "a=1&b=2&c=3");
-        assert_eq!(normalize_query(&QueryMode::Ignore, q), "");
         assert_eq!(
-            normalize_query(&QueryMode::Allow(vec!["a".into(), "c".into()]), q),
+            normalize_query(&QueryMode::Include, &none, q),
+            "a=1&b=2&c=3"
+        );
+        assert_eq!(normalize_query(&QueryMode::Ignore, &none, q), "");
+        assert_eq!(
+            normalize_query(&QueryMode::Allow(vec!["a".into(), "c".into()]), &none, q),
             "a=1&c=3"
         );
-        assert_eq!(normalize_query(&QueryMode::Include, None), "");
+        assert_eq!(normalize_query(&QueryMode::Include, &none, None), "");
+    }
+
+    #[test]
+    fn ignored_params_leave_the_normalized_query() {
+        let q = Some("utm_source=news&b=2&fbclid=x&a=1&utm_medium");
+        let allow = QueryMode::Allow(vec!["a".into()]);
+        assert_eq!(
+            normalize_query(&QueryMode::Include, &tracking(), q),
+            "a=1&b=2"
+        );
+        assert_eq!(normalize_query(&allow, &tracking(), q), "a=1");
+        assert_eq!(
+            normalize_query(&QueryMode::Include, &tracking(), Some("utm_source=x")),
+            normalize_query(&QueryMode::Include, &tracking(), None)
+        );
+        // Names only: a value that looks like one is kept.
+        assert_eq!(
+            normalize_query(&QueryMode::Include, &tracking(), Some("ref=utm_x")),
+            "ref=utm_x"
+        );
     }
 
     #[test]
     fn unlisted_params_are_found_only_for_allow_lists() {
+        let none = QueryIgnore::default();
         let allow = QueryMode::Allow(vec!["a".into(), "c".into()]);
-        assert!(has_unlisted_param(&allow, Some("a=1&bust=9")));
-        assert!(has_unlisted_param(&allow, Some("bust")));
-        assert!(!has_unlisted_param(&allow, Some("c=3&a=1&&")));
-        assert!(!has_unlisted_param(&allow, None));
-        assert!(!has_unlisted_param(&QueryMode::Include, Some("bust=1")));
-        assert!(!has_unlisted_param(&QueryMode::Ignore, Some("bust=1")));
+        assert!(has_unlisted_param(&allow, &none, Some("a=1&bust=9")));
+        assert!(has_unlisted_param(&allow, &none, Some("bust")));
+        assert!(!has_unlisted_param(&allow, &none, Some("c=3&a=1&&")));
+        assert!(!has_unlisted_param(&allow, &none, None));
+        assert!(!has_unlisted_param(
+            &QueryMode::Include,
+            &none,
+            Some("bust=1")
+        ));
+        assert!(!has_unlisted_param(
+            &QueryMode::Ignore,
+            &none,
+            Some("bust=1")
+        ));
+        // Ignored parameters are never a reason to bypass.
+        assert!(!has_unlisted_param(
+            &allow,
+            &tracking(),
+            Some("a=1&utm_source=x&fbclid=y")
+        ));
+        assert!(has_unlisted_param(
+            &allow,
+            &tracking(),
+            Some("a=1&utm_source=x&bust=1")
+        ));
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub(crate) struct FileConfig {
     pub listen: String,
     #[serde(default)]
     pub log_format: FileLogFormat,
+    /// The cache's name in `Cache-Status` (RFC 9211): an sf-token.
+    #[serde(default = "defaults::cache_name")]
+    pub cache_name: String,
     pub admin: FileAdmin,
     pub upstream: FileUpstream,
     #[serde(default)]
@@ -494,6 +497,11 @@ pub(crate) struct FileRoute {
     pub params: BTreeMap<String, String>,
     #[serde(default)]
     pub query: FileQuery,
+    /// Query parameter names (`*` matches any run of characters) dropped
+    /// from the key and the fill request, never a reason to bypass:
+    /// tracking parameters such as `utm_*`, `fbclid`, `gclid`.
+    #[serde(default)]
+    pub query_ignore: Vec<String>,
     #[serde(default)]
     pub vary: Vec<String>,
     /// A duration, or `origin` (then `max_ttl` is required).
@@ -512,7 +520,7 @@ pub(crate) struct FileRoute {
     #[serde(default = "defaults::zero")]
     pub grace: HumanDuration,
     /// With `ttl: origin`: the widest stale window an answer's own
-    /// `stale-while-revalidate` may open (beyond `grace`).
+    /// `stale-while-revalidate` may open (beyond `grace`); absent: 1m.
     #[serde(default)]
     pub max_grace: Option<HumanDuration>,
     /// Window after expiry in which an entry answers instead of a failed refill.
@@ -525,8 +533,13 @@ pub(crate) struct FileRoute {
     /// stored for a reason of its own is forwarded without a fill; `0s` off.
     #[serde(default = "defaults::hit_for_pass")]
     pub hit_for_pass: HumanDuration,
-    #[serde(default = "defaults::cache_status")]
-    pub cache_status: Vec<u16>,
+    /// Statuses stored as positive answers. Absent: `[200]`; with `ttl:
+    /// origin`, the statuses RFC 9110 §15.1 marks heuristically cacheable
+    /// (200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501; those not in
+    /// `negative_status`), and any other status whose answer gives explicit
+    /// freshness.
+    #[serde(default)]
+    pub cache_status: Option<Vec<u16>>,
     #[serde(default = "defaults::negative_status")]
     pub negative_status: Vec<u16>,
     #[serde(default = "defaults::lease")]
@@ -550,9 +563,10 @@ pub(crate) struct FileRoute {
     #[serde(default)]
     pub cdn_cache_control: bool,
     /// Key each object's variants on the request headers its answers name
-    /// in `Vary` (learned per object), besides `vary`.
+    /// in `Vary` (learned per object), besides `vary`. Absent: on with
+    /// `ttl: origin`, off otherwise.
     #[serde(default)]
-    pub vary_from_origin: bool,
+    pub vary_from_origin: Option<bool>,
     /// With `vary_from_origin`: most header names learned from one answer.
     #[serde(default)]
     pub max_vary_headers: Option<usize>,
@@ -718,6 +732,9 @@ pub(super) mod defaults {
     pub(crate) fn namespace() -> String {
         "sc:".to_owned()
     }
+    pub(crate) fn cache_name() -> String {
+        "sidecache".to_owned()
+    }
     pub(crate) fn command_timeout() -> HumanDuration {
         HumanDuration(Duration::from_millis(300))
     }
@@ -789,6 +806,11 @@ pub(super) mod defaults {
     }
     pub(crate) fn cache_status() -> Vec<u16> {
         vec![200]
+    }
+    /// With `ttl: origin`: RFC 9110 §15.1's heuristically cacheable
+    /// statuses, 206 aside (fills ask for whole objects).
+    pub(crate) fn origin_cache_status() -> Vec<u16> {
+        vec![200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501]
     }
     pub(crate) fn negative_status() -> Vec<u16> {
         vec![404]

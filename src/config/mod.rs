@@ -16,6 +16,7 @@ pub(crate) mod file;
 pub(crate) mod interpolate;
 pub(crate) mod path;
 pub(crate) mod pattern;
+pub(crate) mod query_ignore;
 pub(crate) mod relations;
 pub(crate) mod route;
 pub(crate) mod units;
@@ -48,6 +49,8 @@ pub fn json_schema() -> String {
 pub struct Config {
     pub listen: SocketAddr,
     pub log_format: file::FileLogFormat,
+    /// The cache's name in `Cache-Status` (docs/caching.md#cache-status).
+    pub cache_name: String,
     pub admin: AdminConfig,
     pub upstream: UpstreamConfig,
     pub store: StoreConfig,

@@ -47,6 +47,8 @@ pub struct Route {
     pub params: Vec<Param>,
     pub methods: Vec<Method>,
     pub query: QueryMode,
+    /// Parameters dropped from the key and the fill, never a bypass reason.
+    pub query_ignore: super::query_ignore::QueryIgnore,
     /// Lower-case header names whose values are part of the variant.
     pub vary: Vec<http::HeaderName>,
     pub ttl: Ttl,
@@ -70,6 +72,9 @@ pub struct Route {
     /// (zero: off).
     pub hit_for_pass: Duration,
     pub cache_status: Vec<u16>,
+    /// `ttl: origin` without `cache_status`: an answer of any other status
+    /// (206 and 304 aside) is stored too when it gives explicit freshness.
+    pub fresh_any_status: bool,
     pub negative_status: Vec<u16>,
     pub lease: Duration,
     pub wait: Duration,

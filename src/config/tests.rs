@@ -84,6 +84,11 @@ fn errors_name_the_yaml_path() {
     .map(|_| ())
     .expect_err("bad listen");
     assert!(e.to_string().contains("listen"), "{e}");
+    let e = err(&format!("cache_name: \"edge 1\"\n{APP}"));
+    assert!(e.contains("cache_name") && e.contains("not a token"), "{e}");
+    let cfg = parse(&format!("cache_name: edge-1\n{APP}")).expect("a token");
+    assert_eq!(cfg.cache_name, "edge-1");
+    assert_eq!(parse(APP).expect("valid").cache_name, "sidecache");
     let e = Config::parse(&format!("{BASE}color: blue\n"), &|_| None)
         .map(|_| ())
         .expect_err("unknown key");

@@ -325,7 +325,7 @@ fn bypass_reason(route: &Route, headers: &HeaderMap, query: Option<&str>) -> Opt
             ));
         }
     }
-    keys::has_unlisted_param(&route.query, query).then(|| {
+    keys::has_unlisted_param(&route.query, &route.query_ignore, query).then(|| {
         "the query names a parameter outside the route's query list: forwarded uncached".to_owned()
     })
 }

@@ -14,6 +14,7 @@
 //! are ignored when the answer would be an error), so a cached 404 answers
 //! 404 whatever the client sends. Ranges apply to stored 200s on GET.
 
+use super::cache_status::Facts;
 use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
 use super::flight::Answer;
@@ -231,24 +232,55 @@ pub(super) fn respond_with(
     shape(resp, entry, ask)
 }
 
-/// A flight's answer as this client's response; `None` for a one-client
-/// answer when this request did not start the flight. A one-client answer
-/// (too large, or private to this client) goes out as the origin sent it:
-/// no preconditions or range are applied to it.
+/// A flight's answer as this client's response, with its `Cache-Status`
+/// facts (`collapsed` when this request did not start the flight); `None`
+/// for a one-client answer when this request did not start the flight. A
+/// one-client answer (too large, or private to this client) goes out as
+/// the origin sent it: no preconditions or range are applied to it.
 pub(super) fn to_client(
     route: &Route,
     answer: &Answer,
     started: bool,
     ask: &ClientAsk,
-) -> Option<(CacheOutcome, Response<Body>)> {
+) -> Option<(CacheOutcome, Facts, Response<Body>)> {
+    let collapsed = !started;
     match answer {
-        Answer::Shared(status, entry) => Some((*status, respond(route, entry, *status, ask))),
-        Answer::Failed(status, e) => Some((*status, e.to_response())),
+        Answer::Shared(status, entry, trip) => {
+            let facts = match trip.fwd_status {
+                // Read from the store (another filler's entry): a hit.
+                None => Facts::from_entry(entry),
+                Some(_) => Facts {
+                    fwd_status: trip.fwd_status,
+                    stored: trip.stored,
+                    ttl: trip.stored.then(|| Facts::from_entry(entry).ttl).flatten(),
+                    ..Facts::default()
+                },
+            };
+            let facts = Facts { collapsed, ..facts };
+            Some((*status, facts, respond(route, entry, *status, ask)))
+        }
+        Answer::Failed(status, e) => {
+            let facts = Facts {
+                collapsed,
+                ..Facts::default()
+            };
+            Some((*status, facts, e.to_response()))
+        }
         Answer::Exclusive(..) | Answer::Starter(..) if !started => None,
-        Answer::Starter(status, entry) => Some((*status, respond(route, entry, *status, ask))),
+        Answer::Starter(status, entry) => {
+            let facts = Facts {
+                fwd_status: Some(entry.status),
+                ..Facts::default()
+            };
+            Some((*status, facts, respond(route, entry, *status, ask)))
+        }
         Answer::Exclusive(status, slot) => {
             let taken = slot.lock().ok().and_then(|mut s| s.take())?;
-            Some((*status, strip_body_for_head(taken, ask.head)))
+            let facts = Facts {
+                fwd_status: Some(taken.status().as_u16()),
+                ..Facts::default()
+            };
+            Some((*status, facts, strip_body_for_head(taken, ask.head)))
         }
     }
 }

@@ -13,7 +13,7 @@ use super::answer::{hit_status, one_client};
 use super::depends::{self, Stamp, Tickets};
 use super::entry::Entry;
 use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
-use super::flight::{Answer, FlightKey, Flights};
+use super::flight::{Answer, FlightKey, Flights, Trip};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
 use super::pass::{self, PassMarkers};
@@ -133,7 +133,7 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
     let lease = match acquired.await {
         Ok(LeaseOutcome::Won(lease)) => lease,
         Ok(LeaseOutcome::Hit(entry)) => {
-            return Answer::Shared(hit_status(&entry), Arc::new(entry));
+            return Answer::Shared(hit_status(&entry), Arc::new(entry), Trip::default());
         }
         Ok(LeaseOutcome::WaitTimeout) => {
             return Answer::Failed(
@@ -156,7 +156,9 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
     // Stage 6: the previous lease holder may have published meanwhile.
     // An expired entry is what this fill replaces (or revalidates).
     let expired = match lookup::lookup(&sh.store, &fill.key, &route.name, &sh.metrics).await {
-        Ok(Found::Fresh(entry)) => return Answer::Shared(hit_status(&entry), Arc::new(entry)),
+        Ok(Found::Fresh(entry)) => {
+            return Answer::Shared(hit_status(&entry), Arc::new(entry), Trip::default())
+        }
         Ok(Found::Expired(entry)) => Some(entry),
         Ok(Found::Miss(_)) => None,
         Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
@@ -195,11 +197,13 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             fetch_with_permit(fill, request),
         )
         .await;
+    let mut not_modified = false;
     let fetched = match (fetched, &revalidating) {
         (Ok(f), None) => f,
         (Ok(f), Some((_, stored))) => {
             let (f, outcome) = revalidate::resolve(stored, f);
             count_revalidation(fill, outcome);
+            not_modified = outcome == revalidate::Revalidation::NotModified;
             f
         }
         (Err(e), revalidating) => {
@@ -223,6 +227,10 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(Some(resp)));
         }
         Judged::Shareable(entry, kind, life, deps) => (entry, kind, life, deps),
+    };
+    let mut trip = Trip {
+        fwd_status: Some(if not_modified { 304 } else { entry.status }),
+        stored: false,
     };
     // Written on every fill, not only on a change: the list then lives as
     // long as the object is filled, instead of expiring under a hot object.
@@ -284,14 +292,15 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             }
         };
         count_publish(fill, outcome);
-        return Answer::Shared(CacheOutcome::Miss, Arc::new(entry));
+        trip.stored = outcome == FillOutcome::Published;
+        return Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip);
     };
     count_uncacheable(fill, reason);
     let status = http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::OK);
     if pass::passes(reason, status) {
         mark_pass(fill, &ticket);
     }
-    Answer::Shared(CacheOutcome::Miss, Arc::new(entry))
+    Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip)
 }
 
 /// Hit-for-pass: the object variant's answers are not stored for a reason
@@ -431,7 +440,13 @@ pub(super) async fn fetch_only(fill: &Fill, status: CacheOutcome) -> Answer {
             Judged::TooLarge(resp) | Judged::OneClient(resp, _) => {
                 Answer::Exclusive(status, Mutex::new(Some(resp)))
             }
-            Judged::Shareable(entry, ..) => Answer::Shared(status, Arc::new(entry)),
+            Judged::Shareable(entry, ..) => {
+                let trip = Trip {
+                    fwd_status: Some(entry.status),
+                    stored: false,
+                };
+                Answer::Shared(status, Arc::new(entry), trip)
+            }
         },
     }
 }
@@ -759,7 +774,7 @@ mod tests {
     /// The status and body of an answer every joined request may receive.
     fn shared(answer: &Answer) -> (CacheOutcome, Bytes) {
         match answer {
-            Answer::Shared(status, entry) => (*status, entry.body.clone()),
+            Answer::Shared(status, entry, _) => (*status, entry.body.clone()),
             Answer::Starter(status, _) => panic!("a starter-only answer ({status:?})"),
             Answer::Exclusive(status, _) => panic!("a one-client answer ({status:?})"),
             Answer::Failed(status, e) => panic!("a failed fill ({status:?}): {e}"),

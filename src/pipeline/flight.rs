@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 
 /// The outcome of one fill, as seen by every request that joined it.
 pub(crate) enum Answer {
-    /// A response any coalesced request may receive.
-    Shared(CacheOutcome, Arc<Entry>),
+    /// A response any coalesced request may receive, and what its trip
+    /// upstream did.
+    Shared(CacheOutcome, Arc<Entry>, Trip),
     /// A response for one client only (streamed, or private to the client
     /// whose request was sent upstream): only the request that started the
     /// flight takes it; the others fetch their own.
@@ -40,6 +41,18 @@ pub(crate) enum Answer {
     /// fetch their own.
     Starter(CacheOutcome, Arc<Entry>),
     Failed(CacheOutcome, ProxyError),
+}
+
+/// What a fill's upstream call did, for `Cache-Status`
+/// (docs/caching.md#cache-status); the default for an answer read from the
+/// store, which made no call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Trip {
+    /// The status the service answered (`304` for a revalidation that
+    /// kept the entry).
+    pub fwd_status: Option<u16>,
+    /// The answer was written to the store.
+    pub stored: bool,
 }
 
 type SharedAnswer = Shared<BoxFuture<'static, Arc<Answer>>>;

@@ -34,11 +34,13 @@
 //!                       (conditional) and range (range) against the entry
 //! ```
 //! [`CacheOutcome`] is the result of every request: the `X-Cache` header,
-//! the metric label and the log field.
+//! the metric label and the log field; with the [`Facts`] the answering
+//! stage adds, the `Cache-Status` header (`cache_status`).
 
 pub(crate) mod answer;
 pub(crate) mod bloom;
 pub(crate) mod cache_control;
+pub(crate) mod cache_status;
 pub(crate) mod client_cc;
 pub(crate) mod conditional;
 pub(crate) mod depends;
@@ -67,9 +69,11 @@ use crate::proxy::client::UpstreamClient;
 use crate::proxy::upload::UploadBody;
 use crate::store::GuardedStore;
 use answer::{hit_status, respond, respond_with, to_client, ClientAsk, Shaped};
+use cache_status::{Facts, Fwd};
 use entry::Entry;
 use fill::FillPermits;
 use filler::{Fill, Shared};
+use flight::Answer;
 use flight::Flights;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response};
@@ -118,7 +122,7 @@ struct Missed {
 
 /// What [`Pipeline::serve_keyed`] did with one key.
 enum Keyed {
-    Served(CacheOutcome, Response<Body>),
+    Served(CacheOutcome, Facts, Response<Body>),
     /// `vary_from_origin`: the answer varies on names the key did not
     /// include and is not this client's variant: key again with these.
     Relearn(Vec<HeaderName>),
@@ -184,7 +188,8 @@ impl Pipeline {
                 let status = hit_status(entry);
                 let ask = ClientAsk::from_request(req.method(), headers);
                 let resp = respond_with(route, entry, prepared.head.clone(), status, &ask);
-                Ok((status, self.finish(route, status, resp)))
+                let facts = Facts::from_entry(entry);
+                Ok((status, self.finish(cfg, route, status, &facts, resp)))
             }
             Err(near) => Err(Some(Box::new(Early { key, near }))),
         }
@@ -203,21 +208,35 @@ impl Pipeline {
         peer: SocketAddr,
         early: Option<Box<Early>>,
     ) -> (CacheOutcome, Response<Body>) {
-        let (status, resp) = self
-            .serve_inner(cfg, &route, params, req, peer, early)
+        let (status, facts, resp) = self
+            .serve_inner(&cfg, &route, params, req, peer, early)
             .await;
-        (status, self.finish(&route, status, resp))
+        (status, self.finish(&cfg, &route, status, &facts, resp))
     }
 
-    /// Every answer's `X-Cache` and counters.
+    /// Every answer's `X-Cache`, `Cache-Status` and counters.
     fn finish(
         &self,
+        cfg: &Config,
         route: &Route,
         status: CacheOutcome,
+        facts: &Facts,
         mut resp: Response<Body>,
     ) -> Response<Body> {
-        resp.headers_mut()
-            .insert(X_CACHE.clone(), status.header_value());
+        // An answer sidecache made itself (502, 504, 503) came from no
+        // service: no `fwd-status`, and the reason as `detail`.
+        let facts = match resp.extensions().get::<crate::error::SelfMade>() {
+            Some(made) => &Facts {
+                fwd_status: None,
+                detail: Some(made.0),
+                ..*facts
+            },
+            None => facts,
+        };
+        let value = cache_status::value(&cfg.cache_name, status, facts);
+        let h = resp.headers_mut();
+        h.insert(X_CACHE.clone(), status.header_value());
+        h.insert(cache_status::CACHE_STATUS.clone(), value);
         if let Some(shaped) = resp.extensions().get::<Shaped>() {
             self.shared
                 .metrics
@@ -239,37 +258,48 @@ impl Pipeline {
         resp
     }
 
+    /// Forwards the request as it came, answered `outcome` (stage 0's
+    /// bypass, a too-long learned `Vary` value, hit-for-pass).
+    async fn forward_as_is(
+        &self,
+        cfg: &Config,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        outcome: CacheOutcome,
+    ) -> (CacheOutcome, Facts, Response<Body>) {
+        let sh = &self.shared;
+        let req = req.map(UploadBody::streamed);
+        let timeout = cfg.upstream.timeout;
+        let resp =
+            crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics).await;
+        (outcome, forwarded(&resp), resp)
+    }
+
     async fn serve_inner(
         &self,
-        cfg: Arc<Config>,
+        cfg: &Arc<Config>,
         route: &Arc<Route>,
         params: Vec<String>,
         req: Request<Incoming>,
         peer: SocketAddr,
         mut early: Option<Box<Early>>,
-    ) -> (CacheOutcome, Response<Body>) {
+    ) -> (CacheOutcome, Facts, Response<Body>) {
         let sh = &self.shared;
         // Stage 0: credentials that are not part of the key make the
         // response personal, and a query parameter outside the route's
         // allow-list could change the answer behind the key's back (or bust
         // the cache): forward untouched. (`early`: `try_hit` checked.)
         if early.is_none() && bypass(route, req.headers(), req.uri().query()) {
-            let resp = crate::proxy::forward::forward(
-                &sh.client,
-                req.map(UploadBody::streamed),
-                peer,
-                cfg.upstream.timeout,
-                &sh.metrics,
-            )
-            .await;
-            return (CacheOutcome::Bypass, resp);
+            return self
+                .forward_as_is(cfg, req, peer, CacheOutcome::Bypass)
+                .await;
         }
         // Stage 10's input: kept before the request is dropped for the fill.
         let ask = ClientAsk::from_request(req.method(), req.headers());
         // `vary_from_origin`: the names this object's answers vary on; on
         // other routes none, and no answer is keyed again.
         let (mut learned, mut may_relearn) = match route.origin_vary {
-            Some(_) => (vary::learned(&sh.store, &cfg, route, &params).await, true),
+            Some(_) => (vary::learned(&sh.store, cfg, route, &params).await, true),
             None => (Vec::new(), false),
         };
         let (parts, body) = req.into_parts();
@@ -277,7 +307,7 @@ impl Pipeline {
         // learned `Vary` value, hit-for-pass).
         let mut body = Some(body);
         let read = CacheRead {
-            cfg: &cfg,
+            cfg,
             route,
             params: &params,
             head: &parts,
@@ -291,28 +321,22 @@ impl Pipeline {
                 .is_some_and(|b| vary::too_long(&parts.headers, &learned, b.max_value));
             if too_long {
                 if let Some(body) = body.take() {
-                    let req = Request::from_parts(parts, UploadBody::streamed(body));
-                    let timeout = cfg.upstream.timeout;
-                    let resp =
-                        crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
-                            .await;
-                    return (CacheOutcome::Bypass, resp);
+                    let req = Request::from_parts(parts, body);
+                    return self
+                        .forward_as_is(cfg, req, peer, CacheOutcome::Bypass)
+                        .await;
                 }
             }
             let keyed = self.serve_keyed(&read, learned, may_relearn, early.take());
             match keyed.await {
-                Keyed::Served(status, resp) => return (status, resp),
+                Keyed::Served(status, facts, resp) => return (status, facts, resp),
                 Keyed::Pass => {
                     let Some(body) = body.take() else {
                         let bug = ProxyError::Bug("pass without the request's body".into());
-                        return (CacheOutcome::Pass, bug.to_response());
+                        return (CacheOutcome::Pass, Facts::default(), bug.to_response());
                     };
-                    let req = Request::from_parts(parts, UploadBody::streamed(body));
-                    let timeout = cfg.upstream.timeout;
-                    let resp =
-                        crate::proxy::forward::forward(&sh.client, req, peer, timeout, &sh.metrics)
-                            .await;
-                    return (CacheOutcome::Pass, resp);
+                    let req = Request::from_parts(parts, body);
+                    return self.forward_as_is(cfg, req, peer, CacheOutcome::Pass).await;
                 }
                 // Once: an origin that changes its `Vary` on every answer
                 // gets the second answer served as it is.
@@ -355,7 +379,8 @@ impl Pipeline {
         let missed = match found.await {
             Ok(Found::Fresh(entry)) => {
                 let status = hit_status(&entry);
-                return Keyed::Served(status, respond(route, &entry, status, read.ask));
+                let facts = Facts::from_entry(&entry);
+                return Keyed::Served(status, facts, respond(route, &entry, status, read.ask));
             }
             Ok(Found::Expired(entry)) => Missed {
                 degraded: false,
@@ -411,7 +436,7 @@ impl Pipeline {
         // the filter is too, and the degraded path takes over.
         if !degraded && expired.is_none() {
             if let Some(rejected) = bloom::stage(&sh.blooms, cfg, route, params, ask.head).await {
-                return Keyed::Served(rejected.0, rejected.1);
+                return Keyed::Served(rejected.0, Facts::default(), rejected.1);
             }
         }
         // What a fill of this key needs, owned: the fill runs in its own task.
@@ -437,7 +462,7 @@ impl Pipeline {
         {
             filler::start_refresh(&self.flights, &fill, entry.generation.clone());
             let (status, resp) = self.serve_stale(route, entry, StaleReason::Revalidating, ask);
-            return Keyed::Served(status, resp);
+            return Keyed::Served(status, Facts::from_entry(entry), resp);
         }
         let generation = match (&expired, read_generation) {
             _ if degraded => None,
@@ -456,11 +481,19 @@ impl Pipeline {
             match again.map(|found| stale::usable_after_failure(found, publish::now_ms())) {
                 Ok(Some(AfterFailure::Fresh(entry))) => {
                     let status = hit_status(&entry);
-                    return Keyed::Served(status, respond(route, &entry, status, ask));
+                    let facts = Facts::from_entry(&entry);
+                    return Keyed::Served(status, facts, respond(route, &entry, status, ask));
                 }
                 Ok(Some(AfterFailure::Stale(entry))) => {
                     let (status, resp) = self.serve_stale(route, &entry, reason, ask);
-                    return Keyed::Served(status, resp);
+                    // This request went forward, and the refill failed.
+                    let facts = Facts {
+                        fwd: Some(Fwd::Stale),
+                        fwd_status: upstream_status(&answer),
+                        detail: Some("stale-if-error"),
+                        ..Facts::from_entry(&entry)
+                    };
+                    return Keyed::Served(status, facts, resp);
                 }
                 Ok(None) | Err(_) => {}
             }
@@ -472,8 +505,22 @@ impl Pipeline {
                 return Keyed::Relearn(names);
             }
         }
-        if let Some((status, resp)) = to_client(route, &answer, started, ask) {
-            return Keyed::Served(status, resp);
+        // Why a MISS went forward, as far as this request can tell.
+        let fwd = if expired.is_some() {
+            Fwd::Stale
+        } else if route.origin_vary.is_some() && !may_relearn {
+            Fwd::VaryMiss
+        } else if route.vary.is_empty() && fill.learned.is_empty() {
+            Fwd::UriMiss
+        } else {
+            Fwd::Miss
+        };
+        let with_fwd = |(status, facts, resp): (CacheOutcome, Facts, Response<Body>)| {
+            let fwd = (status == CacheOutcome::Miss).then_some(fwd);
+            Keyed::Served(status, Facts { fwd, ..facts }, resp)
+        };
+        if let Some(served) = to_client(route, &answer, started, ask) {
+            return with_fwd(served);
         }
         // The answer belongs to the request that started the flight (its
         // headers went upstream, a Set-Cookie is for it): fetch our own,
@@ -483,13 +530,13 @@ impl Pipeline {
             return Keyed::Pass;
         }
         let own = filler::fetch_only(&fill, CacheOutcome::Miss).await;
-        let (status, resp) = to_client(route, &own, true, ask).unwrap_or_else(|| {
+        with_fwd(to_client(route, &own, true, ask).unwrap_or_else(|| {
             (
                 CacheOutcome::Miss,
+                Facts::default(),
                 ProxyError::Bug("empty answer".into()).to_response(),
             )
-        });
-        Keyed::Served(status, resp)
+        }))
     }
 
     fn serve_stale(
@@ -511,10 +558,32 @@ impl Pipeline {
 
 /// Stage 0: a request carrying credentials is cached only if the route
 /// makes them part of the key, and one whose query names a parameter
-/// outside the route's `query: [..]` list is not cached at all.
+/// outside the route's `query: [..]` list (and not in `query_ignore`) is
+/// not cached at all.
 pub(crate) fn bypass(route: &Route, headers: &HeaderMap, query: Option<&str>) -> bool {
     [header::AUTHORIZATION, header::COOKIE]
         .iter()
         .any(|h| headers.contains_key(h) && !route.varies_on(h))
-        || keys::has_unlisted_param(&route.query, query)
+        || keys::has_unlisted_param(&route.query, &route.query_ignore, query)
+}
+
+/// The `Cache-Status` facts of a forwarded (BYPASS) answer.
+fn forwarded(resp: &Response<Body>) -> Facts {
+    Facts {
+        fwd_status: Some(resp.status().as_u16()),
+        ..Facts::default()
+    }
+}
+
+/// The status the service answered a failed refill with, if it answered.
+fn upstream_status(answer: &Answer) -> Option<u16> {
+    match answer {
+        Answer::Shared(_, _, trip) => trip.fwd_status,
+        Answer::Starter(_, entry) => Some(entry.status),
+        Answer::Exclusive(_, slot) => {
+            let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.as_ref().map(|r| r.status().as_u16())
+        }
+        Answer::Failed(..) => None,
+    }
 }

@@ -164,6 +164,15 @@ pub(crate) fn cacheability(
         Cacheability::Positive
     } else if route.negative_status.contains(&code) {
         Cacheability::Negative
+    } else if route.fresh_any_status
+        && !matches!(code, 206 | 304)
+        && matches!(
+            cc.freshness(headers, SystemTime::now()),
+            OriginFreshness::Fresh(_)
+        )
+    {
+        // RFC 9111 §3: explicit freshness makes any final status storable.
+        Cacheability::Positive
     } else {
         return No(Uncacheable::Status);
     };
@@ -634,14 +643,57 @@ mod tests {
             ),
             s(0)
         );
-        // Without max_grace the directive only narrows the route's grace.
+        // By default the directive opens a window of up to a minute;
+        // `max_grace: 0s` turns that off, and it only narrows `grace`.
         assert_eq!(
             grace_of(&origin_route(""), "max-age=1, stale-while-revalidate=4"),
+            s(4)
+        );
+        assert_eq!(
+            grace_of(&origin_route(""), "max-age=1, stale-while-revalidate=99"),
+            s(60)
+        );
+        assert_eq!(
+            grace_of(
+                &origin_route(", max_grace: 0s"),
+                "max-age=1, stale-while-revalidate=4"
+            ),
             s(0)
         );
         let both = origin_route(", grace: 3s, max_grace: 2s");
         assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=9"), s(3));
         assert_eq!(grace_of(&both, "max-age=1, stale-while-revalidate=1"), s(1));
+    }
+
+    #[test]
+    fn origin_ttl_stores_the_statuses_a_shared_cache_may() {
+        use Cacheability::Uncacheable as No;
+        let c = judged;
+        let fresh = [("cache-control", "max-age=5")];
+        let r = origin_route("");
+        // RFC 9110 §15.1's heuristically cacheable statuses, with explicit
+        // freshness; 404 stays negative (`negative_status`).
+        for code in [200, 203, 204, 300, 301, 308, 405, 410, 414, 501] {
+            assert_eq!(c(&r, code, &fresh), Cacheability::Positive, "{code}");
+            assert_eq!(c(&r, code, &[]), No(Uncacheable::NoLifetime), "{code}");
+        }
+        assert_eq!(c(&r, 404, &fresh), Cacheability::Negative);
+        // Any other final status only with explicit freshness.
+        for code in [302, 307, 400, 403, 500, 503] {
+            assert_eq!(c(&r, code, &fresh), Cacheability::Positive, "{code}");
+            assert_eq!(c(&r, code, &[]), No(Uncacheable::Status), "{code}");
+        }
+        let expires = [("expires", "Thu, 01 Jan 2099 00:00:00 GMT")];
+        assert_eq!(c(&r, 302, &expires), Cacheability::Positive);
+        // Partial and not-modified answers are never entries.
+        assert_eq!(c(&r, 206, &fresh), No(Uncacheable::Status));
+        assert_eq!(c(&r, 304, &fresh), No(Uncacheable::Status));
+        // A route that lists its statuses keeps to them.
+        let listed = origin_route(", cache_status: [200]");
+        assert_eq!(c(&listed, 301, &fresh), No(Uncacheable::Status));
+        assert_eq!(c(&listed, 500, &fresh), No(Uncacheable::Status));
+        // Fixed TTLs keep the old default, `[200]`.
+        assert_eq!(c(&route(), 301, &fresh), No(Uncacheable::Status));
     }
 
     #[test]

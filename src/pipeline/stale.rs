@@ -104,7 +104,7 @@ pub(crate) fn failure_reason(answer: &Answer) -> Option<StaleReason> {
             ),
         ) => Some(StaleReason::UpstreamError),
         Answer::Failed(..) => None,
-        Answer::Shared(_, entry) | Answer::Starter(_, entry) if entry.status >= 500 => {
+        Answer::Shared(_, entry, _) | Answer::Starter(_, entry) if entry.status >= 500 => {
             Some(StaleReason::UpstreamError)
         }
         Answer::Shared(..) | Answer::Starter(..) => None,
@@ -158,10 +158,10 @@ fn refresh_outcome(answer: &Answer) -> RefreshOutcome {
         return RefreshOutcome::Failed;
     }
     match answer {
-        Answer::Shared(CacheOutcome::Hit | CacheOutcome::Negative, _) => {
+        Answer::Shared(CacheOutcome::Hit | CacheOutcome::Negative, ..) => {
             RefreshOutcome::AlreadyFresh
         }
-        Answer::Shared(CacheOutcome::Degraded, _) | Answer::Failed(CacheOutcome::Degraded, _) => {
+        Answer::Shared(CacheOutcome::Degraded, ..) | Answer::Failed(CacheOutcome::Degraded, _) => {
             RefreshOutcome::StoreError
         }
         _ => RefreshOutcome::Fetched,
@@ -235,7 +235,13 @@ mod tests {
             failed(ProxyError::Upstream(UpstreamError::ClientBody("x".into()))),
             None
         );
-        let shared = |s| failure_reason(&Answer::Shared(CacheOutcome::Miss, entry(s)));
+        let shared = |s| {
+            failure_reason(&Answer::Shared(
+                CacheOutcome::Miss,
+                entry(s),
+                Default::default(),
+            ))
+        };
         assert_eq!(shared(503), Some(StaleReason::UpstreamError));
         assert_eq!(shared(200), None);
         assert_eq!(shared(404), None);

@@ -101,7 +101,7 @@ pub(crate) fn not_this_variant(
 ) -> Option<Vec<HeaderName>> {
     let bounds = route.origin_vary?;
     let entry = match answer {
-        Answer::Shared(_, e) | Answer::Starter(_, e) => e,
+        Answer::Shared(_, e, _) | Answer::Starter(_, e) => e,
         Answer::Exclusive(..) | Answer::Failed(..) => return None,
     };
     let named = |h: HeaderName| {

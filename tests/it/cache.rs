@@ -12,9 +12,10 @@ use std::time::Duration;
 
 const P: &str = "/api/tenants/acme/apps/1";
 
-/// The `app` route (with jitter and a negative TTL) and three routes for
-/// vary and the query modes. Hit-for-pass is off: these tests look at every
-/// fill of an answer that is not stored (hit_for_pass.rs covers the pass).
+/// The `app` route (with jitter and a negative TTL) and four routes for
+/// vary, the query modes and ignored (tracking) parameters. Hit-for-pass is
+/// off: these tests look at every fill of an answer that is not stored
+/// (hit_for_pass.rs covers the pass).
 fn routes() -> String {
     app_routes("jitter: 5s\nnegative_ttl: 60s\nhit_for_pass: 0s") + MORE_ROUTES
 }
@@ -33,6 +34,12 @@ const MORE_ROUTES: &str = r#"  - name: varied
     path: /allowq/{id}
     params: { id: "[0-9]+" }
     query: [a]
+    query_ignore: ["utm_*", fbclid]
+    ttl: 60s
+  - name: trackq
+    path: /trackq/{id}
+    params: { id: "[0-9]+" }
+    query_ignore: ["utm_*", fbclid, gclid]
     ttl: 60s
 "#;
 
@@ -359,6 +366,130 @@ async fn query_modes_shape_key_and_fill(b: Backend) {
     );
     assert_eq!(x_cache(&client::get(&q("/allowq/1", "a=1")).await), "MISS");
     assert_eq!(x_cache(&client::get(&q("/allowq/1", "a=1")).await), "HIT");
+}
+
+async fn ignored_query_params_leave_key_and_fill(b: Backend) {
+    let origin = Origin::start().await;
+    for p in ["/trackq/1", "/trackq/2", "/allowq/2"] {
+        origin.reply(p, Reply::echo());
+    }
+    let sc = b.start(&origin).await;
+    let q = |path: &str, query: &str| format!("{}?{query}", sc.url(path));
+    let origin_query = |path: &str| origin.last_request(path).and_then(|r| r.query);
+
+    // The plain object, then a campaign click: a HIT of the same entry.
+    assert_eq!(x_cache(&client::get(&q("/trackq/1", "a=1")).await), "MISS");
+    let r = client::get(&q("/trackq/1", "utm_source=news&a=1&fbclid=x&utm_medium")).await;
+    assert_eq!((r.status.as_u16(), x_cache(&r)), (200, "HIT".into()));
+    assert_eq!(origin.hits("/trackq/1"), 1);
+    // A cold object filled by a tracked request: the origin never sees the
+    // tracking parameters, and the plain request hits what it stored.
+    let r = client::get(&q("/trackq/2", "gclid=9&b=2&utm_campaign=spring")).await;
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(origin_query("/trackq/2").as_deref(), Some("b=2"));
+    let r = client::get(&q("/trackq/2", "b=2")).await;
+    assert_eq!(x_cache(&r), "HIT");
+    // Only tracking parameters: the fill carries no query at all.
+    assert_eq!(
+        x_cache(&client::get(&q("/trackq/2", "utm_source=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/trackq/2"), None);
+    assert_eq!(x_cache(&client::get(&sc.url("/trackq/2")).await), "HIT");
+    // Other parameters still make variants of their own.
+    assert_eq!(
+        x_cache(&client::get(&q("/trackq/1", "a=2&fbclid=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/trackq/1").as_deref(), Some("a=2"));
+
+    // With an allow-list, an ignored parameter is not a reason to bypass;
+    // any other unlisted one still is.
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "a=1&utm_source=x")).await),
+        "MISS"
+    );
+    assert_eq!(origin_query("/allowq/2").as_deref(), Some("a=1"));
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "fbclid=y&a=1")).await),
+        "HIT"
+    );
+    assert_eq!(
+        x_cache(&client::get(&q("/allowq/2", "a=1&z=9&utm_source=x")).await),
+        "BYPASS"
+    );
+    assert_eq!(origin.hits("/allowq/2"), 2);
+}
+
+/// `Cache-Status` (RFC 9211) beside `X-Cache`: a fill that stores, a
+/// request that joined it, a hit, a bypass; under the configured name.
+async fn cache_status_says_what_happened(b: Backend) {
+    let origin = Origin::start().await;
+    let sc = b
+        .builder(&origin)
+        .extra("cache_name: edge-1\n")
+        .start()
+        .await;
+    let status = |r: &client::Resp| r.header("cache-status").unwrap_or_default();
+    // `ttl=<n>` with n within the route's ttl (60s, + jitter 5s).
+    let ttl = |v: &str| -> i64 {
+        let n = v
+            .split(';')
+            .find_map(|p| p.strip_prefix("ttl="))
+            .unwrap_or_else(|| panic!("no ttl in {v:?}"));
+        n.parse().unwrap_or_else(|_| panic!("ttl {n:?} in {v:?}"))
+    };
+    // One fill held at the origin, a second request joined to it.
+    let (gate, starter) = get_held(&origin, P, sc.url(P)).await;
+    let url = sc.url(P);
+    let joiner = tokio::spawn(async move { client::get(&url).await });
+    let joined = || async {
+        let labels = [("route", "app")];
+        sc.metric_sum("sidecache_coalesced_total", &labels).await >= 1.0
+    };
+    eventually(
+        "the second request joins the fill",
+        Duration::from_secs(5),
+        joined,
+    )
+    .await;
+    gate.release();
+    let starter = starter.await.expect("starter");
+    let joiner = joiner.await.expect("joiner");
+    assert_eq!(
+        (x_cache(&starter), x_cache(&joiner)),
+        ("MISS".into(), "MISS".into())
+    );
+    let (s, j) = (status(&starter), status(&joiner));
+    assert!(
+        s.starts_with("edge-1;fwd=uri-miss;fwd-status=200;ttl=") && s.ends_with(";stored"),
+        "{s}"
+    );
+    assert!((55..=65).contains(&ttl(&s)), "{s}");
+    assert!(
+        j.starts_with("edge-1;fwd=uri-miss;fwd-status=200;ttl="),
+        "{j}"
+    );
+    assert!(j.ends_with(";stored;collapsed"), "{j}");
+    assert_eq!(origin.hits(P), 1);
+
+    let hit = client::get(&sc.url(P)).await;
+    let h = status(&hit);
+    assert_eq!(x_cache(&hit), "HIT");
+    assert!(
+        h.starts_with("edge-1;hit;ttl=") && (55..=65).contains(&ttl(&h)),
+        "{h}"
+    );
+    assert_eq!(
+        h.matches(';').count(),
+        2,
+        "nothing else on a plain hit: {h}"
+    );
+
+    // Credentials outside the key: forwarded, and the service's status.
+    let r = client::request("GET", &sc.url(P), &[("authorization", "Bearer x")], "").await;
+    assert_eq!(x_cache(&r), "BYPASS");
+    assert_eq!(status(&r), "edge-1;fwd=bypass;fwd-status=200");
 }
 
 async fn fills_drop_poisoning_headers(b: Backend) {
@@ -848,6 +979,8 @@ on_both_stores!(
     private_and_no_store_are_never_cached,
     vary_headers_make_isolated_variants,
     query_modes_shape_key_and_fill,
+    ignored_query_params_leave_key_and_fill,
+    cache_status_says_what_happened,
     fills_drop_poisoning_headers,
     large_bodies_stream_through_uncached,
     full_fill_permits_answer_503_at_once,

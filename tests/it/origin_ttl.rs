@@ -190,6 +190,35 @@ async fn without_a_lifetime_nothing_is_stored(redis: Option<RedisServer>) {
     assert_eq!(x_cache(&client::get(&sc.url("/strict/ok")).await), "HIT");
 }
 
+/// Without a `cache_status` of its own a `ttl: origin` route stores what a
+/// shared cache may: a heuristically cacheable status (301, 410) or any
+/// other (302, 500) when the answer gives explicit freshness; without
+/// freshness, none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_answers_of_other_statuses_are_reused() {
+    let origin = Origin::start().await;
+    let sc = start(None, &origin).await;
+    let fresh = |code: u16| Reply::status(code).header("cache-control", "max-age=60");
+    for (path, reply, stored) in [
+        ("/strict/moved", fresh(301).header("location", "/x"), true),
+        ("/strict/gone", fresh(410), true),
+        ("/strict/found", fresh(302).header("location", "/x"), true),
+        ("/strict/broken", fresh(500), true),
+        (
+            "/strict/plain302",
+            Reply::status(302).header("location", "/x"),
+            false,
+        ),
+    ] {
+        origin.reply(path, reply);
+        client::get(&sc.url(path)).await;
+        let second = x_cache(&client::get(&sc.url(path)).await);
+        let expected = if stored { "HIT" } else { "MISS" };
+        assert_eq!(second, expected, "{path}");
+        assert_eq!(origin.hits(path), if stored { 1 } else { 2 }, "{path}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lifetime_nothing_is_stored_embedded() {
     without_a_lifetime_nothing_is_stored(None).await;

@@ -498,20 +498,20 @@ fn stale_windows_are_validated_with_the_yaml_path() {
     }
 }
 
-/// `ttl: origin` with `max_grace`: the answer's own
-/// `stale-while-revalidate` opens the grace window (RFC 5861), capped by
-/// `max_grace`; the expired entry answers STALE at once while one refresh
-/// fetches the new body, and an invalidated entry never does. Without
-/// `max_grace` the same answer is refetched on expiry (MISS), as before.
+/// `ttl: origin`: the answer's own `stale-while-revalidate` opens the
+/// grace window (RFC 5861), capped by `max_grace` (default 1m); the expired
+/// entry answers STALE at once while one refresh fetches the new body, and
+/// an invalidated entry never does. A route that turns it off
+/// (`max_grace: 0s`) refetches the same answer on expiry (MISS).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
     let redis = RedisServer::start();
     let origin = Origin::start().await;
     let routes = app_routes(
-        "max_ttl: 1m\nmax_grace: 10s\njitter: 0s\nkeep: 0s\nnegative_ttl: 1s",
+        "max_ttl: 1m\njitter: 0s\nkeep: 0s\nnegative_ttl: 1s",
     )
     .replace("ttl: 60s", "ttl: origin")
-    + "  - name: plain\n    path: /plain/{id}\n    params: { id: \"[0-9]+\" }\n    ttl: origin\n    max_ttl: 60s\n    keep: 0s\n";
+    + "  - name: plain\n    path: /plain/{id}\n    params: { id: \"[0-9]+\" }\n    ttl: origin\n    max_ttl: 60s\n    max_grace: 0s\n    keep: 0s\n";
     let sc = builder(&redis, &origin, "").routes(&routes).start().await;
     let swr = |body: &'static str| {
         Reply::ok(body).header("cache-control", "max-age=1, stale-while-revalidate=30")
@@ -536,7 +536,7 @@ async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
     let r = client::get(&sc.url(P)).await;
     assert_eq!((x_cache(&r), r.text()), ("MISS".into(), "v3".into()));
 
-    // The route without max_grace: the directive opens nothing.
+    // The route with `max_grace: 0s`: the directive opens nothing.
     let plain = "/plain/1";
     origin.reply(plain, swr("p1"));
     assert_eq!(x_cache(&client::get(&sc.url(plain)).await), "MISS");
@@ -546,7 +546,7 @@ async fn the_origins_stale_while_revalidate_opens_grace_up_to_max_grace() {
         Duration::from_secs(10),
         || async {
             let r = client::get(&sc.url(plain)).await;
-            assert_ne!(x_cache(&r), "STALE", "no grace without max_grace");
+            assert_ne!(x_cache(&r), "STALE", "no grace with max_grace: 0s");
             x_cache(&r) == "MISS" && r.text() == "p2"
         },
     )

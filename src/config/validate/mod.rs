@@ -39,6 +39,15 @@ pub(crate) fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
         );
     }
     let listen = addr("listen", &raw.listen)?;
+    if !crate::pipeline::cache_status::valid_name(&raw.cache_name) {
+        return err(
+            "cache_name",
+            format!(
+                "{:?} is not a token (a letter or `*`, then letters, digits or !#$%&'*+-.^_`|~:/)",
+                raw.cache_name
+            ),
+        );
+    }
     let admin = admin::admin(&raw, listen)?;
     let upstream = upstream::upstream(&raw)?;
     let store = store::store(&raw)?;
@@ -72,6 +81,7 @@ pub(crate) fn validate(raw: FileConfig, digest: [u8; 32]) -> Result<Config> {
     Ok(Config {
         listen,
         log_format: raw.log_format,
+        cache_name: raw.cache_name,
         admin,
         upstream,
         store,

@@ -9,6 +9,10 @@ use crate::config::units::HumanDuration;
 use crate::config::validate::{err, Result};
 use std::time::Duration;
 
+/// `max_grace` of a `ttl: origin` route that sets none: the origin's
+/// `stale-while-revalidate` is honoured by default, within a minute.
+const DEFAULT_MAX_GRACE: Duration = Duration::from_secs(60);
+
 /// The `ttl` and `max_grace` of route `at`, once its stale windows are
 /// known to stay bounded.
 pub(super) fn freshness(
@@ -23,7 +27,8 @@ pub(super) fn freshness(
     }
     .max(r.negative_ttl.0);
     let max_grace = match (r.max_grace, ttl) {
-        (None, _) => Duration::ZERO,
+        (None, Ttl::Origin { .. }) => DEFAULT_MAX_GRACE,
+        (None, Ttl::Fixed(_)) => Duration::ZERO,
         (Some(m), Ttl::Origin { .. }) => m.0,
         (Some(_), Ttl::Fixed(_)) => {
             return err(
@@ -233,6 +238,11 @@ mod tests {
             ("ttl: originn", "routes[0].ttl", "origin"),
             (
                 "ttl: origin\n    max_ttl: 800h",
+                "routes[0].max_grace",
+                "at most",
+            ),
+            (
+                "ttl: origin\n    max_ttl: 800h\n    max_grace: 0s",
                 "routes[0].keep",
                 "at most",
             ),

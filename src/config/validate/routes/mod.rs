@@ -1,11 +1,12 @@
-//! `routes`: each route (`route`, with its `freshness`, `headers`, `bloom`
-//! and `relations`), then what only the whole table can check: unique
+//! `routes`: each route (`route`, with its `query`, `freshness`,
+//! `headers`, `bloom` and `relations`), then what only the whole table can check: unique
 //! names, no two routes that could match one request, each route's default
 //! share of the fill permits, and the relations between routes.
 
 mod bloom;
 mod freshness;
 mod headers;
+mod query;
 mod relations;
 mod route;
 

@@ -1,16 +1,14 @@
 //! One route (`routes[i]`): its name, path template and param patterns,
-//! methods, query and `vary` keys, cached statuses, lease, Bloom filter
-//! and share of the fill permits; freshness (`freshness`) and headers
-//! (`headers`) are checked in their own files. Checks across routes are in
-//! `routes`.
+//! methods, `vary` keys, cached statuses, lease, Bloom filter and share of
+//! the fill permits; query keys (`query`), freshness (`freshness`) and
+//! headers (`headers`) are checked in their own files. Checks across
+//! routes are in `routes`.
 
 use super::freshness::freshness;
 use super::headers::{client_cache_control, fill_headers, fill_host, optional_header, origin_vary};
-use crate::config::file::{
-    defaults, FileEtag, FileOriginCacheControl, FileQuery, FileQueryMode, FileRoute,
-};
+use crate::config::file::{defaults, FileEtag, FileOriginCacheControl, FileRoute, FileTtl};
 use crate::config::pattern::ParamPattern;
-use crate::config::route::{parse_template, EtagMode, OriginCacheControl, Param, QueryMode, Route};
+use crate::config::route::{parse_template, EtagMode, OriginCacheControl, Param, Route};
 use crate::config::validate::{err, Result};
 use crate::config::FillConfig;
 use http::{HeaderName, Method};
@@ -84,15 +82,8 @@ pub(super) fn route(
         );
     }
     // Taken, not moved: `freshness` reads the rest of `r` by reference.
-    let query = match std::mem::take(&mut r.query) {
-        FileQuery::Mode(FileQueryMode::Include) => QueryMode::Include,
-        FileQuery::Mode(FileQueryMode::Ignore) => QueryMode::Ignore,
-        FileQuery::Allow(mut names) => {
-            names.sort();
-            names.dedup();
-            QueryMode::Allow(names)
-        }
-    };
+    let (query, query_ignore) =
+        super::query::query(at, std::mem::take(&mut r.query), &r.query_ignore)?;
     let mut vary = Vec::with_capacity(r.vary.len());
     for (i, h) in r.vary.iter().enumerate() {
         let name = HeaderName::from_bytes(h.as_bytes()).or_else(|_| {
@@ -103,8 +94,20 @@ pub(super) fn route(
         })?;
         vary.push(name);
     }
+    // `ttl: origin` means origin semantics (docs/caching.md#ttl-from-origin):
+    // what RFC 9110 lets a shared cache store, unless the route lists its own.
+    let origin_ttl = matches!(r.ttl, FileTtl::Origin);
+    let (cache_status, fresh_any_status) = match r.cache_status.take() {
+        Some(list) => (list, false),
+        None if origin_ttl => {
+            let mut list = defaults::origin_cache_status();
+            list.retain(|s| !r.negative_status.contains(s));
+            (list, true)
+        }
+        None => (defaults::cache_status(), false),
+    };
     for (field, list) in [
-        ("cache_status", &r.cache_status),
+        ("cache_status", &cache_status),
         ("negative_status", &r.negative_status),
     ] {
         if let Some((i, s)) = list
@@ -131,11 +134,7 @@ pub(super) fn route(
             );
         }
     }
-    if let Some(s) = r
-        .cache_status
-        .iter()
-        .find(|s| r.negative_status.contains(s))
-    {
+    if let Some(s) = cache_status.iter().find(|s| r.negative_status.contains(s)) {
         return err(
             format!("{at}.negative_status"),
             format!("{s} is in both cache_status and negative_status"),
@@ -160,7 +159,7 @@ pub(super) fn route(
     let fill_headers = fill_headers(at, r.fill_headers.unwrap_or_else(defaults::fill_headers))?;
     let origin_vary = origin_vary(
         at,
-        r.vary_from_origin,
+        r.vary_from_origin.unwrap_or(origin_ttl),
         r.max_vary_headers,
         r.max_vary_value,
         origin_cache_control,
@@ -185,6 +184,7 @@ pub(super) fn route(
         params,
         methods,
         query,
+        query_ignore,
         vary,
         ttl,
         jitter: r.jitter.0,
@@ -194,7 +194,8 @@ pub(super) fn route(
         stale_if_error: r.stale_if_error.0,
         keep: r.keep.0,
         hit_for_pass: r.hit_for_pass.0,
-        cache_status: r.cache_status,
+        cache_status,
+        fresh_any_status,
         negative_status: r.negative_status,
         lease: r.lease.0,
         wait: r.wait.0,
@@ -221,6 +222,37 @@ pub(super) fn route(
 #[cfg(test)]
 mod tests {
     use crate::config::testing::{err, parse};
+
+    #[test]
+    fn ttl_origin_means_origin_semantics_unless_turned_off() {
+        let route = |keys: &str| {
+            let yaml = format!(
+                "routes:\n  - {{ name: r, path: \"/r/{{id}}\", params: {{ id: \"[0-9]+\" }}{keys} }}\n"
+            );
+            let cfg = parse(&yaml).expect("valid");
+            std::sync::Arc::clone(&cfg.routes.routes[0])
+        };
+        let origin = route(", ttl: origin, max_ttl: 1h");
+        assert!(origin.origin_vary.is_some(), "learned Vary on by default");
+        assert_eq!(origin.max_grace, std::time::Duration::from_secs(60));
+        assert!(origin.fresh_any_status);
+        assert_eq!(
+            origin.cache_status,
+            [200, 203, 204, 300, 301, 308, 405, 410, 414, 501],
+            "heuristically cacheable, 404 left to negative_status"
+        );
+        let off = route(
+            ", ttl: origin, max_ttl: 1h, vary_from_origin: false, max_grace: 0s, cache_status: [200]",
+        );
+        assert!(off.origin_vary.is_none());
+        assert!(off.max_grace.is_zero());
+        assert!(!off.fresh_any_status);
+        assert_eq!(off.cache_status, [200]);
+        let fixed = route(", ttl: 60s");
+        assert!(fixed.origin_vary.is_none() && fixed.max_grace.is_zero());
+        assert!(!fixed.fresh_any_status);
+        assert_eq!(fixed.cache_status, [200]);
+    }
 
     #[test]
     fn prefix_templates_are_validated() {
