@@ -21,6 +21,7 @@
 //!    fresh one), looked for among the few oldest anchors;
 //! 2. entries and hints, by S3-FIFO;
 //! 3. the oldest anchor, only once the shard holds no entry at all.
+//!
 //! An object's generation and lease share its entries' shard (one hash
 //! tag), so they are never evicted before an entry that depends on them. A
 //! tag generation lives in its tag's shard; evicting it is as safe (the

@@ -333,9 +333,9 @@ impl Shard {
         // The small queue's head was the key being written: take from main.
         let mut small_blocked = false;
         loop {
-            let queue = if self.usage.small + self.usage.main == 0 {
-                Queue::Anchor
-            } else if self.usage.main == 0 && small_blocked {
+            let queue = if self.usage.small + self.usage.main == 0
+                || (self.usage.main == 0 && small_blocked)
+            {
                 Queue::Anchor
             } else if self.usage.main == 0
                 || (!small_blocked
