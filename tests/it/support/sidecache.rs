@@ -159,8 +159,10 @@ impl SidecacheBuilder {
         for _attempt in 0..3 {
             let mut b = self.clone();
             if !fixed {
-                b.listen = Some(free_addr());
-                b.admin = Some(free_addr());
+                // Both held at once, so the kernel cannot hand out one twice.
+                let (listen, admin) = (free_listener(), free_listener());
+                b.listen = Some(listen.local_addr().expect("local_addr"));
+                b.admin = Some(admin.local_addr().expect("local_addr"));
             }
             match Sidecache::spawn(b).await {
                 Ok(sc) => return sc,
@@ -175,8 +177,11 @@ impl SidecacheBuilder {
 
 /// A free loopback address (bound, then released for the child to take).
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr")
+    free_listener().local_addr().expect("local_addr")
+}
+
+fn free_listener() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
 }
 
 /// `sidecache capture-ddl` for the builder's config: the SQL that change
