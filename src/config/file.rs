@@ -2,6 +2,10 @@
 //! defaults. Nothing here is validated beyond its YAML type; `validate`
 //! (one file per section) turns a [`FileConfig`] into the typed
 //! [`super::Config`].
+//!
+//! One file on purpose, though long: it is the whole YAML shape with its
+//! defaults, read top to bottom like the file itself, and the JSON Schema
+//! (`sidecache schema`) is derived from it in one place.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;

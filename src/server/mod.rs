@@ -14,15 +14,17 @@
 //!
 //! [`listener`] holds the accept loop with graceful drain that the admin
 //! listener shares; [`framing`] the connection-level framing guard;
-//! [`layout`] the threads and runtimes the listener runs on.
+//! [`h2`] HTTP/2 connections and their watch; [`layout`] the threads and
+//! runtimes the listener runs on.
 
 pub(crate) mod framing;
+mod h2;
 pub(crate) mod layout;
 pub(crate) mod listener;
 
 use crate::access_log::{self, AccessLog};
 use crate::body::Body;
-use crate::config::{Config, LimitsConfig, Route, RouteMatch};
+use crate::config::{Config, Route, RouteMatch};
 use crate::error::ProxyError;
 use crate::invalidation::Invalidator;
 use crate::metrics::client_error;
@@ -36,13 +38,14 @@ use crate::proxy::upload::{self, UploadBudget, UploadError};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use framing::{FramingGuard, FramingState, HeadTimedOut, SendTimedOut};
+use h2::serve_h2;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use listener::{accept_limited, ConnectionLimit, ConnectionSlot, Draining};
 use std::convert::Infallible;
 use std::future::Future;
@@ -61,10 +64,6 @@ use tracing::debug;
 /// milliseconds) stays with hyper; each parking costs a new hyper
 /// connection (two buffers) on the next request (bench/README.md).
 const PARK_AFTER: Duration = Duration::from_millis(200);
-
-/// How long an idle HTTP/2 connection gets to say goodbye (GOAWAY flushed,
-/// the client's PING answered) before the socket is closed anyway.
-const H2_GOODBYE: Duration = Duration::from_secs(1);
 
 /// Everything a request handler needs; shared by all connections.
 pub(crate) struct ProxyState {
@@ -213,116 +212,6 @@ async fn serve_client(
             return;
         }
         head_timeout = limits.header_timeout;
-    }
-}
-
-/// Why an HTTP/2 connection's watch ended it.
-enum H2End {
-    /// No stream open, none started or finished, for `idle_timeout`.
-    Idle,
-    /// Response data waited for the client's flow-control window, and no
-    /// body on the connection was polled, for `send_timeout`.
-    Stalled,
-}
-
-/// An HTTP/2 (h2c) client connection, never parked; closed when idle or
-/// when its client stops taking responses (see [`h2_watch`]).
-async fn serve_h2<S>(
-    io: FramingGuard<TcpStream>,
-    svc: S,
-    peer: SocketAddr,
-    mut draining: Draining,
-    watched: &FramingState,
-    limits: &LimitsConfig,
-    metrics: &Metrics,
-) where
-    S: hyper::service::HttpService<Incoming, ResBody = ClientBody, Error = Infallible>
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(io), svc));
-    let shed = draining.shed_handle();
-    let ended = tokio::select! {
-        served = draining.serve(conn.as_mut(), |conn| conn.graceful_shutdown()) => {
-            if let Err(e) = served {
-                debug!(%peer, error = %e, "client connection ended with an error");
-                if caused_by::<SendTimedOut>(&e) {
-                    count_client_error(metrics, client_error::SEND_TIMEOUT);
-                }
-            }
-            return;
-        }
-        ended = h2_watch(watched, limits, shed) => ended,
-    };
-    match ended {
-        H2End::Idle => {
-            debug!(%peer, "idle HTTP/2 connection closed");
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(H2_GOODBYE, conn).await;
-        }
-        H2End::Stalled => {
-            // Dropping the connection resets every stream; their bodies,
-            // and the upstream connections under them, go with it.
-            debug!(%peer, "HTTP/2 client took nothing for the send timeout");
-            count_client_error(metrics, client_error::SEND_TIMEOUT);
-        }
-    }
-}
-
-/// Watches an HTTP/2 connection from outside hyper, which has neither an
-/// idle timeout nor a send timeout for HTTP/2: every quarter of the shorter
-/// timeout it looks at the connection's counters. Idle: no request in
-/// flight and none started or finished (a client that sent the preface and
-/// SETTINGS only, or a HEADERS block it never finishes, is idle). Stalled:
-/// a response body handed out a frame and was not asked for the next, and
-/// no body on the connection was polled (hyper polls a body only when the
-/// client's window has room; a blocked socket is the framing guard's send
-/// timeout). So either ends the connection within a quarter past its
-/// timeout. One timer per HTTP/2 connection, nothing per request. At the
-/// connection cap ([`listener::Shed`]) a connection with no request in
-/// flight counts as idle at once.
-async fn h2_watch(state: &FramingState, limits: &LimitsConfig, mut shed: listener::Shed) -> H2End {
-    let tick = (limits.idle_timeout.min(limits.send_timeout) / 4).max(Duration::from_millis(20));
-    let mut ticks = tokio::time::interval_at(Instant::now() + tick, tick);
-    let (mut idle_for, mut stalled_for) = (Duration::ZERO, Duration::ZERO);
-    let mut last = (state.requests(), state.body_progress().0);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = shed.requested() => {
-                let (started, finished) = state.requests();
-                if started == finished {
-                    return H2End::Idle;
-                }
-                continue;
-            }
-        }
-        let requests = state.requests();
-        let (polls, waiting) = state.body_progress();
-        let quiet = (requests, polls) == last;
-        idle_for = if quiet && requests.0 == requests.1 {
-            idle_for + tick
-        } else {
-            Duration::ZERO
-        };
-        stalled_for = if waiting && polls == last.1 {
-            stalled_for + tick
-        } else {
-            Duration::ZERO
-        };
-        if idle_for >= limits.idle_timeout {
-            return H2End::Idle;
-        }
-        if stalled_for >= limits.send_timeout {
-            return H2End::Stalled;
-        }
-        last = (requests, polls);
     }
 }
 
