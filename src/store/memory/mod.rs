@@ -649,13 +649,20 @@ mod tests {
     }
 
     /// One whole fill of `keys`: lease with ticket, publish `len` bytes.
-    async fn fill(store: &MemoryStore, keys: &ObjectKeys, len: usize) -> PublishOutcome {
+    /// The lease of `keys`, which must be free: (owner, ticket).
+    async fn win(store: &MemoryStore, keys: &ObjectKeys) -> (String, Bytes) {
         let long = Duration::from_secs(3600);
         let LeaseReply::Won { value, ticket, .. } =
             store.take_lease(keys, "o", "n", long, long).await.unwrap()
         else {
             panic!("lease held");
         };
+        (value, ticket)
+    }
+
+    async fn fill(store: &MemoryStore, keys: &ObjectKeys, len: usize) -> PublishOutcome {
+        let long = Duration::from_secs(3600);
+        let (value, ticket) = win(store, keys).await;
         let body = Bytes::from(vec![b'x'; len]);
         let outcome = store
             .publish(keys, &value, &ticket, body, long)
@@ -743,11 +750,7 @@ mod tests {
         let (store, _) = tiny(16 << 10);
         let long = Duration::from_secs(3600);
         let keys = object(0);
-        let LeaseReply::Won { value, ticket, .. } =
-            store.take_lease(&keys, "o", "n", long, long).await.unwrap()
-        else {
-            panic!("lease held");
-        };
+        let (value, ticket) = win(&store, &keys).await;
         // Other fills in flight push this one's generation and lease out.
         for id in 1..500 {
             store
@@ -781,11 +784,7 @@ mod tests {
         let (store, _) = tiny(16 << 10);
         let long = Duration::from_secs(3600);
         let keys = object(0);
-        let LeaseReply::Won { value, ticket, .. } =
-            store.take_lease(&keys, "o", "n", long, long).await.unwrap()
-        else {
-            panic!("lease held");
-        };
+        let (value, ticket) = win(&store, &keys).await;
         let body = Bytes::from(vec![0; 32 << 10]);
         let outcome = store.publish(&keys, &value, &ticket, body, long).await;
         assert!(matches!(outcome, Err(StoreError::WriteRefused(_))));
