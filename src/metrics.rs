@@ -44,6 +44,7 @@ pub(crate) mod names {
     pub(crate) const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
     pub(crate) const UNCACHEABLE: &str = "sidecache_uncacheable_total";
     pub(crate) const COALESCED: &str = "sidecache_coalesced_total";
+    pub(crate) const DEGRADED_JOIN_REFUSED: &str = "sidecache_degraded_join_refused_total";
     pub(crate) const VARY_RELEARNED: &str = "sidecache_vary_relearned_total";
     pub(crate) const VARY_LEARNED: &str = "sidecache_vary_learned_total";
     pub(crate) const STALE_SERVED: &str = "sidecache_stale_served_total";
@@ -150,6 +151,9 @@ pub struct Metrics {
     pub uncacheable: IntCounterVec,
     /// `{route}`: misses that joined a fill already running in this process.
     pub coalesced: IntCounterVec,
+    /// `{route}`: degraded misses that started a fetch of their own because
+    /// the one running for the object was older than `degraded_join_window`.
+    pub degraded_join_refused: IntCounterVec,
     /// `{route}`: `vary_from_origin` requests keyed again because the
     /// answer varied on a header the key had not included (each costs one
     /// more upstream request).
@@ -495,6 +499,11 @@ impl Metrics {
             coalesced: counter(
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
+                &["route"],
+            ),
+            degraded_join_refused: counter(
+                DEGRADED_JOIN_REFUSED,
+                "Degraded misses that fetched their own: the running fetch was older than degraded_join_window.",
                 &["route"],
             ),
             vary_relearned: counter(
