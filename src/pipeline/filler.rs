@@ -6,14 +6,15 @@
 //! judges the answer (`publish`) and publishes it with the generation,
 //! lease, floor and tag checks (`depends`), then releases the lease. With
 //! the store unreadable it runs the degraded fetch instead ([`fetch_only`]:
-//! coalesced the same way, nothing written). The grace refresh runs the
+//! coalesced only while younger than `degraded_join_window`, nothing
+//! written). The grace refresh runs the
 //! same fill under a lease tried once ([`start_refresh`], `stale`).
 
 use super::answer::{hit_status, one_client};
 use super::depends::{self, Stamp, Tickets};
 use super::entry::Entry;
 use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
-use super::flight::{Answer, FlightKey, Flights, Joined, Trip};
+use super::flight::{Answer, FlightKey, Flights, Role, Trip};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
 use super::pass::{self, PassMarkers};
@@ -104,7 +105,7 @@ pub(super) async fn join(
     let task_fill = Arc::clone(fill);
     // The fill's upstream time is this request's (the one that starts it).
     let timing = crate::proxy::timing::current();
-    let (flight, joined) = flights.join(flight_key, max_age, move || {
+    let (flight, role) = flights.join(flight_key, max_age, move || {
         let fill = async move {
             if degraded {
                 fetch_only(&task_fill, CacheOutcome::Degraded).await
@@ -115,18 +116,18 @@ pub(super) async fn join(
         crate::proxy::timing::handed(timing, fill).boxed()
     });
     let metrics = &fill.shared.metrics;
-    match joined {
-        Joined::Joined => metrics
+    match role {
+        Role::Joined => metrics
             .coalesced
             .with_label_values(&[&fill.route.name])
             .inc(),
-        Joined::TooOld => {
+        Role::Replaced => {
             let refused = &metrics.degraded_join_refused;
             refused.with_label_values(&[&fill.route.name]).inc();
         }
-        Joined::Started => {}
+        Role::Started => {}
     }
-    (flight.await, joined.started())
+    (flight.await, role.started())
 }
 
 /// Starts the grace refresh for `fill`'s object unless one runs in this

@@ -98,21 +98,21 @@ pub(crate) struct Flights {
 
 /// What [`Flights::join`] did for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Joined {
+pub(crate) enum Role {
     /// Started the flight: none was running.
     Started,
     /// Joined a running flight.
     Joined,
-    /// Started a flight of its own beside a running one that was older
-    /// than the request may join.
-    TooOld,
+    /// Started a flight of its own that replaced a running one older than
+    /// the request may join.
+    Replaced,
 }
 
-impl Joined {
+impl Role {
     /// The request started the flight it awaits (and may take an answer
     /// meant for the starter only).
     pub(crate) fn started(self) -> bool {
-        self != Joined::Joined
+        self != Role::Joined
     }
 }
 
@@ -127,14 +127,14 @@ impl Flights {
         key: FlightKey,
         max_age: Option<Duration>,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
-    ) -> (SharedAnswer, Joined) {
+    ) -> (SharedAnswer, Role) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        let joined = match map.flights.get(&key) {
-            None => Joined::Started,
+        let role = match map.flights.get(&key) {
+            None => Role::Started,
             Some(running) if max_age.is_none_or(|max| running.started.elapsed() < max) => {
-                return (running.answer.clone(), Joined::Joined);
+                return (running.answer.clone(), Role::Joined);
             }
-            Some(_) => Joined::TooOld,
+            Some(_) => Role::Replaced,
         };
         let fill = start();
         let flights = Arc::clone(self);
@@ -163,7 +163,7 @@ impl Flights {
             id,
         };
         map.flights.insert(key, running);
-        (shared, joined)
+        (shared, role)
     }
 }
 
@@ -223,24 +223,24 @@ mod tests {
         let flights = Arc::new(Flights::default());
         let window = Some(Duration::from_millis(20));
         let (go_a, wait_a) = oneshot::channel();
-        let (a, joined) = flights.join(key(), window, || held("a", wait_a));
-        assert_eq!(joined, Joined::Started);
+        let (a, role) = flights.join(key(), window, || held("a", wait_a));
+        assert_eq!(role, Role::Started);
         tokio::time::advance(Duration::from_millis(19)).await;
-        let (b, joined) = flights.join(key(), window, || unreachable!("b joins a"));
-        assert_eq!(joined, Joined::Joined);
+        let (b, role) = flights.join(key(), window, || unreachable!("b joins a"));
+        assert_eq!(role, Role::Joined);
         tokio::time::advance(Duration::from_millis(1)).await;
         // 20 ms old: too old to join; a fetch of its own replaces it.
         let (go_c, wait_c) = oneshot::channel();
-        let (c, joined) = flights.join(key(), window, || held("c", wait_c));
-        assert_eq!(joined, Joined::TooOld);
-        assert!(joined.started());
-        let (d, joined) = flights.join(key(), window, || unreachable!("d joins c"));
-        assert_eq!(joined, Joined::Joined);
+        let (c, role) = flights.join(key(), window, || held("c", wait_c));
+        assert_eq!(role, Role::Replaced);
+        assert!(role.started());
+        let (d, role) = flights.join(key(), window, || unreachable!("d joins c"));
+        assert_eq!(role, Role::Joined);
         // The older flight ends first and must not remove the younger one.
         let _ = go_a.send(());
         assert_eq!((body(&a.await), body(&b.await)), ("a".into(), "a".into()));
-        let (e, joined) = flights.join(key(), window, || unreachable!("e joins c"));
-        assert_eq!(joined, Joined::Joined);
+        let (e, role) = flights.join(key(), window, || unreachable!("e joins c"));
+        assert_eq!(role, Role::Joined);
         let _ = go_c.send(());
         for flight in [c, d, e] {
             assert_eq!(body(&flight.await), "c");
@@ -251,13 +251,13 @@ mod tests {
     async fn a_zero_max_age_never_joins_and_none_always_does() {
         let flights = Arc::new(Flights::default());
         let (_go, wait) = oneshot::channel();
-        let (_a, joined) = flights.join(key(), Some(Duration::ZERO), || held("a", wait));
-        assert_eq!(joined, Joined::Started);
+        let (_a, role) = flights.join(key(), Some(Duration::ZERO), || held("a", wait));
+        assert_eq!(role, Role::Started);
         let (_go, wait) = oneshot::channel();
-        let (_b, joined) = flights.join(key(), Some(Duration::ZERO), || held("b", wait));
-        assert_eq!(joined, Joined::TooOld);
+        let (_b, role) = flights.join(key(), Some(Duration::ZERO), || held("b", wait));
+        assert_eq!(role, Role::Replaced);
         tokio::time::advance(Duration::from_secs(3600)).await;
-        let (_c, joined) = flights.join(key(), None, || unreachable!("no max age"));
-        assert_eq!(joined, Joined::Joined);
+        let (_c, role) = flights.join(key(), None, || unreachable!("no max age"));
+        assert_eq!(role, Role::Joined);
     }
 }
