@@ -537,6 +537,11 @@ pub(crate) struct FileRoute {
     /// stored for a reason of its own is forwarded without a fill; `0s` off.
     #[serde(default = "defaults::hit_for_pass")]
     pub hit_for_pass: HumanDuration,
+    /// With the store unreachable: how young a running degraded fetch of
+    /// the object must be for a miss to join it instead of fetching its
+    /// own; `0s` never joins.
+    #[serde(default = "defaults::degraded_join_window")]
+    pub degraded_join_window: HumanDuration,
     /// Statuses stored as positive answers. Absent: `[200]`; with `ttl:
     /// origin`, the statuses RFC 9110 §15.1 marks heuristically cacheable
     /// (200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501; those not in
@@ -821,6 +826,11 @@ pub(super) mod defaults {
     }
     pub(crate) fn hit_for_pass() -> HumanDuration {
         HumanDuration(Duration::from_secs(60))
+    }
+    /// Well inside the 50 ms staleness bound (docs/architecture.md#degraded-answers-are-never-older-than-the-window),
+    /// and still long enough to gather a burst of misses into one fetch.
+    pub(crate) fn degraded_join_window() -> HumanDuration {
+        HumanDuration(Duration::from_millis(20))
     }
     pub(crate) fn lease() -> HumanDuration {
         HumanDuration(Duration::from_secs(3))

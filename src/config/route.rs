@@ -71,6 +71,9 @@ pub struct Route {
     /// not be stored for a reason of its own is forwarded without a fill
     /// (zero: off).
     pub hit_for_pass: Duration,
+    /// With the store unreachable, a miss joins the object's running
+    /// degraded fetch only if it started less than this ago (zero: never).
+    pub degraded_join_window: Duration,
     pub cache_status: Vec<u16>,
     /// `ttl: origin` without `cache_status`: an answer of any other status
     /// (206 and 304 aside) is stored too when it gives explicit freshness.

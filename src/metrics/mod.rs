@@ -59,6 +59,9 @@ pub struct Metrics {
     pub uncacheable: IntCounterVec,
     /// `{route}`: misses that joined a fill already running in this process.
     pub coalesced: IntCounterVec,
+    /// `{route}`: degraded misses that started a fetch of their own because
+    /// the one running for the object was older than `degraded_join_window`.
+    pub degraded_join_refused: IntCounterVec,
     /// `{route}`: `vary_from_origin` requests keyed again because the
     /// answer varied on a header the key had not included (each costs one
     /// more upstream request).
@@ -404,6 +407,11 @@ impl Metrics {
             coalesced: counter(
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
+                &["route"],
+            ),
+            degraded_join_refused: counter(
+                DEGRADED_JOIN_REFUSED,
+                "Degraded misses that fetched their own: the running fetch was older than degraded_join_window.",
                 &["route"],
             ),
             vary_relearned: counter(

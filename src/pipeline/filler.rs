@@ -6,14 +6,15 @@
 //! judges the answer (`publish`) and publishes it with the generation,
 //! lease, floor and tag checks (`depends`), then releases the lease. With
 //! the store unreadable it runs the degraded fetch instead ([`fetch_only`]:
-//! coalesced the same way, nothing written). The grace refresh runs the
+//! coalesced only while younger than `degraded_join_window`, nothing
+//! written). The grace refresh runs the
 //! same fill under a lease tried once ([`start_refresh`], `stale`).
 
 use super::answer::{hit_status, one_client};
 use super::depends::{self, Stamp, Tickets};
 use super::entry::Entry;
 use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
-use super::flight::{Answer, FlightKey, Flights, Trip};
+use super::flight::{Answer, FlightKey, Flights, Role, Trip};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
 use super::pass::{self, PassMarkers};
@@ -78,8 +79,9 @@ pub(super) async fn generation(fill: &Fill) -> Option<Bytes> {
 /// Stage 5 in this process: joins the flight for `fill`'s object and
 /// `generation` (the one its requests read), starting the fill if none
 /// runs; `None`: the store is unreadable, and the degraded fetch of the
-/// object is joined instead. The flag is true for the request that
-/// started the flight.
+/// object is joined instead, if it started less than the route's
+/// `degraded_join_window` ago (docs/architecture.md#degraded-answers-are-never-older-than-the-window).
+/// The flag is true for the request that started the flight.
 pub(super) async fn join(
     flights: &Arc<Flights>,
     fill: &Arc<Fill>,
@@ -87,17 +89,23 @@ pub(super) async fn join(
 ) -> (Arc<Answer>, bool) {
     let degraded = generation.is_none();
     let entry_key = fill.key.keys.entry().to_owned();
-    let flight_key = match generation {
-        Some(generation) => FlightKey::Fill {
-            entry: entry_key,
-            generation,
-        },
-        None => FlightKey::Degraded { entry: entry_key },
+    let (flight_key, max_age) = match generation {
+        Some(generation) => {
+            let key = FlightKey::Fill {
+                entry: entry_key,
+                generation,
+            };
+            (key, None)
+        }
+        None => {
+            let key = FlightKey::Degraded { entry: entry_key };
+            (key, Some(fill.route.degraded_join_window))
+        }
     };
     let task_fill = Arc::clone(fill);
     // The fill's upstream time is this request's (the one that starts it).
     let timing = crate::proxy::timing::current();
-    let (flight, started) = flights.join(flight_key, move || {
+    let (flight, role) = flights.join(flight_key, max_age, move || {
         let fill = async move {
             if degraded {
                 fetch_only(&task_fill, CacheOutcome::Degraded).await
@@ -107,11 +115,19 @@ pub(super) async fn join(
         };
         crate::proxy::timing::handed(timing, fill).boxed()
     });
-    if !started {
-        let coalesced = &fill.shared.metrics.coalesced;
-        coalesced.with_label_values(&[&fill.route.name]).inc();
+    let metrics = &fill.shared.metrics;
+    match role {
+        Role::Joined => metrics
+            .coalesced
+            .with_label_values(&[&fill.route.name])
+            .inc(),
+        Role::Replaced => {
+            let refused = &metrics.degraded_join_refused;
+            refused.with_label_values(&[&fill.route.name]).inc();
+        }
+        Role::Started => {}
     }
-    (flight.await, started)
+    (flight.await, role.started())
 }
 
 /// Starts the grace refresh for `fill`'s object unless one runs in this
@@ -120,7 +136,7 @@ pub(super) async fn join(
 pub(super) fn start_refresh(flights: &Arc<Flights>, fill: &Arc<Fill>, generation: Bytes) {
     let task_fill = Arc::clone(fill);
     let key = stale::refresh_flight_key(fill.key.keys.entry(), generation);
-    let _running = flights.join(key, move || {
+    let _running = flights.join(key, None, move || {
         async move { stale::refresh(&task_fill).await }.boxed()
     });
 }
@@ -669,7 +685,8 @@ mod tests {
         let text = format!(
             "version: 1\nlisten: 127.0.0.1:1\nadmin: {{ listen: 127.0.0.1:2 }}\n\
              upstream: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: app, \
-             path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: 10s, lease: 5s }}\n",
+             path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: 10s, lease: 5s, \
+             degraded_join_window: 1s }}\n",
             origin.addr
         );
         let cfg = match Config::parse(&text, &|_| None) {

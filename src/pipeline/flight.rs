@@ -11,6 +11,12 @@
 //! ticket is taken after its requests' reads, so it is their generation or a
 //! newer one; an invalidation in between only costs a fill of its own, never an
 //! older answer.
+//!
+//! A degraded fetch has no generation to key on, so it is joined only while
+//! it is younger than the route's `degraded_join_window`: a request that
+//! comes later starts a fetch of its own, so a DEGRADED answer never read the
+//! service more than that window before its request arrived
+//! (docs/architecture.md#degraded-answers-are-never-older-than-the-window).
 
 use super::entry::Entry;
 use crate::body::Body;
@@ -21,6 +27,8 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Response;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The outcome of one fill, as seen by every request that joined it.
 pub(crate) enum Answer {
@@ -69,30 +77,74 @@ pub(crate) enum FlightKey {
     Degraded { entry: String },
 }
 
+/// One running flight: its answer, when it started, and an id so that
+/// only the flight itself removes its key (a younger one may replace it).
+struct Running {
+    answer: SharedAnswer,
+    started: Instant,
+    id: u64,
+}
+
+#[derive(Default)]
+struct Inflight {
+    flights: HashMap<FlightKey, Running>,
+    next_id: u64,
+}
+
 #[derive(Default)]
 pub(crate) struct Flights {
-    inflight: Mutex<HashMap<FlightKey, SharedAnswer>>,
+    inflight: Mutex<Inflight>,
+}
+
+/// What [`Flights::join`] did for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Started the flight: none was running.
+    Started,
+    /// Joined a running flight.
+    Joined,
+    /// Started a flight of its own that replaced a running one older than
+    /// the request may join.
+    Replaced,
+}
+
+impl Role {
+    /// The request started the flight it awaits (and may take an answer
+    /// meant for the starter only).
+    pub(crate) fn started(self) -> bool {
+        self != Role::Joined
+    }
 }
 
 impl Flights {
     /// Joins the flight for `key`, starting it with `start` if none is
-    /// running. The flag is true for the request that started it.
+    /// running, or if the running one started `max_age` or longer ago
+    /// (`None`: any age; a zero age never joins). A flight started beside
+    /// an older one replaces it for the requests after it; the older one
+    /// still answers those that joined it.
     pub(crate) fn join(
         self: &Arc<Self>,
         key: FlightKey,
+        max_age: Option<Duration>,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
-    ) -> (SharedAnswer, bool) {
+    ) -> (SharedAnswer, Role) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = map.get(&key) {
-            return (existing.clone(), false);
-        }
+        let role = match map.flights.get(&key) {
+            None => Role::Started,
+            Some(running) if max_age.is_none_or(|max| running.started.elapsed() < max) => {
+                return (running.answer.clone(), Role::Joined);
+            }
+            Some(_) => Role::Replaced,
+        };
         let fill = start();
         let flights = Arc::clone(self);
         let owned_key = key.clone();
+        let id = map.next_id;
+        map.next_id += 1;
         let task = tokio::spawn(async move {
             // Removed on completion or panic alike, so later requests start a
             // new flight (and usually find the entry this one published).
-            let _done = Leave(flights, owned_key);
+            let _done = Leave(flights, owned_key, id);
             Arc::new(fill.await)
         });
         let shared = async move {
@@ -105,19 +157,107 @@ impl Flights {
         }
         .boxed()
         .shared();
-        map.insert(key, shared.clone());
-        (shared, true)
+        let running = Running {
+            answer: shared.clone(),
+            started: Instant::now(),
+            id,
+        };
+        map.flights.insert(key, running);
+        (shared, role)
     }
 }
 
-struct Leave(Arc<Flights>, FlightKey);
+struct Leave(Arc<Flights>, FlightKey, u64);
 
 impl Drop for Leave {
     fn drop(&mut self) {
-        self.0
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.1);
+        let mut map = self.0.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        // A younger flight of the same key may have replaced this one.
+        if map.flights.get(&self.1).is_some_and(|r| r.id == self.2) {
+            map.flights.remove(&self.1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    fn key() -> FlightKey {
+        FlightKey::Degraded { entry: "e".into() }
+    }
+
+    /// A flight that answers `body` once `go` fires.
+    fn held(body: &'static str, go: oneshot::Receiver<()>) -> BoxFuture<'static, Answer> {
+        async move {
+            let _ = go.await;
+            let entry = Entry {
+                status: 200,
+                negative: false,
+                stored_at_ms: 0,
+                fresh_until_ms: 0,
+                grace_ms: 0,
+                stale_if_error_ms: 0,
+                generation: Bytes::new(),
+                identity: Bytes::new(),
+                variant: Bytes::new(),
+                headers: Vec::new(),
+                body: Bytes::from_static(body.as_bytes()),
+                tags: Vec::new(),
+            };
+            Answer::Shared(CacheOutcome::Degraded, Arc::new(entry), Trip::default())
+        }
+        .boxed()
+    }
+
+    fn body(answer: &Arc<Answer>) -> Bytes {
+        match answer.as_ref() {
+            Answer::Shared(_, entry, _) => entry.body.clone(),
+            _ => panic!("not a shared answer"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flight_is_joined_only_while_younger_than_the_max_age() {
+        let flights = Arc::new(Flights::default());
+        let window = Some(Duration::from_millis(20));
+        let (go_a, wait_a) = oneshot::channel();
+        let (a, role) = flights.join(key(), window, || held("a", wait_a));
+        assert_eq!(role, Role::Started);
+        tokio::time::advance(Duration::from_millis(19)).await;
+        let (b, role) = flights.join(key(), window, || unreachable!("b joins a"));
+        assert_eq!(role, Role::Joined);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        // 20 ms old: too old to join; a fetch of its own replaces it.
+        let (go_c, wait_c) = oneshot::channel();
+        let (c, role) = flights.join(key(), window, || held("c", wait_c));
+        assert_eq!(role, Role::Replaced);
+        assert!(role.started());
+        let (d, role) = flights.join(key(), window, || unreachable!("d joins c"));
+        assert_eq!(role, Role::Joined);
+        // The older flight ends first and must not remove the younger one.
+        let _ = go_a.send(());
+        assert_eq!((body(&a.await), body(&b.await)), ("a".into(), "a".into()));
+        let (e, role) = flights.join(key(), window, || unreachable!("e joins c"));
+        assert_eq!(role, Role::Joined);
+        let _ = go_c.send(());
+        for flight in [c, d, e] {
+            assert_eq!(body(&flight.await), "c");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_max_age_never_joins_and_none_always_does() {
+        let flights = Arc::new(Flights::default());
+        let (_go, wait) = oneshot::channel();
+        let (_a, role) = flights.join(key(), Some(Duration::ZERO), || held("a", wait));
+        assert_eq!(role, Role::Started);
+        let (_go, wait) = oneshot::channel();
+        let (_b, role) = flights.join(key(), Some(Duration::ZERO), || held("b", wait));
+        assert_eq!(role, Role::Replaced);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let (_c, role) = flights.join(key(), None, || unreachable!("no max age"));
+        assert_eq!(role, Role::Joined);
     }
 }

@@ -23,7 +23,9 @@
 //! 7 fetch               fill::fetch under fill::FillPermits; conditional
 //!                       (revalidate) when the entry of the fill's
 //!                       generation is expired and has validators
-//!   7b degraded         filler::fetch_only: same permits, nothing written
+//!   7b degraded         filler::fetch_only: same permits, nothing written;
+//!                       joined only while younger than the route's
+//!                       degraded_join_window
 //! 8 publish             publish::cacheability, GuardedStore::publish_checked;
 //!                       depends: version floor and cache tags
 //! 9 release             lease::release

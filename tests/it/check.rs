@@ -110,6 +110,18 @@ fn unknown_key() {
 }
 
 #[test]
+fn degraded_join_window_past_its_limit() {
+    rejects(
+        &VALID.replace(
+            "    ttl: 60s\n",
+            "    ttl: 60s\n    degraded_join_window: 2s\n",
+        ),
+        "routes[0].degraded_join_window",
+        "at most 1s",
+    );
+}
+
+#[test]
 fn bad_duration() {
     rejects(
         &VALID.replace("jitter: 15s", "jitter: 15"),

@@ -23,6 +23,7 @@ mod check;
 mod client_cc;
 mod cluster_breaker;
 mod dashboards;
+mod degraded_join;
 mod depinv;
 mod example_postgres;
 mod fill_hardening;

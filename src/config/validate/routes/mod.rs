@@ -50,6 +50,18 @@ pub(super) fn routes(
                 ),
             });
         }
+        if route.degraded_join_window > route::STALENESS_BOUND {
+            warnings.push(ConfigWarning {
+                path: format!("{at}.degraded_join_window"),
+                message: format!(
+                    "{:?} is longer than {:?}: with the store unreachable, a request may \
+                     get an answer the service read that long before it arrived, beyond \
+                     the staleness bound",
+                    route.degraded_join_window,
+                    route::STALENESS_BOUND
+                ),
+            });
+        }
         if let Some(j) = routes.iter().position(|o| o.name == route.name) {
             return err(
                 format!("{at}.name"),
@@ -94,6 +106,7 @@ mod tests {
         assert_eq!(r.origin_cache_control, OriginCacheControl::Honor);
         assert_eq!(r.etag, EtagMode::Origin);
         assert_eq!(r.fill_budget, 8, "a lone route may use every permit");
+        assert_eq!(r.degraded_join_window, std::time::Duration::from_millis(20));
         // Default lease 3 s < upstream.timeout 10 s: a warning, not an error.
         assert_eq!(cfg.warnings.len(), 1);
         assert_eq!(cfg.warnings[0].path, "routes[0].lease");
@@ -199,10 +212,39 @@ routes:
                 "routes[0].vary_from_origin",
                 "honor",
             ),
+            (
+                "degraded_join_window: 1001ms",
+                "routes[0].degraded_join_window",
+                "at most 1s",
+            ),
         ] {
             let e = err(&route(extra));
             assert!(e.contains(path), "{extra}: {e}");
             assert!(e.to_lowercase().contains(words), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_degraded_join_window_past_the_staleness_bound_is_warned_about() {
+        let route = |window: &str| {
+            format!("routes:\n  - {{ name: a, path: \"/a/{{id}}\", params: {{ id: \"[0-9]+\" }}, ttl: 1s, lease: 20s, degraded_join_window: {window} }}\n")
+        };
+        for (window, ms, warned) in [
+            ("0s", 0, false),
+            ("50ms", 50, false),
+            ("51ms", 51, true),
+            ("1s", 1000, true),
+        ] {
+            let cfg = parse(&route(window)).expect("valid");
+            let r = &cfg.routes.routes[0];
+            assert_eq!(r.degraded_join_window, std::time::Duration::from_millis(ms));
+            let paths: Vec<&str> = cfg.warnings.iter().map(|w| w.path.as_str()).collect();
+            let want: &[&str] = if warned {
+                &["routes[0].degraded_join_window"]
+            } else {
+                &[]
+            };
+            assert_eq!(paths, want, "{window}");
         }
     }
 

@@ -19,6 +19,16 @@ use std::time::Duration;
 /// wait longer than this to be cached.
 const MAX_HIT_FOR_PASS: Duration = Duration::from_secs(3600);
 
+/// The longest `degraded_join_window`: a longer one hands DEGRADED answers
+/// further past the staleness bound than any gain in coalescing is worth
+/// (the fill permits bound the upstream load anyway).
+const MAX_DEGRADED_JOIN_WINDOW: Duration = Duration::from_secs(1);
+
+/// A `degraded_join_window` longer than this is accepted with a warning:
+/// a joined DEGRADED answer may then be older than the staleness bound
+/// (docs/architecture.md#degraded-answers-are-never-older-than-the-window).
+pub(super) const STALENESS_BOUND: Duration = Duration::from_millis(50);
+
 /// Validates route `at` (`routes[i]`); `default_budget` is its share of
 /// `fill.max_concurrency` unless it sets its own. `also_invalidates` is
 /// left empty: relations are resolved against the whole table.
@@ -151,6 +161,9 @@ pub(super) fn route(
     if r.hit_for_pass.0 > MAX_HIT_FOR_PASS {
         return err(format!("{at}.hit_for_pass"), "must be at most 1h");
     }
+    if r.degraded_join_window.0 > MAX_DEGRADED_JOIN_WINDOW {
+        return err(format!("{at}.degraded_join_window"), "must be at most 1s");
+    }
     let bloom = match r.bloom {
         Some(b) => Some(super::bloom::validate(at, b, &params)?),
         None => None,
@@ -194,6 +207,7 @@ pub(super) fn route(
         stale_if_error: r.stale_if_error.0,
         keep: r.keep.0,
         hit_for_pass: r.hit_for_pass.0,
+        degraded_join_window: r.degraded_join_window.0,
         cache_status,
         fresh_any_status,
         negative_status: r.negative_status,
