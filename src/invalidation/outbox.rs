@@ -367,10 +367,20 @@ impl OutboxWorker {
         });
         let _driver = AbortOnDrop(driver.abort_handle());
         // The outbox swings from empty to 100 000 rows (a bulk change under
-        // capture triggers) faster than autovacuum analyzes it: a plan
-        // cached while it was small (a sequential scan for the deletes)
-        // stays. Planned per execution instead; Postgres 12+ (older
-        // servers ignore it: the statements are correct either way).
+        // capture triggers) faster than autovacuum analyzes it, so the
+        // planner's estimates lag: with the statistics of an empty table it
+        // takes a bitmap scan and sorts every pending row on each claim
+        // (seconds per claim), though the due index already holds them in
+        // the claim's order. This session runs only the worker's own
+        // statements, none of which needs a sort, so sorting is priced
+        // out; and plans are made per execution, so a plan cached while the
+        // table was small (a sequential scan for the deletes) does not stay
+        // (bench/README.md#change-capture).
+        if let Err(e) = client.batch_execute("SET enable_sort = off").await {
+            debug!(error = %e, "enable_sort not set");
+        }
+        // Postgres 12+ (older servers refuse it: the statements are correct
+        // either way).
         if let Err(e) = client
             .batch_execute("SET plan_cache_mode = force_custom_plan")
             .await
