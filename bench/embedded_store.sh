@@ -208,11 +208,23 @@ from_snapshot() {
 
 # wrk_lua NAME URL CONNECTIONS DURATION GENERATOR [ENV...]: one wrk thread
 # with GENERATOR + xcache.lua; the XCACHE line goes to $work/NAME.xcache.
+# With crawl.lua the run ends when every id has been answered (wrk is sent
+# SIGINT once the generator writes its done file), DURATION being a limit.
 wrk_lua() {
-    local name=$1 url=$2 conns=$3 dur=$4 gen=$5
+    local name=$1 url=$2 conns=$3 dur=$4 gen=$5 pid
     shift 5
     cat "$root/bench/$gen" "$root/bench/xcache.lua" >"$work/$name.lua"
-    env "$@" wrk -t1 -c"$conns" -d"$dur" --timeout 10s -s "$work/$name.lua" "$url" >"$work/$name.wrk" 2>&1 || true
+    rm -f "$work/$name.done"
+    env "$@" BENCH_CRAWL_DONE="$work/$name.done" wrk -t1 -c"$conns" -d"$dur" --timeout 10s \
+        -s "$work/$name.lua" "$url" >"$work/$name.wrk" 2>&1 &
+    pid=$!
+    pid_of["wrk_$name"]=$pid
+    if [[ $gen == crawl.lua ]]; then
+        while kill -0 "$pid" 2>/dev/null && [[ ! -f $work/$name.done ]]; do sleep 0.2; done
+        kill -INT "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" || true
+    unset "pid_of[wrk_$name]"
     grep '^XCACHE' "$work/$name.wrk" >"$work/$name.xcache" ||
         { cat "$work/$name.wrk" >&2; die "wrk $name printed no XCACHE line"; }
 }
@@ -343,7 +355,7 @@ if wants crawler; then
         "$(awk -v r="$(xc hot_crawl requests)" -v d="$(xc hot_crawl duration_us)" 'BEGIN { print r / (d / 1e6) }')" \
         "$(awk -v r="$(xc crawl requests)" -v d="$(xc crawl duration_us)" 'BEGIN { print r / (d / 1e6) }')"
     echo '  sidecache_requests_total{route="app"} during the crawl (m2 - m1):'
-    for res in hit miss negative stale degraded bypass; do
+    for res in HIT MISS NEGATIVE STALE DEGRADED BYPASS; do
         d=$(($(from_snapshot m2 sidecache_requests_total "result=\"$res\"") - $(from_snapshot m1 sidecache_requests_total "result=\"$res\"")))
         ((d == 0)) || printf '    %-10s %d\n' "$res" "$d"
     done

@@ -4,8 +4,8 @@
 --   XCACHE hit=.. miss=.. negative=.. stale=.. other=.. none=.. s2xx=.. s3xx=.. s4xx=.. s5xx=..
 -- (`none`: no X-Cache header, i.e. a path no cache route covers). With
 -- BENCH_DELAY_MS > 0 every connection pauses that long before each request
--- (a paced load). Also calls crawl_done() after each answer when the
--- generator defines it.
+-- (a paced load). Also calls crawl_done(had_x_cache) after each answer
+-- when the generator defines it.
 local threads = {}
 local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
 
@@ -47,7 +47,7 @@ response = function(status, headers, body)
     c_2 = c_2 + 1
   end
   if crawl_done then
-    crawl_done()
+    crawl_done(x ~= nil)
   end
 end
 
