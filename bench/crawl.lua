@@ -14,11 +14,13 @@ local n = tonumber(os.getenv("BENCH_CRAWL_IDS") or "1000000")
 local offset = tonumber(os.getenv("BENCH_CRAWL_OFFSET") or "0")
 local done_file = os.getenv("BENCH_CRAWL_DONE")
 local i, answered, responses = 0, 0, 0
-local tail = wrk.format("GET", "/healthz")
+local tail
 
 request = function()
   i = i + 1
   if i > n then
+    -- Built here, not at load time, when wrk.headers has its Host.
+    tail = tail or wrk.format("GET", "/healthz")
     return tail
   end
   local tenant = (i % 2 == 1) and "acme" or "globex"
