@@ -65,18 +65,10 @@ pub(crate) struct CorruptEntry(pub &'static str);
 
 impl Entry {
     pub(crate) fn encode(&self) -> Bytes {
-        let headers_len: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| 6 + n.as_str().len() + v.len())
-            .sum();
-        let mut out = BytesMut::with_capacity(
-            48 + self.generation.len()
-                + self.identity.len()
-                + self.variant.len()
-                + headers_len
-                + self.body.len(),
-        );
+        // Exactly what is written below: a buffer that had to grow would
+        // keep up to twice the entry's size allocated for as long as the
+        // entry is held (the embedded store and the near cache hold it).
+        let mut out = BytesMut::with_capacity(self.encoded_len());
         out.put_slice(MAGIC);
         let mut flags = if self.negative { FLAG_NEGATIVE } else { 0 };
         if !self.tags.is_empty() {
@@ -108,7 +100,40 @@ impl Entry {
                 put_str16(&mut out, generation);
             }
         }
+        debug_assert_eq!(out.len(), self.encoded_len(), "encoded_len is exact");
         out.freeze()
+    }
+
+    /// The length of [`Entry::encode`]'s output.
+    fn encoded_len(&self) -> usize {
+        let str16 = |b: &[u8]| 2 + b.len().min(u16::MAX as usize);
+        let headers: usize = (self.headers.iter().take(u16::MAX as usize))
+            .map(|(n, v)| str16(n.as_str().as_bytes()) + 4 + v.len())
+            .sum();
+        let tags: usize = match self.tags.is_empty() {
+            true => 0,
+            false => {
+                1 + (self.tags.iter().take(u8::MAX as usize))
+                    .map(|(k, g)| str16(k) + str16(g))
+                    .sum::<usize>()
+            }
+        };
+        // magic, flags, status, stored_at, fresh_until, grace, stale_if_error
+        MAGIC.len()
+            + 1
+            + 2
+            + 8
+            + 8
+            + 4
+            + 4
+            + str16(&self.generation)
+            + str16(&self.identity)
+            + str16(&self.variant)
+            + 2
+            + headers
+            + 4
+            + self.body.len()
+            + tags
     }
 
     /// Past its freshness at `now_ms`: no longer a HIT.
