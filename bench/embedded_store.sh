@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The embedded store (src/store/memory/) measured: memory per cached object,
 # RSS against the byte budget, a crawler through a small budget next to a
-# Zipf hot set, and HIT req/s against the Redis store (issue 35, items 1, 3,
-# 5, 6). Everything runs on loopback, nothing is shared.
+# Zipf hot set, and HIT req/s against the Redis store. Everything runs on
+# loopback, nothing is shared.
 #
 # Starts, on free loopback ports in a temp dir: the example upstream in
 # memory (its default small JSON documents, or padded to
