@@ -101,9 +101,10 @@ impl Shaped {
 /// The part of every answer's head built from `entry` that depends on the
 /// entry alone: its stored headers, `Content-Length`, and `Accept-Ranges`
 /// where ranges are served from it; with room for what each answer adds
-/// (`Age`, `X-Cache`).
+/// (`Age`, `X-Cache`, `Cache-Status`, one more) so that no answer grows
+/// the map (a rehash of every header).
 pub(crate) fn entry_head(entry: &Entry) -> HeaderMap {
-    let mut h = HeaderMap::with_capacity(entry.headers.len() + 4);
+    let mut h = HeaderMap::with_capacity(entry.headers.len() + 6);
     for (name, value) in &entry.headers {
         h.append(name.clone(), value.clone());
     }
