@@ -19,11 +19,17 @@ use crate::config::{Config, Route};
 use crate::metrics::Metrics;
 use crate::store::{GuardedStore, StoreError, WitnessSlot};
 use arc_swap::ArcSwap;
+use futures_util::StreamExt;
 use rand::Rng;
 use std::sync::Arc;
 
 /// Generation keys per store call.
 const CHUNK: usize = 256;
+/// Store calls of one batch in flight at once: a bulk change's chunks
+/// overlap their round trips instead of waiting for each other (the store's
+/// connections are multiplexed; a chunk's keys are independent of the
+/// others', and replacing one generation twice is harmless).
+const CHUNKS_IN_FLIGHT: usize = 4;
 /// The value of a marker key.
 const MARKER: &str = "1";
 
@@ -290,22 +296,32 @@ impl Invalidator {
         }
         let marked = marks.is_some();
         let nonce = nonce();
-        let mut stored: Vec<Result<(), StoreError>> = Vec::with_capacity(gen_keys.len());
-        for (i, chunk) in gen_keys.chunks(CHUNK).enumerate() {
-            if marked {
-                let from = i * CHUNK;
-                let chunk_marks = key_marks.get(from..from + chunk.len()).unwrap_or_default();
-                let results = self
-                    .store
-                    .invalidate_marked(chunk, chunk_marks, &nonce, cfg.gen_ttl)
-                    .await;
-                stored.extend(results);
-            } else {
-                let result = self.store.invalidate_many(chunk, &nonce, cfg.gen_ttl).await;
-                stored.extend(std::iter::repeat_n(result, chunk.len()));
-            }
-        }
-        let mut stored = stored.into_iter();
+        let (nonce, key_marks) = (&nonce, &key_marks);
+        // Collected first: a stream over the closure would not be `Send`
+        // (its higher-ranked lifetimes).
+        let calls: Vec<_> = gen_keys
+            .chunks(CHUNK)
+            .enumerate()
+            .map(|(i, chunk)| async move {
+                if marked {
+                    let from = i * CHUNK;
+                    let chunk_marks = key_marks.get(from..from + chunk.len()).unwrap_or_default();
+                    self.store
+                        .invalidate_marked(chunk, chunk_marks, nonce, cfg.gen_ttl)
+                        .await
+                } else {
+                    let result = self.store.invalidate_many(chunk, nonce, cfg.gen_ttl).await;
+                    vec![result; chunk.len()]
+                }
+            })
+            .collect();
+        // `buffered` keeps the chunks' order: results line up with keys.
+        let mut stored = futures_util::stream::iter(calls)
+            .buffered(CHUNKS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten();
         let mut outcomes = Vec::with_capacity(checked.len());
         for c in checked {
             let v = match c {

@@ -4,9 +4,12 @@
 //!
 //! One cycle is one transaction: claim due rows `ORDER BY next_at, id LIMIT batch FOR
 //! UPDATE SKIP LOCKED` (several sidecars can share a table; a row is in at
-//! most one claim at a time), apply them to the store in one batch, delete
-//! the applied rows, give failed rows `attempts+1` and `last_error`, mark
-//! poison rows `dead_at`, then commit. A failed row is released due, with a
+//! most one claim at a time) and delete them in the same statement, apply
+//! them to the store in one batch, then commit. If any row failed or is
+//! poison, the transaction rolls back instead and a second one deletes the
+//! applied rows, gives failed rows `attempts+1` and `last_error`, and marks
+//! poison rows `dead_at`. While claims come back full, each is twice the
+//! last (up to `MAX_CLAIM`). A failed row is released due, with a
 //! NOTIFY, when the store is unavailable to this instance (its feeds'
 //! breaker opened: another instance's store may work); it backs off
 //! (`next_at`, 1 s doubling to 60 s, jittered) when the store answered but
@@ -107,6 +110,11 @@ const CYCLE_TIMEOUT: Duration = Duration::from_secs(30);
 const GAUGE_EVERY: Duration = Duration::from_secs(2);
 /// `last_error` is for humans; keep rows small.
 const MAX_ERROR_TEXT: usize = 500;
+/// A drain doubles its claim while claims come back full, up to this many
+/// rows (or `batch`, if larger): a bulk change of 100 000 rows then costs
+/// ~60 transactions instead of 1 000, each still well inside
+/// [`CYCLE_TIMEOUT`] (docs/invalidation.md#bulk-changes).
+const MAX_CLAIM: u32 = 2048;
 
 /// Why a worker session ended.
 #[derive(Debug, thiserror::Error)]
@@ -223,11 +231,15 @@ impl Statements {
                      LEFT JOIN LATERAL ({pending}) p ON true"
                 ))
                 .await?,
+            // Claimed rows are deleted at once: a cycle whose rows all apply
+            // (nearly every one) only commits; one that does not rolls back
+            // and settles its rows in a second transaction (`cycle`).
             claim: client
                 .prepare(&format!(
-                    "SELECT {columns} FROM {table} o \
+                    "DELETE FROM {table} o WHERE o.id IN (SELECT id FROM {table} \
                      WHERE dead_at IS NULL AND next_at <= now() \
-                     ORDER BY next_at, id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                     ORDER BY next_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                     RETURNING {columns}"
                 ))
                 .await?,
             delete: client
@@ -530,21 +542,24 @@ impl OutboxWorker {
             return Ok(woke);
         }
         // Drain: keep claiming while full batches come back and the store
-        // takes them; a long drain keeps beating (or the slot expires).
+        // takes them, each claim twice the last up to `MAX_CLAIM`; a long
+        // drain keeps beating (or the slot expires).
+        let mut claim = self.cfg.batch;
         loop {
             if let Some(at) = self.invalidator.feeds_ready_at() {
                 woke.store_back_at = Some(at);
                 return Ok(woke);
             }
-            let cycle = self.cycle(client, statements, seen);
+            let cycle = self.cycle(client, statements, seen, claim);
             let report = tokio::time::timeout(CYCLE_TIMEOUT, cycle)
                 .await
                 .map_err(|_| OutboxError::CycleTimeout(CYCLE_TIMEOUT))??;
-            let full = report.claimed >= self.cfg.batch as usize;
+            let full = report.claimed >= claim as usize;
             if !full || report.failed > 0 || *shutdown.borrow() {
                 woke.store_back_at = self.invalidator.feeds_ready_at();
                 return Ok(woke);
             }
+            claim = claim.saturating_mul(2).min(MAX_CLAIM.max(self.cfg.batch));
             witness.beat_if_due().await;
         }
     }
@@ -611,9 +626,10 @@ impl OutboxWorker {
         client: &mut Client,
         st: &Statements,
         seen: &HashSet<i64>,
+        claim: u32,
     ) -> Result<CycleReport, OutboxError> {
         let tx = client.transaction().await?;
-        let rows = tx.query(&st.claim, &[&i64::from(self.cfg.batch)]).await?;
+        let rows = tx.query(&st.claim, &[&i64::from(claim)]).await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(CycleReport::default());
@@ -655,6 +671,22 @@ impl OutboxWorker {
             ])
             .inc_by(by_fan_out as u64);
 
+        if outcomes.iter().all(|o| matches!(o, ApplyOutcome::Applied)) {
+            // The claim deleted them.
+            tx.commit().await?;
+            return Ok(CycleReport {
+                claimed: rows.len(),
+                applied: rows.len(),
+                ..CycleReport::default()
+            });
+        }
+        // Some row failed or is poison: undo the claim's delete and settle
+        // each row by its outcome. Between the two transactions another
+        // worker may claim the rows again: it applies them once more
+        // (idempotent), and our statements then find them gone or wait for
+        // its commit.
+        tx.rollback().await?;
+        let tx = client.transaction().await?;
         let mut applied = Vec::new();
         let (mut retry_ids, mut retry_delays, mut retry_errors) =
             (Vec::new(), Vec::new(), Vec::new());
