@@ -37,6 +37,14 @@
 //! `--payload-bytes` pads each document to at least that many bytes (for
 //! benchmarks). Requests are logged at debug: `RUST_LOG=debug`.
 //!
+//! Two more flags show sidecache's other invalidation and caching paths
+//! (Postgres mode; the history checker's `edges` feed uses them):
+//! `--tags` answers each app with the cache tag `app-{tenant}-{id}` in
+//! `Surrogate-Key` and writes its outbox rows as tag events (that tag, no
+//! route), so tags are the only invalidation; `--etags` gives each app the
+//! `ETag` `"v{version}"` and answers `304 Not Modified` to a `GET` whose
+//! `If-None-Match` names the current one.
+//!
 //! # Storage
 //!
 //! **In memory** (the default): apps `1..=N` of each tenant, lost on exit.
@@ -105,6 +113,14 @@ struct Args {
     /// service that change capture serves).
     #[arg(long)]
     no_outbox: bool,
+    /// Postgres mode: tag each app (`Surrogate-Key: app-{tenant}-{id}`) and
+    /// write outbox rows as tag events for that tag instead of route events.
+    #[arg(long)]
+    tags: bool,
+    /// Postgres mode: an `ETag` per app version, and `304` for a matching
+    /// `If-None-Match`.
+    #[arg(long)]
+    etags: bool,
 }
 
 /// One app: the JSON document and its serialized form, rendered once per
@@ -122,6 +138,10 @@ struct State {
     db: Option<pg::Db>,
     delay: Duration,
     payload_bytes: usize,
+    /// `--tags`: apps carry their cache tag.
+    tags: bool,
+    /// `--etags`: apps carry an `ETag` and revalidate.
+    etags: bool,
     /// `/api/...` requests served, so a demo or test can count origin fetches.
     api_requests: AtomicU64,
 }
@@ -164,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
 
     let db = match &args.database_url {
-        Some(url) => Some(pg::Db::open(url, args.apps, !args.no_outbox).await?),
+        Some(url) => Some(pg::Db::open(url, args.apps, !args.no_outbox, args.tags).await?),
         None => None,
     };
     let state = Arc::new(State {
@@ -172,6 +192,8 @@ async fn main() -> anyhow::Result<()> {
         db,
         delay: Duration::from_millis(args.delay_ms),
         payload_bytes: args.payload_bytes,
+        tags: args.tags,
+        etags: args.etags,
         api_requests: AtomicU64::new(0),
     });
     if state.db.is_none() {
@@ -241,6 +263,11 @@ async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
     let query = req.uri().query().unwrap_or("").to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_read = method == Method::GET || method == Method::HEAD;
+    let if_none_match = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
 
     let delay = if path.starts_with("/api/") {
         state.api_requests.fetch_add(1, Ordering::Relaxed);
@@ -290,7 +317,7 @@ async fn handle_api(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
                 "id must be an integer in 1..=9223372036854775807",
             ),
             Some(id) if is_read => match &state.db {
-                Some(db) => or_500(pg::get(&state, db, tenant, id).await),
+                Some(db) => or_500(pg::get(&state, db, tenant, id, if_none_match.as_deref()).await),
                 None => get(&state, tenant, id),
             },
             Some(id) if method == Method::PUT => match read_object(req).await {
@@ -549,7 +576,7 @@ fn delete(state: &State, tenant: &str, id: u64) -> Response<Full<Bytes>> {
 mod pg {
     use super::{app_not_found, created, json_bytes, list_body, no_content, Page, State, TENANTS};
     use bytes::Bytes;
-    use http::{Response, StatusCode};
+    use http::{header, HeaderValue, Response, StatusCode};
     use http_body_util::Full;
     use serde_json::{Map, Value};
     use sidecache::invalidation::ddl;
@@ -581,6 +608,9 @@ mod pg {
     const OUTBOX: &str = "INSERT INTO sidecache_outbox (route, params, kind, revision)
         VALUES ('app', jsonb_build_object('tenant', $1::text, 'id', $2::bigint), $3, $4)";
 
+    /// `--tags`: the event is the app's cache tag.
+    const TAG_OUTBOX: &str = "INSERT INTO sidecache_outbox (tags) VALUES ($1)";
+
     /// One connection for the whole service, used by one request at a time:
     /// enough for an example. A real service uses a pool (deadpool-postgres,
     /// bb8), the transaction code stays the same.
@@ -589,12 +619,19 @@ mod pg {
         client: Mutex<Client>,
         /// Whether changes write their outbox row (`--no-outbox`: never).
         outbox: bool,
+        /// Outbox rows are tag events (`--tags`).
+        tags: bool,
     }
 
     impl Db {
         /// Connects (retrying for 30 s while Postgres starts), creates
         /// `app_config` and the outbox if missing, seeds an empty table.
-        pub(super) async fn open(url: &str, apps: u64, outbox: bool) -> anyhow::Result<Db> {
+        pub(super) async fn open(
+            url: &str,
+            apps: u64,
+            outbox: bool,
+            tags: bool,
+        ) -> anyhow::Result<Db> {
             let mut attempt = 0;
             let client = loop {
                 match connect(url).await {
@@ -634,6 +671,7 @@ mod pg {
                 url: url.to_owned(),
                 client: Mutex::new(client),
                 outbox,
+                tags,
             })
         }
 
@@ -671,19 +709,48 @@ mod pg {
         }
     }
 
+    /// `GET`; with `--tags` the answer carries the app's cache tag, with
+    /// `--etags` its version's `ETag` (and is `304` for `if_none_match`).
     pub(super) async fn get(
         state: &State,
         db: &Db,
         tenant: &str,
         id: u64,
+        if_none_match: Option<&str>,
     ) -> Result<Response<Full<Bytes>>> {
         let client = db.client().await?;
-        let sql = format!("SELECT {DOC} FROM app_config WHERE tenant = $1 AND id = $2");
+        let sql = format!("SELECT {DOC}, version FROM app_config WHERE tenant = $1 AND id = $2");
         let row = client.query_opt(&sql, &[&tenant, &sql_id(id)]).await?;
-        Ok(match row {
-            Some(row) => json_bytes(StatusCode::OK, render(state, row.get(0))),
-            None => app_not_found(tenant, id),
-        })
+        let Some(row) = row else {
+            return Ok(app_not_found(tenant, id));
+        };
+        let version: i64 = row.get(1);
+        let etag = format!("\"v{version}\"");
+        let mut resp = match state.etags && if_none_match == Some(etag.as_str()) {
+            true => {
+                let mut resp = Response::new(Full::new(Bytes::new()));
+                *resp.status_mut() = StatusCode::NOT_MODIFIED;
+                resp
+            }
+            false => json_bytes(StatusCode::OK, render(state, row.get(0))),
+        };
+        let headers = resp.headers_mut();
+        if state.etags {
+            if let Ok(value) = HeaderValue::from_str(&etag) {
+                headers.insert(header::ETAG, value);
+            }
+        }
+        if state.tags {
+            if let Ok(value) = HeaderValue::from_str(&tag(tenant, sql_id(id))) {
+                headers.insert("surrogate-key", value);
+            }
+        }
+        Ok(resp)
+    }
+
+    /// The cache tag of one app (`--tags`).
+    fn tag(tenant: &str, id: i64) -> String {
+        format!("app-{tenant}-{id}")
     }
 
     pub(super) async fn list(
@@ -802,6 +869,12 @@ mod pg {
         revision: i64,
     ) -> Result<()> {
         if !db.outbox {
+            return Ok(());
+        }
+        if db.tags {
+            // The app's tag names it, so the event needs no route.
+            let tags = vec![tag(tenant, id)];
+            tx.execute(TAG_OUTBOX, &[&tags]).await?;
             return Ok(());
         }
         tx.execute(OUTBOX, &[&tenant, &id, &kind, &revision])

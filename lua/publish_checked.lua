@@ -17,13 +17,22 @@
 -- ARGV[6]  '1' to check the floor, '0' not to
 -- ARGV[7..] the tag tickets, one per tag key, in order
 --
--- Returns:  1 published
---           0 lease is not ours
+-- Returns, the first that applies in this order:
 --          -1 generation differs from the ticket
---          -2 below the floor (or no version while a floor exists)
 --          -3 a tag generation moved since its ticket
+--           0 lease is not ours
+--          -2 below the floor (or no version while a floor exists)
+--           1 published
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
   return -1
+end
+-- Tags before the lease: a fill superseded because a tag moved
+-- (lease.lua) must learn that a tag moved, so that its answer goes only to
+-- the request that started it.
+for i = 5, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= ARGV[i + 2] then
+    return -3
+  end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -35,11 +44,6 @@ if ARGV[6] == '1' then
     if not version or version < floor then
       return -2
     end
-  end
-end
-for i = 5, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= ARGV[i + 2] then
-    return -3
   end
 end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])

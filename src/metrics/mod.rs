@@ -401,8 +401,8 @@ impl Metrics {
             ),
             lease_superseded: counter(
                 LEASE_SUPERSEDED,
-                "Fill leases taken over from a fill of an older generation.",
-                &["route"],
+                "Fill leases taken over from a fill that can never publish, by why: its generation, its route's generation or one of its tags moved.",
+                &["route", "reason"],
             ),
             coalesced: counter(
                 COALESCED,

@@ -26,7 +26,7 @@
 //!   published (`below_floor`); the publish script compares it.
 
 use crate::keys;
-use crate::store::{GuardedStore, StoreError};
+use crate::store::{FillDepends, GuardedStore, StoreError};
 use bytes::Bytes;
 use http::HeaderMap;
 
@@ -120,6 +120,19 @@ impl Tickets {
             tags,
             start,
         })
+    }
+
+    /// What the fill depends on, as recorded beside its lease: the route's
+    /// ticket and those of the tags it took tickets for.
+    pub(crate) fn depends(&self) -> FillDepends {
+        FillDepends {
+            route: Some(self.route.clone()),
+            tags: self
+                .tags
+                .iter()
+                .map(|(_, key, ticket)| (key.clone(), ticket.clone()))
+                .collect(),
+        }
     }
 
     /// Stamps for an answer with `tags` (sorted, as `tags::from_header`

@@ -205,14 +205,19 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         Ok(t) => t,
         Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
-    // Stage 7, under the lease: renewed while upstream takes its time.
-    let fetched = lease
-        .renew_while(
+    // Stage 7, under the lease: renewed while upstream takes its time. What
+    // the fill depends on is recorded beside the lease meanwhile, so a
+    // waiter takes the fill over once one of those moves instead of
+    // waiting for a publish that will be refused.
+    let depends = tickets.depends();
+    let (fetched, ()) = tokio::join!(
+        lease.renew_while(
             route.lease,
             fill.cfg.upstream.timeout,
             fetch_with_permit(fill, request),
-        )
-        .await;
+        ),
+        lease.record_depends(&depends),
+    );
     let mut not_modified = false;
     let fetched = match (fetched, &revalidating) {
         (Ok(f), None) => f,

@@ -5,12 +5,15 @@
 //! spent. Release is compare-and-delete, so a filler whose lease expired
 //! cannot delete its successor's lease.
 //!
-//! Waiting is only for a fill of the current generation: a lease whose
-//! ticket an invalidation has replaced is taken over at the next attempt
-//! (counted in `sidecache_lease_superseded_total`), because that fill can
-//! never publish and its answer predates the invalidation. So there is
-//! still one fill per object and generation across instances, and none
-//! that readers after an invalidation wait for is older than it.
+//! Waiting is only for a fill that can still publish: a lease whose ticket
+//! an invalidation has replaced is taken over at the next attempt, and so
+//! is one whose fill took a route or tag ticket that is no longer current
+//! (the fill records them beside its lease once it has taken them,
+//! [`LeaseGuard::record_depends`]), because that fill's publish will be
+//! refused and its answer predates the invalidation. Counted in
+//! `sidecache_lease_superseded_total{route,reason}`. So there is still one
+//! fill per object and generation across instances, and none that readers
+//! after an invalidation wait for is older than it.
 //!
 //! A fill slower than its lease keeps it with [`LeaseGuard::renew_while`]:
 //! every third of the lease, a compare-and-`PEXPIRE` (`lua/lease_renew.lua`)
@@ -32,7 +35,7 @@ use super::lookup::lookup;
 use crate::config::Route;
 use crate::keys::CacheKey;
 use crate::metrics::Metrics;
-use crate::store::{GuardedStore, LeaseReply, StoreError};
+use crate::store::{FillDepends, GuardedStore, LeaseReply, StoreError};
 use bytes::Bytes;
 use prometheus::IntCounterVec;
 use rand::Rng;
@@ -139,12 +142,12 @@ async fn attempt(
     else {
         return Ok(None);
     };
-    if superseded {
+    if let Some(why) = superseded {
         metrics
             .lease_superseded
-            .with_label_values(&[&route.name])
+            .with_label_values(&[&route.name, why.as_str()])
             .inc();
-        tracing::debug!(route = %route.name, key = %key.keys.lease(), "lease of an older generation's fill superseded");
+        tracing::debug!(route = %route.name, key = %key.keys.lease(), reason = why.as_str(), "lease of a fill that can never publish superseded");
     }
     Ok(Some(LeaseGuard {
         store: Arc::clone(store),
@@ -191,6 +194,27 @@ impl LeaseGuard {
     /// upstream call, so an invalidation after it refuses the publish.
     pub(crate) fn ticket(&self) -> &Bytes {
         &self.ticket
+    }
+
+    /// Records what this fill depends on beside its lease, so that a
+    /// waiter takes it over once one of them moves (`lua/lease_depends.lua`).
+    /// Failure only costs that: waiters wait for this fill as before.
+    pub(crate) async fn record_depends(&self, depends: &FillDepends) {
+        if depends.is_empty() {
+            return;
+        }
+        let recorded = self
+            .store
+            .record_lease_depends(&self.lease_key, &self.owner, depends);
+        match recorded.await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(route = %self.route, key = %self.lease_key, "lease lost before its dependencies were recorded");
+            }
+            Err(e) => {
+                tracing::debug!(route = %self.route, key = %self.lease_key, error = %e, "could not record the fill's dependencies");
+            }
+        }
     }
 
     /// Runs `work` (the upstream fetch) while renewing the lease to `ttl`
@@ -368,7 +392,12 @@ mod tests {
             .unwrap()
             .expect("an older generation's fill is superseded");
         assert_ne!(new.ticket(), old.ticket());
-        assert_eq!(m.lease_superseded.with_label_values(&["app"]).get(), 1);
+        assert_eq!(
+            m.lease_superseded
+                .with_label_values(&["app", "generation"])
+                .get(),
+            1
+        );
         assert!(
             try_once().await.unwrap().is_none(),
             "the new fill is waited for"

@@ -59,7 +59,8 @@ pub use guarded::GuardedStore;
 pub use memory::MemoryStore;
 pub use object::ObjectStore;
 pub use protocol::{
-    Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot, StoreError, WitnessSlot,
+    FillDepends, Inspection, LeaseReply, Memo, PublishChecks, PublishOutcome, Snapshot, StoreError,
+    Superseded, WitnessSlot,
 };
 pub use redis::RedisStore;
 pub use tags::TagStore;

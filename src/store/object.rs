@@ -3,8 +3,8 @@
 //! and its ticket, publishing the filled entry, and the corrupt-entry delete.
 
 use super::protocol::{
-    unsupported, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,
-    NO_CHECKS,
+    unsupported, FillDepends, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot,
+    StoreError, NO_CHECKS,
 };
 use crate::keys::ObjectKeys;
 use bytes::Bytes;
@@ -43,9 +43,12 @@ pub trait ObjectStore {
 
     /// Takes the fill lease of `keys` for `owner` (`lua/lease.lua`), with
     /// the fill's ticket: the current generation, created fresh (`nonce`,
-    /// `gen_ttl`) if missing. Free, or held by a fill whose ticket is not
-    /// the current generation: ours (that fill is superseded). Held by a
-    /// fill of the current generation: [`LeaseReply::Held`].
+    /// `gen_ttl`) if missing. Free, or held by a fill that can never
+    /// publish: ours (that fill is superseded). A fill can never publish
+    /// when its ticket is not the current generation, or when one of the
+    /// dependencies it recorded ([`ObjectStore::record_lease_depends`]) is
+    /// no longer current: decided in one atomic step with the take-over.
+    /// Held by any other fill: [`LeaseReply::Held`].
     fn take_lease<'a>(
         &'a self,
         keys: &'a ObjectKeys,
@@ -93,7 +96,23 @@ pub trait ObjectStore {
         checks: &'a PublishChecks,
     ) -> BoxFuture<'a, Result<PublishOutcome, StoreError>>;
 
-    /// Sets the lease's TTL to `ttl` only if `owner` still holds it. True if
+    /// Records beside the lease what the fill holding it (lease value
+    /// `owner`) depends on, for as long as the lease lives (renewed and
+    /// released with it), so that [`ObjectStore::take_lease`] supersedes it once one of
+    /// those moves. Written only while `owner` holds the lease; true if so.
+    /// A lost record only means waiters wait for that fill, as before.
+    fn record_lease_depends<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        depends: &'a FillDepends,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (lease_key, owner, depends);
+        unsupported("lease dependencies are not supported")
+    }
+
+    /// Sets the lease's TTL to `ttl` only if `owner` still holds it (and
+    /// the lease's dependency record with it). True if
     /// renewed; false if it expired or another filler holds it.
     fn renew_lease<'a>(
         &'a self,
@@ -102,7 +121,8 @@ pub trait ObjectStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Deletes the lease only if `owner` still holds it. True if deleted.
+    /// Deletes the lease (and its dependency record) only if `owner` still
+    /// holds it. True if deleted.
     fn unlock<'a>(
         &'a self,
         lease_key: &'a str,

@@ -114,11 +114,104 @@ pub enum LeaseReply {
     Won {
         value: String,
         ticket: Bytes,
-        /// A fill of an older generation held it and was superseded.
-        superseded: bool,
+        /// A fill held it that can never publish, and was taken over: why.
+        superseded: Option<Superseded>,
     },
     /// A fill of the current generation holds it: wait for its answer.
     Held,
+}
+
+/// Why a held lease was taken over rather than waited for: its fill can
+/// never publish, and its answer predates an invalidation the waiter must
+/// not be handed an answer from before of
+/// (docs/architecture.md#no-older-answer-after-an-invalidation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Superseded {
+    /// The fill's ticket is no longer the object's generation.
+    Generation,
+    /// The route's generation moved since the fill took its ticket (a
+    /// route-wide purge).
+    Route,
+    /// A tag the fill took a ticket for was invalidated since.
+    Tag,
+}
+
+impl Superseded {
+    /// The `reason` label of `sidecache_lease_superseded_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Superseded::Generation => "generation",
+            Superseded::Route => "route",
+            Superseded::Tag => "tag",
+        }
+    }
+}
+
+/// What a fill's answer depends on besides its object's generation, as it
+/// took the tickets before its upstream call: the route's generation and
+/// the tags' (key, ticket). Recorded beside its lease
+/// ([`super::ObjectStore::record_lease_depends`]) so that a waiter sees a
+/// fill one of these moved for as doomed and takes it over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FillDepends {
+    /// (route generation key, ticket).
+    pub route: Option<(String, Bytes)>,
+    /// (tag generation key, ticket).
+    pub tags: Vec<(String, Bytes)>,
+}
+
+impl FillDepends {
+    /// The record kept beside the lease: the lease value on the first line,
+    /// then one `<r|t> <key> <ticket>` line per dependency (generations
+    /// hold no space or newline; the key is everything between the first
+    /// and the last space). `lua/lease.lua` reads the same format.
+    pub(crate) fn record(&self, lease_value: &str) -> String {
+        let mut out = String::from(lease_value);
+        let lines = self.route.iter().map(|d| ('r', d));
+        for (kind, (key, ticket)) in lines.chain(self.tags.iter().map(|d| ('t', d))) {
+            out.push('\n');
+            out.push(kind);
+            out.push(' ');
+            out.push_str(key);
+            out.push(' ');
+            out.push_str(&String::from_utf8_lossy(ticket));
+        }
+        out
+    }
+
+    /// The lease value a record was made for and its dependencies, each
+    /// (why a move supersedes the fill, key, ticket); `None` if malformed.
+    pub(crate) fn parse(record: &[u8]) -> Option<(&[u8], Vec<Listed<'_>>)> {
+        let mut lines = record.split(|b| *b == b'\n');
+        let value = lines.next()?;
+        let mut deps = Vec::new();
+        for line in lines {
+            let line = std::str::from_utf8(line).ok()?;
+            let (kind, rest) = line.split_once(' ')?;
+            let (key, ticket) = rest.rsplit_once(' ')?;
+            let why = match kind {
+                "r" => Superseded::Route,
+                "t" => Superseded::Tag,
+                _ => return None,
+            };
+            deps.push((why, key, ticket.as_bytes()));
+        }
+        Some((value, deps))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.route.is_none() && self.tags.is_empty()
+    }
+}
+
+/// One dependency a record lists: (why its move supersedes the fill, its
+/// generation key, the fill's ticket).
+pub(crate) type Listed<'a> = (Superseded, &'a str, &'a [u8]);
+
+/// The key of the record of what the fill holding `lease_key` depends on
+/// (`…:l:<variant>:d`, in the object's slot).
+pub(crate) fn lease_depends_key(lease_key: &str) -> String {
+    format!("{lease_key}:d")
 }
 
 impl LeaseReply {
@@ -126,7 +219,7 @@ impl LeaseReply {
     /// ASCII (built from server time and a hex nonce); a value someone else
     /// wrote that is not UTF-8 makes a value that never compares equal, so
     /// that fill's publish is refused: a miss, never a wrong answer.
-    pub(crate) fn won(owner: &str, ticket: Bytes, superseded: bool) -> LeaseReply {
+    pub(crate) fn won(owner: &str, ticket: Bytes, superseded: Option<Superseded>) -> LeaseReply {
         LeaseReply::Won {
             value: format!("{owner}@{}", String::from_utf8_lossy(&ticket)),
             ticket,
@@ -266,9 +359,36 @@ mod tests {
     }
 
     #[test]
+    fn dependency_records_read_back_as_written() {
+        let deps = FillDepends {
+            route: Some(("sc:r:{app}:g".into(), Bytes::from_static(b"1.000001-a"))),
+            tags: vec![
+                (
+                    "sc:t:{x y}:g".into(),
+                    Bytes::from_static(b"2.000002-b@o:1:2"),
+                ),
+                ("sc:t:{z}:g".into(), Bytes::from_static(b"3.000003-c")),
+            ],
+        };
+        let record = deps.record("own/1@9.000009-g");
+        let (value, parsed) = FillDepends::parse(record.as_bytes()).expect("well formed");
+        assert_eq!(value, b"own/1@9.000009-g");
+        assert_eq!(
+            parsed,
+            vec![
+                (Superseded::Route, "sc:r:{app}:g", &b"1.000001-a"[..]),
+                (Superseded::Tag, "sc:t:{x y}:g", &b"2.000002-b@o:1:2"[..]),
+                (Superseded::Tag, "sc:t:{z}:g", &b"3.000003-c"[..]),
+            ]
+        );
+        assert!(FillDepends::parse(b"v\nq k t").is_none(), "unknown kind");
+        assert!(FillDepends::parse(b"v\nr k").is_none(), "no ticket");
+    }
+
+    #[test]
     fn lease_values_name_their_ticket() {
         let ticket = Bytes::from_static(b"1.000001-n@s:5-0");
-        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), false) else {
+        let LeaseReply::Won { value, .. } = LeaseReply::won("owner", ticket.clone(), None) else {
             panic!("won");
         };
         assert_eq!(value, "owner@1.000001-n@s:5-0");

@@ -25,6 +25,7 @@ mod cluster_breaker;
 mod dashboards;
 mod degraded_join;
 mod depinv;
+mod doomed_fill;
 mod example_postgres;
 mod fill_hardening;
 mod forwarding;

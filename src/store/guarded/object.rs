@@ -6,7 +6,7 @@ use super::node_breakers::Breakers;
 use super::{GuardedStore, Op};
 use crate::keys::ObjectKeys;
 use crate::store::protocol::{
-    Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,
+    FillDepends, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,
 };
 use bytes::Bytes;
 use std::time::Duration;
@@ -139,6 +139,19 @@ impl GuardedStore {
     ) -> Result<bool, StoreError> {
         self.call(Op::RenewLease, lease_key, |s| {
             s.renew_lease(lease_key, owner, ttl)
+        })
+        .await
+    }
+
+    /// Lease upkeep, like a renewal: counted under its `op`.
+    pub(crate) async fn record_lease_depends(
+        &self,
+        lease_key: &str,
+        owner: &str,
+        depends: &FillDepends,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::RenewLease, lease_key, |s| {
+            s.record_lease_depends(lease_key, owner, depends)
         })
         .await
     }

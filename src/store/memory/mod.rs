@@ -52,8 +52,8 @@ use super::backend::Store;
 use super::feeds::FeedStore;
 use super::object::ObjectStore;
 use super::protocol::{
-    covers, lease_ticket, Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot,
-    StoreError, WitnessSlot,
+    covers, lease_depends_key, lease_ticket, FillDepends, Inspection, LeaseReply, PublishChecks,
+    PublishOutcome, Snapshot, StoreError, Superseded, WitnessSlot,
 };
 use super::slot_map::hash_tag;
 use super::tags::{TagStore, TimedTickets};
@@ -226,6 +226,13 @@ fn publish(
     if locked.get(keys.generation(), now).as_deref() != Some(ticket) {
         return Ok(PublishOutcome::GenerationChanged);
     }
+    // Tags before the lease, as `lua/publish_checked.lua` (a fill taken
+    // over because a tag moved learns that the tag moved).
+    for (key, tag_ticket) in &checks.tags {
+        if locked.get(key, now).as_ref() != Some(tag_ticket) {
+            return Ok(PublishOutcome::TagChanged);
+        }
+    }
     if locked.get(keys.lease(), now).as_deref() != Some(owner.as_bytes()) {
         return Ok(PublishOutcome::LeaseLost);
     }
@@ -234,11 +241,6 @@ fn publish(
             if checks.version.is_none_or(|v| v < floor) {
                 return Ok(PublishOutcome::BelowFloor);
             }
-        }
-    }
-    for (key, tag_ticket) in &checks.tags {
-        if locked.get(key, now).as_ref() != Some(tag_ticket) {
-            return Ok(PublishOutcome::TagChanged);
         }
     }
     let Some(shard) = locked.shard(keys.entry()) else {
@@ -253,6 +255,13 @@ fn publish(
     }
     shard.set(keys.entry(), entry, ttl, now);
     Ok(PublishOutcome::Published)
+}
+
+/// `record` if it is the dependency record of the lease value `held` (its
+/// first line), as `lua/lease.lua` accepts one.
+fn held_record(held: &[u8], record: Bytes) -> Option<Bytes> {
+    let ours = record.len() > held.len() && record.starts_with(held) && record[held.len()] == b'\n';
+    ours.then_some(record)
 }
 
 fn parse_i64(value: &[u8]) -> Option<i64> {
@@ -331,18 +340,58 @@ impl ObjectStore for MemoryStore {
     ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let mut inner = self.lock(keys.entry());
-            let ticket = inner.ticket(keys.generation(), nonce, gen_ttl, now);
-            let superseded = match inner.get(keys.lease(), now) {
-                None => false,
-                Some(held) if lease_ticket(held) == Some(ticket.as_ref()) => {
-                    return Ok(LeaseReply::Held);
+            let depends_key = lease_depends_key(keys.lease());
+            // The record names keys of other shards: read it first, then
+            // take every shard it names and decide in one step.
+            let record = {
+                let mut inner = self.lock(keys.entry());
+                let held = inner.get(keys.lease(), now).cloned();
+                let record = inner.get(&depends_key, now).cloned();
+                held.zip(record)
+                    .and_then(|(held, record)| held_record(&held, record))
+            };
+            let listed = record
+                .as_ref()
+                .and_then(|r| FillDepends::parse(r))
+                .map(|(_, deps)| deps)
+                .unwrap_or_default();
+            let object = [keys.entry(), keys.generation(), keys.lease()];
+            let dep_keys = listed.iter().map(|(_, k, _)| *k);
+            let mut locked = self.lock_all(object.into_iter().chain(dep_keys));
+            let Some(shard) = locked.shard(keys.entry()) else {
+                return Err(StoreError::Protocol(
+                    "lease: object shard not locked".into(),
+                ));
+            };
+            let ticket = shard.ticket(keys.generation(), nonce, gen_ttl, now);
+            let superseded = match shard.get(keys.lease(), now).cloned() {
+                None => None,
+                Some(held) if lease_ticket(&held) == Some(ticket.as_ref()) => {
+                    let now_record = shard.get(&depends_key, now).cloned();
+                    let now_record = now_record.and_then(|r| held_record(&held, r));
+                    // Only the record read above names the shards held.
+                    if now_record.is_none() || now_record != record {
+                        return Ok(LeaseReply::Held);
+                    }
+                    let moved = listed
+                        .iter()
+                        .find(|(_, key, t)| locked.get(key, now).as_deref() != Some(*t));
+                    match moved {
+                        Some((why, ..)) => Some(*why),
+                        None => return Ok(LeaseReply::Held),
+                    }
                 }
-                Some(_) => true,
+                Some(_) => Some(Superseded::Generation),
             };
             let reply = LeaseReply::won(owner, ticket, superseded);
+            let Some(shard) = locked.shard(keys.entry()) else {
+                return Err(StoreError::Protocol(
+                    "lease: object shard not locked".into(),
+                ));
+            };
             if let LeaseReply::Won { value, .. } = &reply {
-                inner.set(keys.lease(), Bytes::from(value.clone()), ttl, now);
+                shard.set(keys.lease(), Bytes::from(value.clone()), ttl, now);
+                shard.remove(&depends_key);
             }
             Ok(reply)
         })
@@ -378,6 +427,27 @@ impl ObjectStore for MemoryStore {
         })
     }
 
+    fn record_lease_depends<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        depends: &'a FillDepends,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut inner = self.lock(lease_key);
+            let Some((held, Some(left))) = inner.get_with_ttl(lease_key, now) else {
+                return Ok(false);
+            };
+            if held.as_ref() != owner.as_bytes() || left.is_zero() {
+                return Ok(false);
+            }
+            let record = Bytes::from(depends.record(owner));
+            inner.set(&lease_depends_key(lease_key), record, left, now);
+            Ok(true)
+        })
+    }
+
     fn renew_lease<'a>(
         &'a self,
         lease_key: &'a str,
@@ -387,10 +457,18 @@ impl ObjectStore for MemoryStore {
         Box::pin(async move {
             let now = Instant::now();
             let mut inner = self.lock(lease_key);
-            if inner.get(lease_key, now).map(Bytes::as_ref) != Some(owner.as_bytes()) {
+            let Some(held) = inner.get(lease_key, now).cloned() else {
+                return Ok(false);
+            };
+            if held.as_ref() != owner.as_bytes() {
                 return Ok(false);
             }
             inner.touch(lease_key, ttl, now);
+            let depends_key = lease_depends_key(lease_key);
+            let record = inner.get(&depends_key, now).cloned();
+            if record.and_then(|r| held_record(&held, r)).is_some() {
+                inner.touch(&depends_key, ttl, now);
+            }
             Ok(true)
         })
     }
@@ -401,9 +479,13 @@ impl ObjectStore for MemoryStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            Ok(self
-                .lock(lease_key)
-                .delete_if(lease_key, owner.as_bytes(), Instant::now()))
+            let now = Instant::now();
+            let mut inner = self.lock(lease_key);
+            if !inner.delete_if(lease_key, owner.as_bytes(), now) {
+                return Ok(false);
+            }
+            inner.remove(&lease_depends_key(lease_key));
+            Ok(true)
         })
     }
 

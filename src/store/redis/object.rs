@@ -9,7 +9,8 @@ use super::RedisStore;
 use crate::keys::ObjectKeys;
 use crate::store::object::ObjectStore;
 use crate::store::protocol::{
-    Inspection, LeaseReply, PublishChecks, PublishOutcome, Snapshot, StoreError,
+    lease_depends_key, FillDepends, Inspection, LeaseReply, PublishChecks, PublishOutcome,
+    Snapshot, StoreError, Superseded,
 };
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -107,22 +108,43 @@ impl ObjectStore for RedisStore {
         gen_ttl: Duration,
     ) -> BoxFuture<'a, Result<LeaseReply, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.current();
-            let (code, ticket): (i64, Vec<u8>) = scripts::LEASE
-                .key(keys.lease())
-                .key(keys.generation())
-                .arg(owner)
-                .arg(nonce)
-                .arg(px(ttl))
-                .arg(px(gen_ttl))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(map_error)?;
-            match code {
-                0 => Ok(LeaseReply::Held),
-                1 | 2 => Ok(LeaseReply::won(owner, Bytes::from(ticket), code == 2)),
-                other => Err(StoreError::Protocol(format!("lease.lua returned {other}"))),
+            let conn = self.conn.current();
+            let depends_key = lease_depends_key(keys.lease());
+            let lease = Lease {
+                keys,
+                depends_key: &depends_key,
+                owner,
+                nonce,
+                ttl,
+                gen_ttl,
+            };
+            let (code, ticket, record) = lease.call(&conn, None).await?;
+            if code != 0 || record.is_empty() {
+                return lease_reply(code, owner, ticket);
             }
+            // Held, with the fill's dependencies: the second call takes it
+            // over if one moved. On a single node the script compares them;
+            // on a cluster they live in other slots, so they are compared
+            // here first (a moved generation stays moved).
+            let Some((_, depends)) = FillDepends::parse(&record) else {
+                return Ok(LeaseReply::Held);
+            };
+            let dep_keys: Vec<&str> = depends.iter().map(|(_, k, _)| *k).collect();
+            let check = if matches!(conn, Conn::Cluster(_)) {
+                let current = get_each(&conn, &dep_keys).await?;
+                let moved = current
+                    .iter()
+                    .zip(&depends)
+                    .position(|(now, (_, _, t))| now.as_deref() != Some(*t));
+                let Some(moved) = moved else {
+                    return Ok(LeaseReply::Held);
+                };
+                Check::Found(moved + 1)
+            } else {
+                Check::InScript(&dep_keys)
+            };
+            let (code, ticket, _) = lease.call(&conn, Some((&record, check))).await?;
+            lease_reply(code, owner, ticket)
         })
     }
 
@@ -230,12 +252,33 @@ impl ObjectStore for RedisStore {
             let mut conn = self.conn.current();
             let renewed: i64 = scripts::LEASE_RENEW
                 .key(lease_key)
+                .key(lease_depends_key(lease_key))
                 .arg(owner)
                 .arg(px(ttl))
                 .invoke_async(&mut conn)
                 .await
                 .map_err(map_error)?;
             Ok(renewed == 1)
+        })
+    }
+
+    fn record_lease_depends<'a>(
+        &'a self,
+        lease_key: &'a str,
+        owner: &'a str,
+        depends: &'a FillDepends,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.current();
+            let recorded: i64 = scripts::LEASE_DEPENDS
+                .key(lease_key)
+                .key(lease_depends_key(lease_key))
+                .arg(owner)
+                .arg(depends.record(owner))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(map_error)?;
+            Ok(recorded == 1)
         })
     }
 
@@ -248,6 +291,7 @@ impl ObjectStore for RedisStore {
             let mut conn = self.conn.current();
             let deleted: i64 = scripts::UNLOCK
                 .key(lease_key)
+                .key(lease_depends_key(lease_key))
                 .arg(owner)
                 .invoke_async(&mut conn)
                 .await
@@ -311,4 +355,71 @@ async fn mget(conn: &mut impl ConnectionLike, keys: &ObjectKeys) -> Result<Snaps
         generation: generation.map(Bytes::from),
         memo: None,
     })
+}
+
+/// One `lua/lease.lua` call's inputs.
+struct Lease<'a> {
+    keys: &'a ObjectKeys,
+    depends_key: &'a str,
+    owner: &'a str,
+    nonce: &'a str,
+    ttl: Duration,
+    gen_ttl: Duration,
+}
+
+/// How a held fill's dependencies are checked by the second call.
+enum Check<'a> {
+    /// By the script: these are the record's keys, in its order.
+    InScript(&'a [&'a str]),
+    /// Already: the 1-based index of the one found moved.
+    Found(usize),
+}
+
+impl Lease<'_> {
+    /// (code, ticket, the holder's dependency record) as the script returns
+    /// them; with `known`, the record a first call returned and how to
+    /// check it.
+    async fn call(
+        &self,
+        conn: &Conn,
+        known: Option<(&[u8], Check<'_>)>,
+    ) -> Result<(i64, Vec<u8>, Vec<u8>), StoreError> {
+        let mut call = scripts::LEASE.key(self.keys.lease());
+        call.key(self.keys.generation())
+            .key(self.depends_key)
+            .arg(self.owner)
+            .arg(self.nonce)
+            .arg(px(self.ttl))
+            .arg(px(self.gen_ttl));
+        if let Some((record, check)) = known {
+            call.arg(record);
+            match check {
+                Check::InScript(keys) => {
+                    call.arg("");
+                    for key in keys {
+                        call.key(*key);
+                    }
+                }
+                Check::Found(index) => {
+                    call.arg(index);
+                }
+            }
+        }
+        call.invoke_async(&mut conn.clone())
+            .await
+            .map_err(map_error)
+    }
+}
+
+/// A `lua/lease.lua` code as the protocol's reply.
+fn lease_reply(code: i64, owner: &str, ticket: Vec<u8>) -> Result<LeaseReply, StoreError> {
+    let superseded = match code {
+        0 => return Ok(LeaseReply::Held),
+        1 => None,
+        2 => Some(Superseded::Generation),
+        3 => Some(Superseded::Route),
+        4 => Some(Superseded::Tag),
+        other => return Err(StoreError::Protocol(format!("lease.lua returned {other}"))),
+    };
+    Ok(LeaseReply::won(owner, Bytes::from(ticket), superseded))
 }

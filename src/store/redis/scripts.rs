@@ -33,9 +33,13 @@ macro_rules! scripts {
 scripts! {
     /// `ticket.lua`: current generation, created fresh if missing.
     TICKET = "ticket.lua";
-    /// `lease.lua`: {1, ticket} won, {2, ticket} won by superseding an older
-    /// generation's fill, {0, ticket} held by a fill of the current generation.
+    /// `lease.lua`: {1, ticket, ''} won, {2|3|4, ticket, ''} won by
+    /// superseding a fill whose generation, route or tag moved, {0, ticket,
+    /// record} held by a fill of the current generation.
     LEASE = "lease.lua";
+    /// `lease_depends.lua`: 1 the fill's dependencies recorded beside its
+    /// lease, 0 not the owner.
+    LEASE_DEPENDS = "lease_depends.lua";
     /// `publish.lua`: 1 published, 0 lease lost, -1 generation changed.
     PUBLISH = "publish.lua";
     /// `publish_checked.lua`: publish.lua plus version floor (-2) and tag

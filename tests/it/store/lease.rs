@@ -3,7 +3,9 @@
 //! winner among concurrent attempts, renewed and released only by its owner.
 
 use super::{binary_entry, eventually, keys, lease, ENTRY_TTL, GEN_TTL, LEASE};
-use sidecache::store::{LeaseReply, PublishOutcome, Store};
+use bytes::Bytes;
+use sidecache::keys::ObjectKeys;
+use sidecache::store::{FillDepends, LeaseReply, PublishChecks, PublishOutcome, Store, Superseded};
 use std::time::Duration;
 
 pub async fn lease_is_set_if_absent(s: &dyn Store) {
@@ -36,7 +38,7 @@ pub async fn lease_of_an_older_generation_is_superseded(s: &dyn Store) {
     else {
         panic!("a fill of an older generation must not be waited for");
     };
-    assert!(superseded);
+    assert_eq!(superseded, Some(Superseded::Generation));
     assert_ne!(ticket, old_ticket);
     assert_eq!(s.read(&k).await.unwrap().generation.as_ref(), Some(&ticket));
     assert!(!s.renew_lease(k.lease(), &old, LEASE).await.unwrap());
@@ -125,4 +127,147 @@ pub async fn renew_lease_extends_only_the_owners_live_lease(s: &dyn Store) {
     .await;
     assert!(!s.renew_lease(k.lease(), &b, short).await.unwrap());
     assert!(lease(s, &k, "d", LEASE).await.is_none(), "c still holds it");
+}
+
+/// Takes `k`'s lease for `owner` with the tickets of a route and one tag
+/// (named after `id`, disjoint from other tests' keys) and records them
+/// beside the lease: (lease value, object ticket, dependencies).
+async fn lease_with_depends(
+    s: &dyn Store,
+    k: &ObjectKeys,
+    id: &str,
+) -> (String, Bytes, FillDepends) {
+    let (value, ticket) = lease(s, k, "holder", LEASE).await.expect("free");
+    let dep_keys = vec![
+        format!("sc:r:{{{id}-route}}:g"),
+        format!("sc:t:{{{id}-tag}}:g"),
+    ];
+    let tickets = s.tag_tickets(&dep_keys, "n", GEN_TTL).await.unwrap();
+    let depends = FillDepends {
+        route: Some((dep_keys[0].clone(), tickets[0].clone())),
+        tags: vec![(dep_keys[1].clone(), tickets[1].clone())],
+    };
+    assert!(s
+        .record_lease_depends(k.lease(), &value, &depends)
+        .await
+        .unwrap());
+    (value, ticket, depends)
+}
+
+/// A waiter takes over a fill whose tag (or route) ticket an invalidation
+/// replaced, like one whose object ticket is stale: its publish will be
+/// refused, and its answer predates the invalidation
+/// (docs/architecture.md#no-older-answer-after-an-invalidation). The
+/// doomed fill can then neither publish (it learns that the tag moved),
+/// renew nor release.
+pub async fn lease_of_a_fill_whose_tag_moved_is_superseded(s: &dyn Store) {
+    let k = keys("doomed-tag");
+    let (old, ticket, depends) = lease_with_depends(s, &k, "doomed-tag").await;
+    assert!(
+        lease(s, &k, "waiter", LEASE).await.is_none(),
+        "every dependency current: waited for"
+    );
+    let tag_key = &depends.tags[0].0;
+    s.invalidate(tag_key, "tagevent", GEN_TTL).await.unwrap();
+    let LeaseReply::Won {
+        value: new,
+        ticket: new_ticket,
+        superseded,
+    } = s
+        .take_lease(&k, "waiter", "n", LEASE, GEN_TTL)
+        .await
+        .unwrap()
+    else {
+        panic!("a fill whose tag moved must not be waited for");
+    };
+    assert_eq!(superseded, Some(Superseded::Tag));
+    assert_eq!(new_ticket, ticket, "the object's generation did not move");
+    let checks = PublishChecks {
+        floor_key: None,
+        version: None,
+        tags: [depends.route.clone().unwrap(), depends.tags[0].clone()].to_vec(),
+    };
+    let outcome = s
+        .publish_checked(&k, &old, &ticket, binary_entry(1), ENTRY_TTL, &checks)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PublishOutcome::TagChanged, "not `lease lost`");
+    assert!(!s.renew_lease(k.lease(), &old, LEASE).await.unwrap());
+    assert!(!s.unlock(k.lease(), &old).await.unwrap());
+    // The doomed fill's record does not follow the lease: the new fill,
+    // which recorded nothing, is waited for.
+    assert!(
+        !s.record_lease_depends(k.lease(), &old, &depends)
+            .await
+            .unwrap(),
+        "only the lease's owner records"
+    );
+    assert!(lease(s, &k, "third", LEASE).await.is_none());
+    assert!(s.unlock(k.lease(), &new).await.unwrap());
+}
+
+pub async fn lease_of_a_fill_whose_route_moved_is_superseded(s: &dyn Store) {
+    let k = keys("doomed-route");
+    let (_, _, depends) = lease_with_depends(s, &k, "doomed-route").await;
+    let route_key = &depends.route.as_ref().unwrap().0;
+    s.invalidate(route_key, "purge", GEN_TTL).await.unwrap();
+    let reply = s
+        .take_lease(&k, "waiter", "n", LEASE, GEN_TTL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            reply,
+            LeaseReply::Won {
+                superseded: Some(Superseded::Route),
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+}
+
+/// A dependency record belongs to the lease it was written for: released
+/// with it, renewed with it, never applied to the next holder's fill.
+pub async fn lease_depends_go_with_their_lease(s: &dyn Store) {
+    let k = keys("depends-owned");
+    let (old, _, depends) = lease_with_depends(s, &k, "depends-owned").await;
+    assert!(s.renew_lease(k.lease(), &old, LEASE).await.unwrap());
+    assert!(s.unlock(k.lease(), &old).await.unwrap());
+    let (next, _) = lease(s, &k, "next", LEASE).await.expect("released");
+    s.invalidate(&depends.tags[0].0, "tagevent", GEN_TTL)
+        .await
+        .unwrap();
+    assert!(
+        lease(s, &k, "waiter", LEASE).await.is_none(),
+        "the released fill's record does not doom the next one"
+    );
+    assert!(s.unlock(k.lease(), &next).await.unwrap());
+    // A lease that expires takes its record along: the next holder starts
+    // without one.
+    let short = Duration::from_millis(300);
+    let (held, _) = lease(s, &k, "short", short).await.expect("free");
+    let fresh = s
+        .tag_tickets(&[depends.tags[0].0.clone()], "n", GEN_TTL)
+        .await
+        .unwrap();
+    let current = FillDepends {
+        route: None,
+        tags: vec![(depends.tags[0].0.clone(), fresh[0].clone())],
+    };
+    assert!(s
+        .record_lease_depends(k.lease(), &held, &current)
+        .await
+        .unwrap());
+    eventually("the short lease to expire", || async {
+        lease(s, &k, "after", LEASE).await.is_some()
+    })
+    .await;
+    s.invalidate(&depends.tags[0].0, "again", GEN_TTL)
+        .await
+        .unwrap();
+    assert!(
+        lease(s, &k, "waiter", LEASE).await.is_none(),
+        "a new holder starts without a record"
+    );
 }

@@ -237,6 +237,15 @@ fn commit_bounds(h: &History) -> HashMap<u64, Vec<(i64, i64)>> {
 }
 
 fn stale_reads(h: &History) -> Vec<Stale> {
+    let mut stale = behind(h);
+    stale.retain(|s| s.age_us > STALE_AFTER_US);
+    stale
+}
+
+/// Every read that returned a version older than one committed before it
+/// was invoked, however briefly (the stale verdict is those beyond
+/// [`STALE_AFTER_US`]): how far behind each answer path runs.
+pub fn behind(h: &History) -> Vec<Stale> {
     let bounds = commit_bounds(h);
     let mut stale = Vec::new();
     for r in &h.reads {
@@ -247,7 +256,7 @@ fn stale_reads(h: &History) -> Vec<Stale> {
         let i = list.partition_point(|e| e.0 <= x);
         if let Some(&(_, newer_by)) = list.get(i) {
             let age_us = r.invoked - newer_by;
-            if age_us > STALE_AFTER_US {
+            if age_us > 0 {
                 stale.push(Stale {
                     read: r.clone(),
                     age_us,
