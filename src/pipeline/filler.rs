@@ -3,7 +3,8 @@
 //! generation ([`join`], `flight`) or starts it; the started fill takes the
 //! lease and its ticket (`lease`), reads the entry again under it, fetches
 //! under a fill permit (`fill`), possibly as a revalidation (`revalidate`),
-//! judges the answer (`publish`) and publishes it with the generation,
+//! streams a shareable answer to the flight's waiters as it arrives
+//! ([`fetch_streaming`], `tee`), judges the answer (`publish`) and publishes it with the generation,
 //! lease, floor and tag checks (`depends`), then releases the lease. With
 //! the store unreadable it runs the degraded fetch instead ([`fetch_only`]:
 //! coalesced only while younger than `degraded_join_window`, nothing
@@ -620,7 +621,7 @@ async fn fetch_streaming(
         .metrics
         .fill_readers_cut
         .with_label_values(&[&fill.route.name]);
-    let (tee, writer) = Tee::new(max_body, cut);
+    let (tee, writer) = Tee::new(max_body, head.length(), cut);
     if !herald.stream(CacheOutcome::Miss, preview, head.length(), tee) {
         return fill::read_body(head, max_body).await.map(Stage7::Read);
     }

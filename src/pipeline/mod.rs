@@ -22,7 +22,9 @@
 //! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits; conditional
 //!                       (revalidate) when the entry of the fill's
-//!                       generation is expired and has validators
+//!                       generation is expired and has validators; a
+//!                       shareable answer streams to the flight's waiters
+//!                       as it arrives (tee, flight::Streaming)
 //!   7b degraded         filler::fetch_only: same permits, nothing written;
 //!                       joined only while younger than the route's
 //!                       degraded_join_window

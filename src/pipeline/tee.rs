@@ -14,10 +14,11 @@
 //! A body that ends early or with an error ends every reader with an error,
 //! never as a complete body: HTTP/1.1 then closes without the terminating
 //! chunk (or short of `Content-Length`), h2 resets the stream. A joiner (a
-//! request that did not start the fill) is further held back one byte from
-//! the end until the fill's verdict ([`TeeWriter::release`]): only a fill
-//! that may be shared with its joiners (no invalidation of its route or
-//! tags during the fill) lets them complete; the others are cut.
+//! request that did not start the fill) is further held back from the end
+//! until the fill's verdict ([`TeeWriter::release`]): one byte short of a
+//! declared length, or before the end of a chunked body. Only a fill that
+//! may be shared with its joiners (no invalidation of its route or tags
+//! during the fill) lets them complete; the others are cut.
 
 use crate::body::BoxError;
 use bytes::{Bytes, BytesMut};
@@ -81,6 +82,8 @@ pub(crate) struct Tee {
     state: Mutex<State>,
     /// Retained bytes past which the oldest chunks are dropped.
     window: u64,
+    /// The body's length, if the origin declared it.
+    length: Option<u64>,
     cut: IntCounter,
     /// Woken when the last reader goes away (the fill may stop reading an
     /// object nobody can join any more).
@@ -88,9 +91,14 @@ pub(crate) struct Tee {
 }
 
 impl Tee {
-    /// A tee that keeps about `window` bytes once the body is past it;
-    /// `cut` counts the readers that fell behind them.
-    pub(crate) fn new(window: u64, cut: IntCounter) -> (Arc<Tee>, TeeWriter) {
+    /// A tee for a body of `length` (if declared) that keeps about `window`
+    /// bytes once the body is past it; `cut` counts the readers that fell
+    /// behind them.
+    pub(crate) fn new(
+        window: u64,
+        length: Option<u64>,
+        cut: IntCounter,
+    ) -> (Arc<Tee>, TeeWriter) {
         let tee = Arc::new(Tee {
             state: Mutex::new(State {
                 chunks: VecDeque::new(),
@@ -104,6 +112,7 @@ impl Tee {
                 readers: 0,
             }),
             window,
+            length,
             cut,
             idle: Notify::new(),
         });
@@ -114,8 +123,8 @@ impl Tee {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A body from the first byte; `joiner`: held back one byte from the
-    /// end until the fill's verdict. `None` once the first byte is no
+    /// A body from the first byte; `joiner`: held back from the end until
+    /// the fill's verdict. `None` once the first byte is no
     /// longer retained (the object is past `max_body`).
     pub(crate) fn reader(self: &Arc<Self>, joiner: bool) -> Option<TeeReader> {
         let mut st = self.lock();
@@ -295,13 +304,18 @@ impl TeeReader {
         if self.pos < st.base {
             return Step::Error(TeeError::Cut);
         }
-        // A joiner holds back the last byte until the verdict.
+        // A joiner is held back from the end of the body until the verdict:
+        // from its last byte if the origin declared its length (the client
+        // takes the answer as complete with it), else from the end itself.
         let held = match (self.joiner, st.release) {
             (true, Release::Withheld) => return Step::Error(TeeError::Withheld),
-            (true, Release::Pending) => 1,
-            _ => 0,
+            (true, Release::Pending) => true,
+            _ => false,
         };
-        let limit = st.written.saturating_sub(held);
+        let limit = match (held, self.tee.length) {
+            (true, Some(n)) => st.written.min(n.saturating_sub(1)),
+            _ => st.written,
+        };
         if self.pos < limit {
             let mut offset = st.base;
             for chunk in &st.chunks {
@@ -314,7 +328,7 @@ impl TeeReader {
                 offset += len;
             }
         }
-        if st.end == End::Complete && held == 0 && self.pos >= st.written {
+        if st.end == End::Complete && !held && self.pos >= st.written {
             return Step::End;
         }
         Step::Wait
@@ -415,16 +429,17 @@ mod tests {
 
     #[test]
     fn readers_get_each_chunk_as_it_arrives_and_a_joiner_waits_for_the_verdict() {
-        let (tee, writer) = Tee::new(1 << 20, counter());
+        let (tee, writer) = Tee::new(1 << 20, Some(6), counter());
         let mut starter = tee.reader(false).expect("reader");
         let mut joiner = tee.reader(true).expect("reader");
         writer.push(Bytes::from_static(b"abc"));
         assert_eq!(drain(&mut starter).ok(), Some((b"abc".to_vec(), false)));
-        assert_eq!(drain(&mut joiner).ok(), Some((b"ab".to_vec(), false)));
+        assert_eq!(drain(&mut joiner).ok(), Some((b"abc".to_vec(), false)));
         writer.push(Bytes::from_static(b"def"));
         writer.complete(Some(Bytes::from_static(b"abcdef")));
         assert_eq!(drain(&mut starter).ok(), Some((b"def".to_vec(), true)));
-        assert_eq!(drain(&mut joiner).ok(), Some((b"cde".to_vec(), false)));
+        // The declared length's last byte waits for the verdict.
+        assert_eq!(drain(&mut joiner).ok(), Some((b"de".to_vec(), false)));
         writer.release(true);
         assert_eq!(drain(&mut joiner).ok(), Some((b"f".to_vec(), true)));
         // A late joiner reads the whole body from the one copy.
@@ -433,8 +448,19 @@ mod tests {
     }
 
     #[test]
+    fn without_a_declared_length_a_joiner_waits_for_the_verdict_at_the_end() {
+        let (tee, writer) = Tee::new(1 << 20, None, counter());
+        let mut joiner = tee.reader(true).expect("reader");
+        writer.push(Bytes::from_static(b"abc"));
+        writer.complete(None);
+        assert_eq!(drain(&mut joiner).ok(), Some((b"abc".to_vec(), false)));
+        writer.release(true);
+        assert_eq!(drain(&mut joiner).ok(), Some((Vec::new(), true)));
+    }
+
+    #[test]
     fn a_failed_body_or_a_withheld_verdict_ends_readers_with_an_error() {
-        let (tee, writer) = Tee::new(1 << 20, counter());
+        let (tee, writer) = Tee::new(1 << 20, None, counter());
         let mut starter = tee.reader(false).expect("reader");
         let mut joiner = tee.reader(true).expect("reader");
         writer.push(Bytes::from_static(b"abc"));
@@ -443,14 +469,14 @@ mod tests {
         assert!(matches!(drain(&mut starter), Err(TeeError::Aborted)));
         assert!(matches!(drain(&mut joiner), Err(TeeError::Aborted)));
 
-        let (tee, writer) = Tee::new(1 << 20, counter());
+        let (tee, writer) = Tee::new(1 << 20, None, counter());
         let mut joiner = tee.reader(true).expect("reader");
         writer.push(Bytes::from_static(b"abc"));
         writer.complete(None);
         writer.release(false);
         assert!(matches!(drain(&mut joiner), Err(TeeError::Withheld)));
         // A writer dropped before completing fails its readers.
-        let (tee, writer) = Tee::new(1 << 20, counter());
+        let (tee, writer) = Tee::new(1 << 20, None, counter());
         let mut starter = tee.reader(false).expect("reader");
         drop(writer);
         assert!(matches!(drain(&mut starter), Err(TeeError::Aborted)));
@@ -459,7 +485,7 @@ mod tests {
     #[test]
     fn past_the_window_a_reader_behind_is_cut_and_none_can_start() {
         let cut = counter();
-        let (tee, writer) = Tee::new(4, cut.clone());
+        let (tee, writer) = Tee::new(4, None, cut.clone());
         let mut fast = tee.reader(false).expect("reader");
         let mut slow = tee.reader(false).expect("reader");
         writer.push(Bytes::from_static(b"ab"));
@@ -479,7 +505,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reader_wakes_when_a_chunk_arrives() {
-        let (tee, writer) = Tee::new(1 << 20, counter());
+        let (tee, writer) = Tee::new(1 << 20, None, counter());
         let reader = tee.reader(false).expect("reader");
         let task = tokio::spawn(async move { reader.collect().await.map(|c| c.to_bytes()) });
         tokio::task::yield_now().await;

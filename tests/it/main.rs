@@ -27,6 +27,7 @@ mod degraded_join;
 mod depinv;
 mod example_postgres;
 mod fill_hardening;
+mod fill_stream;
 mod forwarding;
 mod history;
 mod hit_for_pass;
