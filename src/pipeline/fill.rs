@@ -34,6 +34,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Response, StatusCode};
+use http_body::Body as _;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use prometheus::IntGauge;
 use std::collections::HashMap;
@@ -305,6 +306,8 @@ pub(crate) enum Fetched {
 pub(crate) struct Head {
     pub parts: http::response::Parts,
     body: UpstreamBody,
+    /// The body's first data, once [`read_first`] read it.
+    first: Option<Bytes>,
     /// The fill's deadline for the body (`upstream.timeout` from the call).
     deadline: Instant,
 }
@@ -374,14 +377,33 @@ pub(crate) async fn fetch_head(
     Ok(Head {
         parts,
         body,
+        first: None,
         deadline,
     })
+}
+
+/// Reads the first data of `head`'s body (within the fill's deadline);
+/// true if that was all of it (the origin declared its length and sent it
+/// with the head, as small answers come).
+pub(crate) async fn read_first(head: &mut Head) -> Result<bool, ProxyError> {
+    loop {
+        let frame = match tokio::time::timeout_at(head.deadline, head.body.frame()).await {
+            Err(_) => return Err(UpstreamError::Timeout.into()),
+            Ok(None) => return Ok(true),
+            Ok(Some(Err(e))) => return Err(UpstreamError::Other(e.to_string()).into()),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            head.first = Some(data);
+            return Ok(head.body.is_end_stream());
+        }
+    }
 }
 
 /// Reads a fill's body until it ends or passes `max_body`, within the
 /// fill's deadline; past the limit, the rest streams after what was read.
 pub(crate) async fn read_body(head: Head, max_body: u64) -> Result<Fetched, ProxyError> {
-    if head.length().is_some_and(|n| n > max_body) {
+    if head.length().is_some_and(|n| n > max_body) && head.first.is_none() {
         let Head { parts, body, .. } = head;
         return Ok(Fetched::Streamed(Response::from_parts(
             parts,
@@ -391,13 +413,18 @@ pub(crate) async fn read_body(head: Head, max_body: u64) -> Result<Fetched, Prox
     let Head {
         mut parts,
         body,
+        mut first,
         deadline,
     } = head;
     let mut stream = BodyStream::new(body);
     let mut buf = BytesMut::new();
     loop {
-        let Some(data) = next_data(&mut stream, deadline).await? else {
-            break;
+        let data = match first.take() {
+            Some(data) => data,
+            None => match next_data(&mut stream, deadline).await? {
+                Some(data) => data,
+                None => break,
+            },
         };
         if (buf.len() + data.len()) as u64 > max_body {
             let head = futures_util::stream::iter([
@@ -457,10 +484,14 @@ pub(crate) async fn stream_body(
     let Head {
         parts,
         body,
+        first,
         deadline,
     } = head;
     let mut stream = BodyStream::new(body);
-    if head_too_large(&parts, max_body) {
+    if let Some(first) = first {
+        writer.push(first);
+    }
+    if head_too_large(&parts, max_body) || writer.written() > max_body {
         return Ok(Teed::TooLarge(stream));
     }
     loop {

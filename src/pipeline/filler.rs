@@ -245,8 +245,9 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard, herald: 
             return Answer::Failed(CacheOutcome::Miss, e);
         }
     };
-    // A streamed answer's joiners complete only with a shared answer: the
-    // writer dropped on any other return cuts them one byte short.
+    // A streamed answer's waiters complete once it is judged, its joiners
+    // only with a shared answer: the writer dropped on any other return
+    // lets the starter complete and cuts the joiners short of the end.
     let release = |answer: Answer| {
         if let (Some(writer), Answer::Shared(..)) = (&writer, &answer) {
             writer.release(true);
@@ -613,10 +614,16 @@ async fn fetch_streaming(
             .fill_inflight
             .with_label_values(&[&fill.route.name]),
     );
-    let head = fill::fetch_head(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await?;
+    let mut head =
+        fill::fetch_head(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await?;
     let Some((preview, tags)) = preview(fill, &head, ticket) else {
         return fill::read_body(head, max_body).await.map(Stage7::Read);
     };
+    // A body that came whole with its head is answered once published, as
+    // one read whole: streaming it would gain nothing and lose `stored`.
+    if fill::read_first(&mut head).await? {
+        return fill::read_body(head, max_body).await.map(Stage7::Read);
+    }
     let cut = sh
         .metrics
         .fill_readers_cut

@@ -13,12 +13,13 @@
 //!
 //! A body that ends early or with an error ends every reader with an error,
 //! never as a complete body: HTTP/1.1 then closes without the terminating
-//! chunk (or short of `Content-Length`), h2 resets the stream. A joiner (a
-//! request that did not start the fill) is further held back from the end
-//! until the fill's verdict ([`TeeWriter::release`]): one byte short of a
-//! declared length, or before the end of a chunked body. Only a fill that
-//! may be shared with its joiners (no invalidation of its route or tags
-//! during the fill) lets them complete; the others are cut.
+//! chunk (or short of `Content-Length`), h2 resets the stream. Every reader
+//! is further held back from the end until the fill's verdict
+//! ([`TeeWriter::release`], once it has published): one byte short of a
+//! declared length, or before the end of a chunked body. The request that
+//! started the fill then completes; a joiner (a request that did not start
+//! it) only if the fill may be shared with it (no invalidation of its route
+//! or tags during the fill), else it is cut.
 
 use crate::body::BoxError;
 use bytes::{Bytes, BytesMut};
@@ -94,11 +95,7 @@ impl Tee {
     /// A tee for a body of `length` (if declared) that keeps about `window`
     /// bytes once the body is past it; `cut` counts the readers that fell
     /// behind them.
-    pub(crate) fn new(
-        window: u64,
-        length: Option<u64>,
-        cut: IntCounter,
-    ) -> (Arc<Tee>, TeeWriter) {
+    pub(crate) fn new(window: u64, length: Option<u64>, cut: IntCounter) -> (Arc<Tee>, TeeWriter) {
         let tee = Arc::new(Tee {
             state: Mutex::new(State {
                 chunks: VecDeque::new(),
@@ -123,8 +120,8 @@ impl Tee {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A body from the first byte; `joiner`: held back from the end until
-    /// the fill's verdict. `None` once the first byte is no
+    /// A body from the first byte; `joiner`: cut at the end unless the
+    /// fill's verdict shares it. `None` once the first byte is no
     /// longer retained (the object is past `max_body`).
     pub(crate) fn reader(self: &Arc<Self>, joiner: bool) -> Option<TeeReader> {
         let mut st = self.lock();
@@ -252,8 +249,9 @@ impl TeeWriter {
         Tee::wake_all(&mut st);
     }
 
-    /// The fill's verdict for its joiners: `shared`, they complete (once
-    /// the body has); else they are cut one byte short.
+    /// The fill's verdict, once its body is judged: the starter completes
+    /// (once the body has); its joiners too if `shared`, else they are cut
+    /// short of the end.
     pub(crate) fn release(&self, shared: bool) {
         let mut st = self.0.lock();
         if st.release == Release::Pending {
@@ -304,12 +302,15 @@ impl TeeReader {
         if self.pos < st.base {
             return Step::Error(TeeError::Cut);
         }
-        // A joiner is held back from the end of the body until the verdict:
-        // from its last byte if the origin declared its length (the client
-        // takes the answer as complete with it), else from the end itself.
+        // Every reader is held back from the end of the body until the
+        // fill's verdict (so an answer complete at the client is one the
+        // fill has judged, and published if it could): from its last byte
+        // if the origin declared its length (the client takes the answer as
+        // complete with it), else from the end itself. A joiner completes
+        // only with an answer it may share.
         let held = match (self.joiner, st.release) {
             (true, Release::Withheld) => return Step::Error(TeeError::Withheld),
-            (true, Release::Pending) => true,
+            (_, Release::Pending) => true,
             _ => false,
         };
         let limit = match (held, self.tee.length) {
@@ -437,10 +438,11 @@ mod tests {
         assert_eq!(drain(&mut joiner).ok(), Some((b"abc".to_vec(), false)));
         writer.push(Bytes::from_static(b"def"));
         writer.complete(Some(Bytes::from_static(b"abcdef")));
-        assert_eq!(drain(&mut starter).ok(), Some((b"def".to_vec(), true)));
         // The declared length's last byte waits for the verdict.
+        assert_eq!(drain(&mut starter).ok(), Some((b"de".to_vec(), false)));
         assert_eq!(drain(&mut joiner).ok(), Some((b"de".to_vec(), false)));
         writer.release(true);
+        assert_eq!(drain(&mut starter).ok(), Some((b"f".to_vec(), true)));
         assert_eq!(drain(&mut joiner).ok(), Some((b"f".to_vec(), true)));
         // A late joiner reads the whole body from the one copy.
         let mut late = tee.reader(true).expect("reader");
@@ -470,11 +472,13 @@ mod tests {
         assert!(matches!(drain(&mut joiner), Err(TeeError::Aborted)));
 
         let (tee, writer) = Tee::new(1 << 20, None, counter());
+        let mut starter = tee.reader(false).expect("reader");
         let mut joiner = tee.reader(true).expect("reader");
         writer.push(Bytes::from_static(b"abc"));
         writer.complete(None);
         writer.release(false);
         assert!(matches!(drain(&mut joiner), Err(TeeError::Withheld)));
+        assert_eq!(drain(&mut starter).ok(), Some((b"abc".to_vec(), true)));
         // A writer dropped before completing fails its readers.
         let (tee, writer) = Tee::new(1 << 20, None, counter());
         let mut starter = tee.reader(false).expect("reader");
@@ -500,6 +504,7 @@ mod tests {
         drop(slow);
         assert_eq!(tee.readers(), 1);
         writer.complete(None);
+        writer.release(true);
         assert_eq!(drain(&mut fast).ok(), Some((Vec::new(), true)));
     }
 
@@ -513,6 +518,7 @@ mod tests {
         tokio::task::yield_now().await;
         writer.push(Bytes::from_static(b"y"));
         writer.complete(None);
+        writer.release(true);
         let got = task.await.expect("task").expect("body");
         assert_eq!(got, Bytes::from_static(b"xy"));
         tee.idle().await;

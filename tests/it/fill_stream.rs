@@ -218,7 +218,10 @@ async fn served(sc: &Sidecache) -> RawClient {
 async fn the_requester_and_a_joiner_get_the_first_bytes_before_the_origin_sends_the_rest() {
     let mut origin = RawOrigin::start().await;
     let sc = start(&origin, "").await;
-    let (first, rest) = (b"first part of the body;".as_slice(), b" and the rest".as_slice());
+    let (first, rest) = (
+        b"first part of the body;".as_slice(),
+        b" and the rest".as_slice(),
+    );
     let whole = [first, rest].concat();
 
     let mut starter = RawClient::get(&sc, P).await;
