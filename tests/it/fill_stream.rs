@@ -11,7 +11,9 @@
 //!   `Content-Length`, or no terminating chunk) and nothing is stored: the
 //!   next request is a MISS;
 //! - a body past `fill.max_body` streams to both waiters and the object is
-//!   then PASS.
+//!   then PASS;
+//! - a joiner of a streamed fill whose publish a route purge refused is cut,
+//!   never completed, while the request that started it completes.
 
 use crate::support::{eventually, Sidecache, SidecacheBuilder};
 use std::net::SocketAddr;
@@ -338,4 +340,61 @@ async fn a_body_past_max_body_streams_to_every_waiter_and_the_object_is_then_pas
     passed.to_close().await;
     assert_eq!(passed.header("x-cache").as_deref(), Some("pass"));
     assert_eq!(passed.body().as_deref(), Some(&whole[..]));
+}
+
+/// A route purge during a streamed fill: its publish is refused, the
+/// request that started it still completes, and the joiner, which may not
+/// be handed an answer fetched before the purge, is cut short of the end
+/// instead of completing (docs/architecture.md#no-older-answer-after-an-invalidation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_of_a_streamed_fill_refused_by_a_purge_is_cut_and_nothing_is_stored() {
+    let mut origin = RawOrigin::start().await;
+    let sc = start(&origin, "").await;
+    let (first, rest) = (b"before the purge;".as_slice(), b" the rest".as_slice());
+    let whole = [first, rest].concat();
+
+    let mut starter = RawClient::get(&sc, P).await;
+    let (_, mut upstream) = origin.request().await;
+    write(&mut upstream, answer_head(Some(whole.len())).as_bytes()).await;
+    write(&mut upstream, first).await;
+    starter.until(first, "the starter's first bytes").await;
+    let mut joiner = RawClient::get(&sc, P).await;
+    joined(&sc, 1.0).await;
+    joiner.until(first, "the joiner's first bytes").await;
+
+    let purge = crate::support::client::request(
+        "POST",
+        &sc.admin_url("/admin/invalidate"),
+        &[("content-type", "application/json")],
+        r#"{"route":"app"}"#.to_owned(),
+    )
+    .await;
+    assert_eq!(purge.status, 200, "{}", purge.text());
+    write(&mut upstream, rest).await;
+    drop(upstream);
+
+    starter.to_close().await;
+    assert_eq!(starter.body().as_deref(), Some(&whole[..]), "the starter");
+    joiner.to_close().await;
+    assert!(
+        joiner.raw_body().len() < whole.len(),
+        "the joiner is cut: {}",
+        joiner.text()
+    );
+    let rejected = sc
+        .metric_sum(
+            "sidecache_publish_total",
+            &[("outcome", "publish_rejected")],
+        )
+        .await;
+    assert_eq!(rejected, 1.0);
+    // Not stored: the next request fills again.
+    let mut next = RawClient::get(&sc, P).await;
+    let (_, mut upstream) = origin.request().await;
+    write(&mut upstream, answer_head(Some(rest.len())).as_bytes()).await;
+    write(&mut upstream, rest).await;
+    drop(upstream);
+    next.to_close().await;
+    assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
+    assert_eq!(next.body().as_deref(), Some(rest));
 }
