@@ -4,8 +4,9 @@
 //! lease and its ticket (`lease`), reads the entry again under it, fetches
 //! under a fill permit (`fill`), possibly as a revalidation (`revalidate`),
 //! streams a shareable answer to the flight's waiters as it arrives
-//! ([`fetch_streaming`], `tee`), judges the answer (`publish`) and publishes it with the generation,
-//! lease, floor and tag checks (`depends`), then releases the lease. With
+//! ([`fetch_streaming`], `tee`), judges the answer (`publish`) and
+//! publishes it with the generation, lease, floor and tag checks
+//! (`depends`), then releases the lease. With
 //! the store unreadable it runs the degraded fetch instead ([`fetch_only`]:
 //! coalesced only while younger than `degraded_join_window`, nothing
 //! written). The grace refresh runs the
@@ -245,11 +246,11 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard, herald: 
             return Answer::Failed(CacheOutcome::Miss, e);
         }
     };
-    // A streamed answer's waiters complete once it is judged, its joiners
-    // only with a shared answer: the writer dropped on any other return
-    // lets the starter complete and cuts the joiners short of the end.
-    let release = |answer: Answer| {
-        if let (Some(writer), Answer::Shared(..)) = (&writer, &answer) {
+    // A streamed answer's waiters complete once it is judged: all of them
+    // with a shared answer (`to_all`); on any other return the dropped
+    // writer lets the starter complete and cuts the joiners short.
+    let to_all = |answer: Answer| {
+        if let Some(writer) = &writer {
             writer.release(true);
         }
         answer
@@ -334,14 +335,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard, herald: 
         };
         count_publish(fill, outcome);
         trip.stored = outcome == FillOutcome::Published;
-        return release(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip));
+        return to_all(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip));
     };
     count_uncacheable(fill, reason);
     let status = http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::OK);
     if pass::passes(reason, status) {
         mark_pass(fill, &ticket);
     }
-    release(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip))
+    to_all(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip))
 }
 
 /// Hit-for-pass: the object variant's answers are not stored for a reason
