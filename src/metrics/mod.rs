@@ -59,6 +59,9 @@ pub struct Metrics {
     pub uncacheable: IntCounterVec,
     /// `{route}`: misses that joined a fill already running in this process.
     pub coalesced: IntCounterVec,
+    /// `{route}`: waiters of a streamed fill whose body was cut: they fell
+    /// behind the part of a body past `fill.max_body` that is kept.
+    pub fill_readers_cut: IntCounterVec,
     /// `{route}`: degraded misses that started a fetch of their own because
     /// the one running for the object was older than `degraded_join_window`.
     pub degraded_join_refused: IntCounterVec,
@@ -407,6 +410,11 @@ impl Metrics {
             coalesced: counter(
                 COALESCED,
                 "Misses that joined a fill already running in this process.",
+                &["route"],
+            ),
+            fill_readers_cut: counter(
+                FILL_READERS_CUT,
+                "Waiters of a streamed fill cut for falling behind the kept part of a body past fill.max_body.",
                 &["route"],
             ),
             degraded_join_refused: counter(

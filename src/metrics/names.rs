@@ -34,6 +34,7 @@ pub(crate) const LEASE_ABANDONED: &str = "sidecache_lease_abandoned_total";
 pub(crate) const LEASE_SUPERSEDED: &str = "sidecache_lease_superseded_total";
 pub(crate) const UNCACHEABLE: &str = "sidecache_uncacheable_total";
 pub(crate) const COALESCED: &str = "sidecache_coalesced_total";
+pub(crate) const FILL_READERS_CUT: &str = "sidecache_fill_readers_cut_total";
 pub(crate) const DEGRADED_JOIN_REFUSED: &str = "sidecache_degraded_join_refused_total";
 pub(crate) const VARY_RELEARNED: &str = "sidecache_vary_relearned_total";
 pub(crate) const VARY_LEARNED: &str = "sidecache_vary_learned_total";

@@ -17,7 +17,7 @@
 use super::cache_status::Facts;
 use super::conditional::{self, Conditions, Precondition, Validators};
 use super::entry::Entry;
-use super::flight::Answer;
+use super::flight::{Answer, Streaming};
 use super::range::{self, RangeAnswer, RangeAsk};
 use super::{cache_control, client_cc, publish};
 use crate::body::{self, Body};
@@ -57,6 +57,15 @@ impl ClientAsk {
                 RangeAsk::from_headers(headers)
             },
         }
+    }
+}
+
+impl ClientAsk {
+    /// The answer depends on more than the entry's head: a streamed fill
+    /// waits for the whole body for it (HEAD too, whose head alone would
+    /// read as complete before the fill is judged).
+    pub(crate) fn needs_whole(&self) -> bool {
+        self.head || !self.conditions.is_empty() || !self.range.is_empty()
     }
 }
 
@@ -267,6 +276,17 @@ pub(super) fn to_client(
             };
             Some((*status, facts, e.to_response()))
         }
+        Answer::Streaming(status, streaming) => {
+            // `None` past `max_body`, once its first byte is gone.
+            let reader = streaming.tee.reader(collapsed)?;
+            let facts = Facts {
+                fwd_status: Some(streaming.head.status),
+                collapsed,
+                ..Facts::default()
+            };
+            let resp = streamed(route, streaming, *status, body::boxed(reader));
+            Some((*status, facts, resp))
+        }
         Answer::Exclusive(..) | Answer::Starter(..) if !started => None,
         Answer::Starter(status, entry) => {
             let facts = Facts {
@@ -284,6 +304,25 @@ pub(super) fn to_client(
             Some((*status, facts, strip_body_for_head(taken, ask.head)))
         }
     }
+}
+
+/// A streamed fill's answer: its head as [`respond`] builds it from an
+/// entry (no preconditions or range: a client that asked for them waits for
+/// the whole body), the origin's `Content-Length` if it sent one, and the
+/// body as it arrives.
+fn streamed(route: &Route, s: &Streaming, status: CacheOutcome, body: Body) -> Response<Body> {
+    let as_head = ClientAsk {
+        head: true,
+        ..ClientAsk::default()
+    };
+    let mut resp = respond(route, &s.head, status, &as_head);
+    let h = resp.headers_mut();
+    match s.length {
+        Some(n) => h.insert(header::CONTENT_LENGTH, HeaderValue::from(n)),
+        None => h.remove(header::CONTENT_LENGTH),
+    };
+    *resp.body_mut() = body;
+    resp
 }
 
 fn strip_body_for_head(resp: Response<Body>, head: bool) -> Response<Body> {

@@ -1,8 +1,9 @@
 //! Stage 7: fetch from upstream for a cache fill. Builds the fill request
 //! from the cache key (never a copy of the client's request), takes a fill
 //! permit within the route's budget (waiting at most `fill.queue_timeout`
-//! in a bounded queue, then 503), and reads the body up to `max_body`; a larger body is streamed through
-//! uncached.
+//! in a bounded queue, then 503), and reads the body up to `max_body`
+//! ([`read_body`]; a larger body is streamed through uncached), or streams it
+//! to the fill's waiters as it arrives ([`stream_body`], `tee`).
 //!
 //! What a fill sends: `GET`, the matched path in its normal form (the
 //! template with the key's params), the normalized query the key
@@ -22,16 +23,18 @@
 //! addition is a conditional fill's `If-None-Match` / `If-Modified-Since`,
 //! taken from the stored entry, never from the client (`revalidate`).
 
+use super::tee::TeeWriter;
 use crate::body::{self, Body};
 use crate::config::{Config, FillConfig, Route};
 use crate::error::{ProxyError, UpstreamError};
 use crate::metrics::{status_class, Metrics};
-use crate::proxy::client::UpstreamClient;
+use crate::proxy::client::{UpstreamBody, UpstreamClient};
 use crate::proxy::headers::strip_hop_by_hop;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Response, StatusCode};
+use http_body::Body as _;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use prometheus::IntGauge;
 use std::collections::HashMap;
@@ -299,7 +302,29 @@ pub(crate) enum Fetched {
     Streamed(Response<Body>),
 }
 
-/// Calls upstream for a fill. The permit must already be held by the caller.
+/// The head of upstream's answer to a fill, its body not read yet.
+pub(crate) struct Head {
+    pub parts: http::response::Parts,
+    body: UpstreamBody,
+    /// The body's first data, once [`read_first`] read it.
+    first: Option<Bytes>,
+    /// The fill's deadline for the body (`upstream.timeout` from the call).
+    deadline: Instant,
+}
+
+impl Head {
+    /// The origin's `Content-Length`, if it sent one.
+    pub(crate) fn length(&self) -> Option<u64> {
+        self.parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    }
+}
+
+/// Calls upstream for a fill and reads the body up to `fill.max_body`. The
+/// permit must already be held by the caller.
 pub(crate) async fn fetch(
     client: &UpstreamClient,
     cfg: &Config,
@@ -307,6 +332,18 @@ pub(crate) async fn fetch(
     fill: &FillRequest,
     metrics: &Metrics,
 ) -> Result<Fetched, ProxyError> {
+    let head = fetch_head(client, cfg, route, fill, metrics).await?;
+    read_body(head, cfg.fill.max_body).await
+}
+
+/// Calls upstream for a fill, up to the head of its answer.
+pub(crate) async fn fetch_head(
+    client: &UpstreamClient,
+    cfg: &Config,
+    route: &Route,
+    fill: &FillRequest,
+    metrics: &Metrics,
+) -> Result<Head, ProxyError> {
     let uri = client.uri_for(&fill.path_and_query)?;
     let mut req = Request::new(body::empty());
     *req.method_mut() = Method::GET;
@@ -335,34 +372,59 @@ pub(crate) async fn fetch(
         .with_label_values(&[&route.name, status_class(resp.status().as_u16())])
         .inc();
 
-    let (mut parts, incoming) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let max_body = cfg.fill.max_body;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max_body) {
-        return Ok(Fetched::Streamed(Response::from_parts(
-            parts,
-            body::boxed(incoming),
-        )));
-    }
+    Ok(Head {
+        parts,
+        body,
+        first: None,
+        deadline,
+    })
+}
 
-    // Read frames until the body ends or passes max_body, within the fill's
-    // deadline; past the limit, the rest streams after what was read.
-    let mut stream = BodyStream::new(incoming);
-    let mut buf = BytesMut::new();
+/// Reads the first data of `head`'s body (within the fill's deadline);
+/// true if that was all of it (the origin declared its length and sent it
+/// with the head, as small answers come).
+pub(crate) async fn read_first(head: &mut Head) -> Result<bool, ProxyError> {
     loop {
-        let frame = match tokio::time::timeout_at(deadline, stream.next()).await {
+        let frame = match tokio::time::timeout_at(head.deadline, head.body.frame()).await {
             Err(_) => return Err(UpstreamError::Timeout.into()),
-            Ok(None) => break,
+            Ok(None) => return Ok(true),
             Ok(Some(Err(e))) => return Err(UpstreamError::Other(e.to_string()).into()),
             Ok(Some(Ok(frame))) => frame,
         };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers are not cached
+        if let Ok(data) = frame.into_data() {
+            head.first = Some(data);
+            return Ok(head.body.is_end_stream());
+        }
+    }
+}
+
+/// Reads a fill's body until it ends or passes `max_body`, within the
+/// fill's deadline; past the limit, the rest streams after what was read.
+pub(crate) async fn read_body(head: Head, max_body: u64) -> Result<Fetched, ProxyError> {
+    if head.length().is_some_and(|n| n > max_body) && head.first.is_none() {
+        let Head { parts, body, .. } = head;
+        return Ok(Fetched::Streamed(Response::from_parts(
+            parts,
+            body::boxed(body),
+        )));
+    }
+    let Head {
+        mut parts,
+        body,
+        mut first,
+        deadline,
+    } = head;
+    let mut stream = BodyStream::new(body);
+    let mut buf = BytesMut::new();
+    loop {
+        let data = match first.take() {
+            Some(data) => data,
+            None => match next_data(&mut stream, deadline).await? {
+                Some(data) => data,
+                None => break,
+            },
         };
         if (buf.len() + data.len()) as u64 > max_body {
             let head = futures_util::stream::iter([
@@ -381,4 +443,117 @@ pub(crate) async fn fetch(
         headers: parts.headers,
         body: buf.freeze(),
     })
+}
+
+/// The next data frame of a fill's body within `deadline` (trailers are
+/// not cached); `None` at its end.
+async fn next_data(
+    stream: &mut BodyStream<UpstreamBody>,
+    deadline: Instant,
+) -> Result<Option<Bytes>, ProxyError> {
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => return Err(UpstreamError::Timeout.into()),
+            Ok(None) => return Ok(None),
+            Ok(Some(Err(e))) => return Err(UpstreamError::Other(e.to_string()).into()),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            return Ok(Some(data));
+        }
+    }
+}
+
+/// How [`stream_body`] ended.
+pub(crate) enum Teed {
+    /// The whole body, within `max_body`, as one buffered answer.
+    Whole(Fetched),
+    /// Past `max_body`: the rest is for [`stream_tail`].
+    TooLarge(BodyStream<UpstreamBody>),
+}
+
+/// Reads a fill's body into `writer` as it arrives (the waiters read it
+/// from there), within the fill's deadline, until it ends or passes
+/// `max_body`. An error or an early end fails the writer: every waiter's
+/// body ends with an error.
+pub(crate) async fn stream_body(
+    head: Head,
+    writer: &TeeWriter,
+    max_body: u64,
+) -> Result<Teed, ProxyError> {
+    let Head {
+        parts,
+        body,
+        first,
+        deadline,
+    } = head;
+    let mut stream = BodyStream::new(body);
+    if let Some(first) = first {
+        writer.push(first);
+    }
+    if head_too_large(&parts, max_body) || writer.written() > max_body {
+        return Ok(Teed::TooLarge(stream));
+    }
+    loop {
+        let data = match next_data(&mut stream, deadline).await {
+            Ok(Some(data)) => data,
+            Ok(None) => break,
+            Err(e) => {
+                writer.fail();
+                return Err(e);
+            }
+        };
+        writer.push(data);
+        if writer.written() > max_body {
+            return Ok(Teed::TooLarge(stream));
+        }
+    }
+    let body = writer.concat();
+    writer.complete(Some(body.clone()));
+    Ok(Teed::Whole(Fetched::Buffered {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }))
+}
+
+fn head_too_large(parts: &http::response::Parts, max_body: u64) -> bool {
+    parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > max_body)
+}
+
+/// The rest of a body past `max_body` (not stored), into `writer`, without
+/// the fill's deadline or permit, as a too-large answer streamed to one
+/// client always was. Stops early once no reader is left and none can
+/// start. True: the body ended as the origin sent it.
+pub(crate) async fn stream_tail(mut stream: BodyStream<UpstreamBody>, writer: &TeeWriter) -> bool {
+    let tee = Arc::clone(writer.tee());
+    loop {
+        let idle = tee.past_window();
+        tokio::select! {
+            frame = stream.next() => match frame {
+                None => {
+                    writer.complete(None);
+                    return true;
+                }
+                Some(Err(_)) => {
+                    writer.fail();
+                    return false;
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        writer.push(data);
+                    }
+                }
+            },
+            () = tee.idle(), if idle => {
+                writer.fail();
+                return false;
+            }
+        }
+    }
 }

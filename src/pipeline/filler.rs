@@ -3,8 +3,10 @@
 //! generation ([`join`], `flight`) or starts it; the started fill takes the
 //! lease and its ticket (`lease`), reads the entry again under it, fetches
 //! under a fill permit (`fill`), possibly as a revalidation (`revalidate`),
-//! judges the answer (`publish`) and publishes it with the generation,
-//! lease, floor and tag checks (`depends`), then releases the lease. With
+//! streams a shareable answer to the flight's waiters as it arrives
+//! ([`fetch_streaming`], `tee`), judges the answer (`publish`) and
+//! publishes it with the generation, lease, floor and tag checks
+//! (`depends`), then releases the lease. With
 //! the store unreadable it runs the degraded fetch instead ([`fetch_only`]:
 //! coalesced only while younger than `degraded_join_window`, nothing
 //! written). The grace refresh runs the
@@ -13,12 +15,13 @@
 use super::answer::{hit_status, one_client};
 use super::depends::{self, Stamp, Tickets};
 use super::entry::Entry;
-use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight};
-use super::flight::{Answer, FlightKey, Flights, Role, Trip};
+use super::fill::{self, Fetched, FillPermits, FillRequest, Inflight, Teed};
+use super::flight::{Answer, FlightKey, Flights, Herald, Role, Trip};
 use super::lease::{self, LeaseGuard, LeaseOutcome};
 use super::lookup::{self, Found};
 use super::pass::{self, PassMarkers};
 use super::publish::{self, Cacheability, FillOutcome, Lifetime, Uncacheable};
+use super::tee::{Tee, TeeWriter};
 use super::{cache_control, etag, revalidate, stale, vary};
 use crate::bloom::Blooms;
 use crate::body::Body;
@@ -105,12 +108,12 @@ pub(super) async fn join(
     let task_fill = Arc::clone(fill);
     // The fill's upstream time is this request's (the one that starts it).
     let timing = crate::proxy::timing::current();
-    let (flight, role) = flights.join(flight_key, max_age, move || {
+    let (flight, role) = flights.join(flight_key, max_age, move |herald| {
         let fill = async move {
             if degraded {
                 fetch_only(&task_fill, CacheOutcome::Degraded).await
             } else {
-                fill_with_lease(&task_fill).await
+                fill_with_lease(&task_fill, herald).await
             }
         };
         crate::proxy::timing::handed(timing, fill).boxed()
@@ -136,13 +139,13 @@ pub(super) async fn join(
 pub(super) fn start_refresh(flights: &Arc<Flights>, fill: &Arc<Fill>, generation: Bytes) {
     let task_fill = Arc::clone(fill);
     let key = stale::refresh_flight_key(fill.key.keys.entry(), generation);
-    let _running = flights.join(key, None, move || {
+    let _running = flights.join(key, None, move |_| {
         async move { stale::refresh(&task_fill).await }.boxed()
     });
 }
 
 /// Stages 5 (across instances), 6, 7, 8 and 9 for one key.
-async fn fill_with_lease(fill: &Fill) -> Answer {
+async fn fill_with_lease(fill: &Fill, herald: Herald) -> Answer {
     let sh = &fill.shared;
     let route = &fill.route;
     let acquired = lease::acquire(&sh.store, &fill.key, route, fill.cfg.gen_ttl, &sh.metrics);
@@ -159,13 +162,14 @@ async fn fill_with_lease(fill: &Fill) -> Answer {
         }
         Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
-    let answer = fill_holding_lease(fill, &lease).await;
+    let answer = fill_holding_lease(fill, &lease, &herald).await;
     lease.release().await;
     answer
 }
 
-/// Stages 6-8 while holding the lease.
-pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answer {
+/// Stages 6-8 while holding the lease; `herald` streams a shareable
+/// answer to the flight's waiters as its body arrives.
+pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard, herald: &Herald) -> Answer {
     let started = tokio::time::Instant::now();
     let sh = &fill.shared;
     let route = &fill.route;
@@ -205,19 +209,32 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         Ok(t) => t,
         Err(_) => return fetch_only(fill, CacheOutcome::Degraded).await,
     };
-    // Stage 7, under the lease: renewed while upstream takes its time. What
-    // the fill depends on is recorded beside the lease meanwhile, so a
+    // Stage 7, under the lease: renewed while upstream takes its time.
+    // A revalidation is read whole: its 304 answers with the stored entry.
+    // What the fill depends on is recorded beside the lease meanwhile, so a
     // waiter takes the fill over once one of those moves instead of
     // waiting for a publish that will be refused.
+    let stream = revalidating.is_none() && herald.can_stream();
+    let work = async {
+        match stream {
+            true => fetch_streaming(fill, request, herald, &ticket, &tickets).await,
+            false => fetch_with_permit(fill, request).await.map(Stage7::Read),
+        }
+    };
     let depends = tickets.depends();
     let (fetched, ()) = tokio::join!(
-        lease.renew_while(
-            route.lease,
-            fill.cfg.upstream.timeout,
-            fetch_with_permit(fill, request),
-        ),
+        lease.renew_while(route.lease, fill.cfg.upstream.timeout, work),
         lease.record_depends(&depends),
     );
+    let (fetched, writer) = match fetched {
+        Ok(Stage7::Read(f)) => (Ok(f), None),
+        Ok(Stage7::Streamed(f, writer)) => (Ok(f), Some(writer)),
+        Ok(Stage7::TooLarge) => {
+            // Its waiters read it from the tee; nobody else may.
+            return Answer::Exclusive(CacheOutcome::Miss, Mutex::new(None));
+        }
+        Err(e) => (Err(e), None),
+    };
     let mut not_modified = false;
     let fetched = match (fetched, &revalidating) {
         (Ok(f), None) => f,
@@ -233,6 +250,15 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
             }
             return Answer::Failed(CacheOutcome::Miss, e);
         }
+    };
+    // A streamed answer's waiters complete once it is judged: all of them
+    // with a shared answer (`to_all`); on any other return the dropped
+    // writer lets the starter complete and cuts the joiners short.
+    let to_all = |answer: Answer| {
+        if let Some(writer) = &writer {
+            writer.release(true);
+        }
+        answer
     };
     let (mut entry, kind, life, deps) = match judge(fill, fetched, ticket.clone()) {
         Judged::TooLarge(resp) => {
@@ -314,14 +340,14 @@ pub(super) async fn fill_holding_lease(fill: &Fill, lease: &LeaseGuard) -> Answe
         };
         count_publish(fill, outcome);
         trip.stored = outcome == FillOutcome::Published;
-        return Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip);
+        return to_all(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip));
     };
     count_uncacheable(fill, reason);
     let status = http::StatusCode::from_u16(entry.status).unwrap_or(http::StatusCode::OK);
     if pass::passes(reason, status) {
         mark_pass(fill, &ticket);
     }
-    Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip)
+    to_all(Answer::Shared(CacheOutcome::Miss, Arc::new(entry), trip))
 }
 
 /// Hit-for-pass: the object variant's answers are not stored for a reason
@@ -562,6 +588,145 @@ async fn fetch_with_permit(fill: &Fill, request: &FillRequest) -> Result<Fetched
     fill::fetch(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await
 }
 
+/// What stage 7 read.
+enum Stage7 {
+    /// Read whole (or streamed through for one client) by `fill::fetch`.
+    Read(Fetched),
+    /// Streamed to the flight's waiters as it arrived and read whole; the
+    /// writer gives their verdict once the answer is judged.
+    Streamed(Fetched, TeeWriter),
+    /// Streamed to the flight's waiters, past `max_body`: hit-for-pass, and
+    /// the rest streams on in a task of its own.
+    TooLarge,
+}
+
+/// Stage 7 for a fill whose waiters may read the body as it arrives: under
+/// a fill permit, the origin's head is judged at once, and a shareable
+/// answer (below 500, not empty) is handed to the flight as
+/// [`Answer::Streaming`] while its body is read into the tee; any other
+/// answer is read as [`fill::fetch`] reads it.
+async fn fetch_streaming(
+    fill: &Fill,
+    request: &FillRequest,
+    herald: &Herald,
+    ticket: &Bytes,
+    tickets: &Tickets,
+) -> Result<Stage7, ProxyError> {
+    let sh = &fill.shared;
+    let max_body = fill.cfg.fill.max_body;
+    let permit = sh.permits.acquire(&fill.route, &sh.metrics).await?;
+    let inflight = Inflight::enter(
+        sh.metrics
+            .fill_inflight
+            .with_label_values(&[&fill.route.name]),
+    );
+    let mut head =
+        fill::fetch_head(&sh.client, &fill.cfg, &fill.route, request, &sh.metrics).await?;
+    let Some((preview, tags)) = preview(fill, &head, ticket) else {
+        return fill::read_body(head, max_body).await.map(Stage7::Read);
+    };
+    // A body that came whole with its head is answered once published, as
+    // one read whole: streaming it would gain nothing and lose `stored`.
+    if fill::read_first(&mut head).await? {
+        return fill::read_body(head, max_body).await.map(Stage7::Read);
+    }
+    let cut = sh
+        .metrics
+        .fill_readers_cut
+        .with_label_values(&[&fill.route.name]);
+    let (tee, writer) = Tee::new(max_body, head.length(), cut);
+    if !herald.stream(CacheOutcome::Miss, preview, head.length(), tee) {
+        return fill::read_body(head, max_body).await.map(Stage7::Read);
+    }
+    match fill::stream_body(head, &writer, max_body).await? {
+        Teed::Whole(fetched) => Ok(Stage7::Streamed(fetched, writer)),
+        Teed::TooLarge(rest) => {
+            count_publish(fill, FillOutcome::TooLarge);
+            mark_pass(fill, ticket);
+            // Like a too-large answer streamed to one client: the rest
+            // holds neither the permit nor the fill's deadline.
+            drop((permit, inflight));
+            let store = Arc::clone(&sh.store);
+            let (tickets, ns) = (tickets.clone(), fill.cfg.store.namespace.clone());
+            let gen_ttl = fill.cfg.gen_ttl;
+            tokio::spawn(async move {
+                if fill::stream_tail(rest, &writer).await {
+                    let current = still_current(&store, &tickets, &tags, &ns, gen_ttl);
+                    writer.release(current.await);
+                }
+            });
+            Ok(Stage7::TooLarge)
+        }
+    }
+}
+
+/// The entry a streamed answer's waiters are answered with (no body yet)
+/// and the answer's tags, if the origin's head makes a shareable answer
+/// worth streaming: not a server error (stale-if-error may replace it),
+/// not empty (its head alone would be a complete answer to a joiner).
+fn preview(fill: &Fill, head: &fill::Head, generation: &Bytes) -> Option<(Entry, Vec<String>)> {
+    let parts = &head.parts;
+    if parts.status.is_server_error() || head.length() == Some(0) {
+        return None;
+    }
+    let fetched = Fetched::Buffered {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: Bytes::new(),
+    };
+    let Judged::Shareable(mut entry, _, _, deps) = judge(fill, fetched, generation.clone()) else {
+        return None;
+    };
+    // A derived `ETag` needs the body: the stored entry gets it.
+    if !parts.headers.contains_key(http::header::ETAG) {
+        entry.headers.retain(|(n, _)| n != http::header::ETAG);
+    }
+    Some((entry, deps.tags))
+}
+
+/// Whether a fill that took `tickets` before its upstream call may still
+/// be served to requests that joined it: neither its route nor any of the
+/// answer's `tags` was invalidated since (the checks a publish makes, for
+/// an answer that is not published: one past `max_body`).
+async fn still_current(
+    store: &GuardedStore,
+    tickets: &Tickets,
+    tags: &[String],
+    ns: &str,
+    gen_ttl: std::time::Duration,
+) -> bool {
+    let (stamps, missing) = match tickets.stamp(tags) {
+        Stamp::Stamps(stamps) => (stamps, Vec::new()),
+        Stamp::Unticketed { stamps, missing } => (stamps, missing),
+    };
+    let gen_keys: Vec<&str> = stamps.iter().map(|(k, _)| k.as_str()).collect();
+    match store.read_tags(&gen_keys).await {
+        Ok(now) if now.len() == stamps.len() => {
+            let same = now
+                .iter()
+                .zip(&stamps)
+                .all(|(n, (_, t))| n.as_ref() == Some(t));
+            if !same {
+                return false;
+            }
+        }
+        _ => return false,
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let Some(start) = &tickets.start else {
+        return false;
+    };
+    let tag_keys: Vec<String> = missing
+        .iter()
+        .map(|t| keys::tag_generation_key(ns, t))
+        .collect();
+    let nonce = nonce();
+    let taken = store.tag_tickets_since(&tag_keys, start, &nonce, gen_ttl);
+    matches!(taken.await, Ok(Some(_)))
+}
+
 fn count_publish(fill: &Fill, outcome: FillOutcome) {
     fill.shared
         .metrics
@@ -785,11 +950,19 @@ mod tests {
         }
     }
 
+    /// The fill's final answer (a streamed one's, once its body is read).
     async fn finished(task: tokio::task::JoinHandle<(Arc<Answer>, bool)>) -> (Arc<Answer>, bool) {
-        match tokio::time::timeout(PATIENCE, task).await {
+        let (answer, started) = match tokio::time::timeout(PATIENCE, task).await {
             Ok(Ok(done)) => done,
             Ok(Err(e)) => panic!("join task failed: {e}"),
             Err(_) => panic!("the fill never finished"),
+        };
+        match answer.as_ref() {
+            Answer::Streaming(_, streaming) => {
+                let done = tokio::time::timeout(PATIENCE, streaming.finished()).await;
+                (done.expect("the streamed fill never finished"), started)
+            }
+            _ => (answer, started),
         }
     }
 
@@ -800,6 +973,7 @@ mod tests {
             Answer::Starter(status, _) => panic!("a starter-only answer ({status:?})"),
             Answer::Exclusive(status, _) => panic!("a one-client answer ({status:?})"),
             Answer::Failed(status, e) => panic!("a failed fill ({status:?}): {e}"),
+            Answer::Streaming(status, _) => panic!("a streaming answer ({status:?})"),
         }
     }
 

@@ -19,6 +19,7 @@
 //! (docs/architecture.md#degraded-answers-are-never-older-than-the-window).
 
 use super::entry::Entry;
+use super::tee::Tee;
 use crate::body::Body;
 use crate::error::ProxyError;
 use crate::outcome::CacheOutcome;
@@ -28,6 +29,7 @@ use http::Response;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 /// The outcome of one fill, as seen by every request that joined it.
@@ -49,6 +51,115 @@ pub(crate) enum Answer {
     /// fetch their own.
     Starter(CacheOutcome, Arc<Entry>),
     Failed(CacheOutcome, ProxyError),
+    /// A shareable answer whose body is still arriving: every waiter reads
+    /// it from the fill's tee as the origin sends it (`tee`); what the fill
+    /// then made of it, for a waiter that needs the whole body
+    /// ([`Streaming::finished`]).
+    Streaming(CacheOutcome, Arc<Streaming>),
+}
+
+/// A fill's answer handed to its waiters before its body is read.
+pub(crate) struct Streaming {
+    /// The answer's entry as it will be published, without its body (and
+    /// without a derived `ETag`, which needs the body).
+    pub head: Entry,
+    /// The origin's `Content-Length`, if it sent one.
+    pub length: Option<u64>,
+    pub tee: Arc<Tee>,
+    done: watch::Receiver<Option<Arc<Answer>>>,
+}
+
+impl Streaming {
+    /// The fill's final answer, once its body is read and judged (for a
+    /// waiter that needs the whole body: HEAD, preconditions, ranges).
+    pub(crate) async fn finished(&self) -> Arc<Answer> {
+        let mut done = self.done.clone();
+        let answer = done.wait_for(Option::is_some).await;
+        match answer.ok().and_then(|a| a.as_ref().cloned()) {
+            Some(answer) => answer,
+            None => Arc::new(Answer::Failed(
+                CacheOutcome::Miss,
+                ProxyError::Bug("fill task failed".into()),
+            )),
+        }
+    }
+}
+
+/// How a fill announces its answer to the flight's waiters: at its end,
+/// or earlier as a [`Streaming`] answer once the origin's head is in. A
+/// silent herald (a fill nobody waits for) cannot stream.
+#[derive(Clone)]
+pub(crate) struct Herald(Option<Arc<Mutex<Heralds>>>);
+
+struct Heralds {
+    /// The flight's answer, until it is given.
+    first: Option<oneshot::Sender<Arc<Answer>>>,
+    /// After a streaming answer: the final one.
+    done: Option<watch::Sender<Option<Arc<Answer>>>>,
+}
+
+impl Herald {
+    fn new(first: oneshot::Sender<Arc<Answer>>) -> Herald {
+        Herald(Some(Arc::new(Mutex::new(Heralds {
+            first: Some(first),
+            done: None,
+        }))))
+    }
+
+    /// For a fill whose answer goes to no waiter (the grace refresh).
+    pub(crate) fn silent() -> Herald {
+        Herald(None)
+    }
+
+    /// Someone may await this fill's answer before its end.
+    pub(crate) fn can_stream(&self) -> bool {
+        self.0.as_ref().is_some_and(|h| {
+            let h = h.lock().unwrap_or_else(|p| p.into_inner());
+            h.first.is_some()
+        })
+    }
+
+    /// Answers the flight now with `head` and the body `tee` will carry;
+    /// false if it was answered already.
+    pub(crate) fn stream(
+        &self,
+        outcome: CacheOutcome,
+        head: Entry,
+        length: Option<u64>,
+        tee: Arc<Tee>,
+    ) -> bool {
+        let Some(inner) = &self.0 else {
+            return false;
+        };
+        let mut h = inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(first) = h.first.take() else {
+            return false;
+        };
+        let (tx, done) = watch::channel(None);
+        h.done = Some(tx);
+        let streaming = Streaming {
+            head,
+            length,
+            tee,
+            done,
+        };
+        let _ = first.send(Arc::new(Answer::Streaming(outcome, Arc::new(streaming))));
+        true
+    }
+
+    /// The fill's final answer: the flight's, or what a streaming answer's
+    /// waiters that need the whole body receive.
+    fn finish(&self, answer: Arc<Answer>) {
+        let Some(inner) = &self.0 else {
+            return;
+        };
+        let mut h = inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(first) = h.first.take() {
+            let _ = first.send(answer);
+        } else if let Some(done) = &h.done {
+            done.send_replace(Some(answer));
+        }
+    }
 }
 
 /// What a fill's upstream call did, for `Cache-Status`
@@ -126,7 +237,7 @@ impl Flights {
         self: &Arc<Self>,
         key: FlightKey,
         max_age: Option<Duration>,
-        start: impl FnOnce() -> BoxFuture<'static, Answer>,
+        start: impl FnOnce(Herald) -> BoxFuture<'static, Answer>,
     ) -> (SharedAnswer, Role) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         let role = match map.flights.get(&key) {
@@ -136,22 +247,27 @@ impl Flights {
             }
             Some(_) => Role::Replaced,
         };
-        let fill = start();
+        let (first, answer) = oneshot::channel();
+        let herald = Herald::new(first);
+        let fill = start(herald.clone());
         let flights = Arc::clone(self);
         let owned_key = key.clone();
         let id = map.next_id;
         map.next_id += 1;
-        let task = tokio::spawn(async move {
+        tokio::spawn(async move {
             // Removed on completion or panic alike, so later requests start a
             // new flight (and usually find the entry this one published).
-            let _done = Leave(flights, owned_key, id);
-            Arc::new(fill.await)
+            let done = Leave(flights, owned_key, id);
+            let answer = Arc::new(fill.await);
+            drop(done);
+            herald.finish(answer);
         });
+        // A fill that panicked dropped its herald unanswered.
         let shared = async move {
-            task.await.unwrap_or_else(|e| {
+            answer.await.unwrap_or_else(|_| {
                 Arc::new(Answer::Failed(
                     CacheOutcome::Miss,
-                    ProxyError::Bug(format!("fill task failed: {e}")),
+                    ProxyError::Bug("fill task failed".into()),
                 ))
             })
         }
@@ -182,7 +298,6 @@ impl Drop for Leave {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::oneshot;
 
     fn key() -> FlightKey {
         FlightKey::Degraded { entry: "e".into() }
@@ -223,23 +338,23 @@ mod tests {
         let flights = Arc::new(Flights::default());
         let window = Some(Duration::from_millis(20));
         let (go_a, wait_a) = oneshot::channel();
-        let (a, role) = flights.join(key(), window, || held("a", wait_a));
+        let (a, role) = flights.join(key(), window, |_| held("a", wait_a));
         assert_eq!(role, Role::Started);
         tokio::time::advance(Duration::from_millis(19)).await;
-        let (b, role) = flights.join(key(), window, || unreachable!("b joins a"));
+        let (b, role) = flights.join(key(), window, |_| unreachable!("b joins a"));
         assert_eq!(role, Role::Joined);
         tokio::time::advance(Duration::from_millis(1)).await;
         // 20 ms old: too old to join; a fetch of its own replaces it.
         let (go_c, wait_c) = oneshot::channel();
-        let (c, role) = flights.join(key(), window, || held("c", wait_c));
+        let (c, role) = flights.join(key(), window, |_| held("c", wait_c));
         assert_eq!(role, Role::Replaced);
         assert!(role.started());
-        let (d, role) = flights.join(key(), window, || unreachable!("d joins c"));
+        let (d, role) = flights.join(key(), window, |_| unreachable!("d joins c"));
         assert_eq!(role, Role::Joined);
         // The older flight ends first and must not remove the younger one.
         let _ = go_a.send(());
         assert_eq!((body(&a.await), body(&b.await)), ("a".into(), "a".into()));
-        let (e, role) = flights.join(key(), window, || unreachable!("e joins c"));
+        let (e, role) = flights.join(key(), window, |_| unreachable!("e joins c"));
         assert_eq!(role, Role::Joined);
         let _ = go_c.send(());
         for flight in [c, d, e] {
@@ -251,13 +366,13 @@ mod tests {
     async fn a_zero_max_age_never_joins_and_none_always_does() {
         let flights = Arc::new(Flights::default());
         let (_go, wait) = oneshot::channel();
-        let (_a, role) = flights.join(key(), Some(Duration::ZERO), || held("a", wait));
+        let (_a, role) = flights.join(key(), Some(Duration::ZERO), |_| held("a", wait));
         assert_eq!(role, Role::Started);
         let (_go, wait) = oneshot::channel();
-        let (_b, role) = flights.join(key(), Some(Duration::ZERO), || held("b", wait));
+        let (_b, role) = flights.join(key(), Some(Duration::ZERO), |_| held("b", wait));
         assert_eq!(role, Role::Replaced);
         tokio::time::advance(Duration::from_secs(3600)).await;
-        let (_c, role) = flights.join(key(), None, || unreachable!("no max age"));
+        let (_c, role) = flights.join(key(), None, |_| unreachable!("no max age"));
         assert_eq!(role, Role::Joined);
     }
 }

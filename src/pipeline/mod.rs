@@ -22,7 +22,9 @@
 //! 6 double-check        lookup::lookup again under the lease
 //! 7 fetch               fill::fetch under fill::FillPermits; conditional
 //!                       (revalidate) when the entry of the fill's
-//!                       generation is expired and has validators
+//!                       generation is expired and has validators; a
+//!                       shareable answer streams to the flight's waiters
+//!                       as it arrives (tee, flight::Streaming)
 //!   7b degraded         filler::fetch_only: same permits, nothing written;
 //!                       joined only while younger than the route's
 //!                       degraded_join_window
@@ -58,6 +60,7 @@ pub(crate) mod publish;
 pub(crate) mod range;
 pub(crate) mod revalidate;
 pub(crate) mod stale;
+pub(crate) mod tee;
 pub(crate) mod vary;
 
 use crate::bloom::Blooms;
@@ -475,6 +478,12 @@ impl Pipeline {
         // Stages 5-9 (`filler`), or the degraded fetch without a generation.
         let joined = generation.clone();
         let (answer, started) = filler::join(&self.flights, &fill, generation).await;
+        // A streamed fill answers at once with its body as it arrives,
+        // except a request whose answer needs the whole body.
+        let answer = match answer.as_ref() {
+            Answer::Streaming(_, streaming) if ask.needs_whole() => streaming.finished().await,
+            _ => answer,
+        };
         // stale-if-error: a failed refill answers with the expired entry
         // if, read again now, it is still of the current generation and
         // within its window.
@@ -582,6 +591,7 @@ fn upstream_status(answer: &Answer) -> Option<u16> {
     match answer {
         Answer::Shared(_, _, trip) => trip.fwd_status,
         Answer::Starter(_, entry) => Some(entry.status),
+        Answer::Streaming(_, streaming) => Some(streaming.head.status),
         Answer::Exclusive(_, slot) => {
             let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
             slot.as_ref().map(|r| r.status().as_u16())

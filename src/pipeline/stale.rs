@@ -16,7 +16,7 @@
 
 use super::entry::Entry;
 use super::filler::{fill_holding_lease, Fill};
-use super::flight::{Answer, FlightKey};
+use super::flight::{Answer, FlightKey, Herald};
 use super::lease;
 use super::lookup::Found;
 use crate::error::{ProxyError, UpstreamError, LEASE_WAIT_SPENT};
@@ -107,7 +107,8 @@ pub(crate) fn failure_reason(answer: &Answer) -> Option<StaleReason> {
         Answer::Shared(_, entry, _) | Answer::Starter(_, entry) if entry.status >= 500 => {
             Some(StaleReason::UpstreamError)
         }
-        Answer::Shared(..) | Answer::Starter(..) => None,
+        // Streamed only below 500.
+        Answer::Shared(..) | Answer::Starter(..) | Answer::Streaming(..) => None,
         Answer::Exclusive(_, slot) => {
             let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
             slot.as_ref()
@@ -131,7 +132,7 @@ pub(super) async fn refresh(fill: &Fill) -> Answer {
     .await
     {
         Ok(Some(lease)) => {
-            let answer = fill_holding_lease(fill, &lease).await;
+            let answer = fill_holding_lease(fill, &lease, &Herald::silent()).await;
             lease.release().await;
             (refresh_outcome(&answer), answer)
         }

@@ -102,6 +102,7 @@ pub(crate) fn not_this_variant(
     let bounds = route.origin_vary?;
     let entry = match answer {
         Answer::Shared(_, e, _) | Answer::Starter(_, e) => e,
+        Answer::Streaming(_, s) => &s.head,
         Answer::Exclusive(..) | Answer::Failed(..) => return None,
     };
     let named = |h: HeaderName| {

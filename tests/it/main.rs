@@ -28,6 +28,7 @@ mod depinv;
 mod doomed_fill;
 mod example_postgres;
 mod fill_hardening;
+mod fill_stream;
 mod forwarding;
 mod history;
 mod hit_for_pass;
