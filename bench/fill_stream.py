@@ -59,7 +59,8 @@ async def origin(reader, writer, size, rate):
                 delay = start + sent / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-    except (asyncio.IncompleteReadError, ConnectionError):
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        # CancelledError: the run is over and the server closes its idle connections.
         pass
     finally:
         writer.close()

@@ -135,7 +135,7 @@ impl RawClient {
     }
 
     /// Reads until sidecache closes the connection.
-    async fn to_close(&mut self) {
+    async fn read_to_close(&mut self) {
         let read = tokio::time::timeout(PATIENCE, self.stream.read_to_end(&mut self.got)).await;
         match read {
             Ok(Ok(_)) => {}
@@ -212,7 +212,7 @@ async fn joined(sc: &Sidecache, n: f64) {
 /// The whole answer of a request served without the origin.
 async fn served(sc: &Sidecache) -> RawClient {
     let mut c = RawClient::get(sc, P).await;
-    c.to_close().await;
+    c.read_to_close().await;
     c
 }
 
@@ -240,7 +240,7 @@ async fn the_requester_and_a_joiner_get_the_first_bytes_before_the_origin_sends_
     write(&mut upstream, rest).await;
     drop(upstream);
     for (who, c) in [("starter", &mut starter), ("joiner", &mut joiner)] {
-        c.to_close().await;
+        c.read_to_close().await;
         assert_eq!(c.header("x-cache").as_deref(), Some("miss"), "{who}");
         let length = whole.len().to_string();
         assert_eq!(c.header("content-length"), Some(length), "{who}");
@@ -273,7 +273,7 @@ async fn an_origin_body_that_ends_early_fails_every_waiter_and_nothing_is_stored
         // The origin goes away mid-body.
         drop(upstream);
         for (who, c) in [("starter", &mut starter), ("joiner", &mut joiner)] {
-            c.to_close().await;
+            c.read_to_close().await;
             assert_eq!(c.header("x-cache").as_deref(), Some("miss"), "{who}");
             match declared {
                 Some(n) => {
@@ -289,7 +289,7 @@ async fn an_origin_body_that_ends_early_fails_every_waiter_and_nothing_is_stored
         write(&mut upstream, answer_head(Some(part.len())).as_bytes()).await;
         write(&mut upstream, part).await;
         drop(upstream);
-        next.to_close().await;
+        next.read_to_close().await;
         assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
         assert_eq!(next.body().as_deref(), Some(part));
         let published = sc
@@ -322,7 +322,7 @@ async fn a_body_past_max_body_streams_to_every_waiter_and_the_object_is_then_pas
     write(&mut upstream, b"0\r\n\r\n").await;
     drop(upstream);
     for (who, c) in [("starter", &mut starter), ("joiner", &mut joiner)] {
-        c.to_close().await;
+        c.read_to_close().await;
         assert_eq!(c.header("x-cache").as_deref(), Some("miss"), "{who}");
         assert_eq!(c.body().as_deref(), Some(&whole[..]), "{who}");
     }
@@ -337,7 +337,7 @@ async fn a_body_past_max_body_streams_to_every_waiter_and_the_object_is_then_pas
     write(&mut upstream, answer_head(Some(whole.len())).as_bytes()).await;
     write(&mut upstream, &whole).await;
     drop(upstream);
-    passed.to_close().await;
+    passed.read_to_close().await;
     assert_eq!(passed.header("x-cache").as_deref(), Some("pass"));
     assert_eq!(passed.body().as_deref(), Some(&whole[..]));
 }
@@ -373,9 +373,9 @@ async fn a_joiner_of_a_streamed_fill_refused_by_a_purge_is_cut_and_nothing_is_st
     write(&mut upstream, rest).await;
     drop(upstream);
 
-    starter.to_close().await;
+    starter.read_to_close().await;
     assert_eq!(starter.body().as_deref(), Some(&whole[..]), "the starter");
-    joiner.to_close().await;
+    joiner.read_to_close().await;
     assert!(
         joiner.raw_body().len() < whole.len(),
         "the joiner is cut: {}",
@@ -394,7 +394,7 @@ async fn a_joiner_of_a_streamed_fill_refused_by_a_purge_is_cut_and_nothing_is_st
     write(&mut upstream, answer_head(Some(rest.len())).as_bytes()).await;
     write(&mut upstream, rest).await;
     drop(upstream);
-    next.to_close().await;
+    next.read_to_close().await;
     assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
     assert_eq!(next.body().as_deref(), Some(rest));
 }
