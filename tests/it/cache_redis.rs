@@ -146,7 +146,9 @@ async fn expired_lease_lets_a_second_filler_in_and_the_first_cannot_harm_it() {
     let b = builder(&redis, &origin, extra).start().await;
 
     let (first_gate, first) = get_held(&origin, P, a.url(P)).await;
-    let lease_pattern = format!("{OBJECT}:l:*");
+    // The lease itself, not the record of what its fill depends on
+    // (`l:<variant>:d`).
+    let lease_pattern = format!("{OBJECT}:l:{}", "?".repeat(32));
     // A running fill renews its lease, so it cannot simply run out here;
     // lose it the way a failover or an eviction would.
     let first_lease = only_key(&redis, &lease_pattern);
