@@ -216,6 +216,19 @@ async fn served(sc: &Sidecache) -> RawClient {
     c
 }
 
+/// Nothing was stored: the next request is a fill of its own, which the
+/// origin answers with `body`, whole.
+async fn next_is_a_fill(sc: &Sidecache, origin: &mut RawOrigin, body: &[u8]) {
+    let mut next = RawClient::get(sc, P).await;
+    let (_, mut upstream) = origin.request().await;
+    write(&mut upstream, answer_head(Some(body.len())).as_bytes()).await;
+    write(&mut upstream, body).await;
+    drop(upstream);
+    next.read_to_close().await;
+    assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
+    assert_eq!(next.body().as_deref(), Some(body));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_requester_and_a_joiner_get_the_first_bytes_before_the_origin_sends_the_rest() {
     let mut origin = RawOrigin::start().await;
@@ -283,15 +296,7 @@ async fn an_origin_body_that_ends_early_fails_every_waiter_and_nothing_is_stored
                 None => assert_eq!(c.body(), None, "{who}: no last chunk: {}", c.text()),
             }
         }
-        // Not stored: the next request is a fill of its own, answered whole.
-        let mut next = RawClient::get(&sc, P).await;
-        let (_, mut upstream) = origin.request().await;
-        write(&mut upstream, answer_head(Some(part.len())).as_bytes()).await;
-        write(&mut upstream, part).await;
-        drop(upstream);
-        next.read_to_close().await;
-        assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
-        assert_eq!(next.body().as_deref(), Some(part));
+        next_is_a_fill(&sc, &mut origin, part).await;
         let published = sc
             .metric_sum("sidecache_publish_total", &[("outcome", "published")])
             .await;
@@ -388,13 +393,5 @@ async fn a_joiner_of_a_streamed_fill_refused_by_a_purge_is_cut_and_nothing_is_st
         )
         .await;
     assert_eq!(rejected, 1.0);
-    // Not stored: the next request fills again.
-    let mut next = RawClient::get(&sc, P).await;
-    let (_, mut upstream) = origin.request().await;
-    write(&mut upstream, answer_head(Some(rest.len())).as_bytes()).await;
-    write(&mut upstream, rest).await;
-    drop(upstream);
-    next.read_to_close().await;
-    assert_eq!(next.header("x-cache").as_deref(), Some("miss"));
-    assert_eq!(next.body().as_deref(), Some(rest));
+    next_is_a_fill(&sc, &mut origin, rest).await;
 }
