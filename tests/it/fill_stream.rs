@@ -8,8 +8,8 @@
 //!   the first part of the body before the origin sends the rest, from one
 //!   origin request, and the answer is then a HIT;
 //! - an origin body that ends early fails both answers (short of
-//!   `Content-Length`, or no terminating chunk) and nothing is stored: the
-//!   next request is a MISS;
+//!   `Content-Length`, or no terminating chunk; over h2 the stream is
+//!   reset) and nothing is stored: the next request is a MISS;
 //! - a body past `fill.max_body` streams to both waiters and the object is
 //!   then PASS;
 //! - a joiner of a streamed fill whose publish a route purge refused is cut,
@@ -394,4 +394,53 @@ async fn a_joiner_of_a_streamed_fill_refused_by_a_purge_is_cut_and_nothing_is_st
         .await;
     assert_eq!(rejected, 1.0);
     next_is_a_fill(&sc, &mut origin, rest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_h2_an_origin_body_that_ends_early_resets_the_stream_and_nothing_is_stored() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let mut origin = RawOrigin::start().await;
+    let sc = start(&origin, "").await;
+    let part = b"0123456789".as_slice();
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<bytes::Bytes>>();
+    let req = http::Request::get(sc.url(P))
+        .body(Empty::new())
+        .expect("a request");
+    let answer = tokio::spawn(client.request(req));
+    let (_, mut upstream) = origin.request().await;
+    write(&mut upstream, answer_head(Some(100)).as_bytes()).await;
+    write(&mut upstream, part).await;
+    let resp = tokio::time::timeout(PATIENCE, answer)
+        .await
+        .expect("the h2 answer's head in time")
+        .expect("the request task")
+        .expect("the h2 answer's head");
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.headers()["x-cache"], "MISS");
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(PATIENCE, body.frame())
+        .await
+        .expect("the first bytes in time")
+        .expect("a first frame")
+        .expect("the first bytes");
+    assert_eq!(first.into_data().ok().as_deref(), Some(part));
+    // The origin goes away mid-body: the client must see the stream reset,
+    // not a clean end of a 10-byte answer.
+    drop(upstream);
+    let end = tokio::time::timeout(PATIENCE, body.frame())
+        .await
+        .expect("the end of the stream in time");
+    match end {
+        Some(Err(e)) => {
+            let text = format!("{e:?}");
+            assert!(text.contains("Reset") || text.contains("RST"), "{text}");
+        }
+        other => panic!("a clean end instead of RST_STREAM: {other:?}"),
+    }
+    next_is_a_fill(&sc, &mut origin, part).await;
 }
